@@ -1,0 +1,326 @@
+//! The `ClusterRing` API (`sharding.timebertt.dev/v1alpha1`, cluster-scoped, status subresource):
+//! which resources one sharded controller owns, and the CRD generated from these types.
+//!
+//! The checked-in CRD under `charts/sharder/crds/` is generated from these types
+//! (`make crd`); a test fails when it drifts.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, CustomResourceExt, ResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+use crate::labels::RingLabels;
+
+/// API group of the sharding API.
+pub const API_GROUP: &str = "sharding.timebertt.dev";
+
+/// API version of `ClusterRing`.
+pub const API_VERSION: &str = "v1alpha1";
+
+/// Type of the condition that tells whether the ring is ready.
+pub const CONDITION_READY: &str = "Ready";
+
+/// Desired state of a ClusterRing: the resources of one sharded controller.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "sharding.timebertt.dev",
+    version = "v1alpha1",
+    kind = "ClusterRing",
+    status = "ClusterRingStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A ring of shards of one sharded controller: the sharder assigns the objects of the listed resources to the available shards of the ring.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type == "Ready")].status"#
+    ),
+    printcolumn(name = "Available", type_ = "string", json_path = ".status.availableShards"),
+    printcolumn(name = "Shards", type_ = "string", json_path = ".status.shards"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRingSpec {
+    /// The sharded resources: each main resource of the controller with the resources it
+    /// controls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<RingResource>,
+
+    /// Selects the namespaces whose objects are sharded. Defaults to every namespace but
+    /// `kube-system` and the sharder's own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+/// A main resource of the sharded controller and the resources it controls.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RingResource {
+    /// API group of the main resource (empty for the core group).
+    #[serde(default)]
+    pub group: String,
+
+    /// Plural resource name of the main resource, e.g. `secrets`.
+    #[schemars(length(min = 1))]
+    pub resource: String,
+
+    /// Resources whose objects are controlled by the main resource's objects (through an
+    /// ownerReference with `controller: true`); they follow their owner's shard.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub controlled_resources: Vec<GroupResource>,
+}
+
+/// A resource named by API group and plural name.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub struct GroupResource {
+    /// API group (empty for the core group).
+    #[serde(default)]
+    pub group: String,
+
+    /// Plural resource name, e.g. `configmaps`.
+    #[schemars(length(min = 1))]
+    pub resource: String,
+}
+
+impl GroupResource {
+    /// A group and resource.
+    pub fn new(group: impl Into<String>, resource: impl Into<String>) -> Self {
+        Self {
+            group: group.into(),
+            resource: resource.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for GroupResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.group.is_empty() {
+            f.write_str(&self.resource)
+        } else {
+            write!(f, "{}.{}", self.resource, self.group)
+        }
+    }
+}
+
+impl RingResource {
+    /// The main resource as a [`GroupResource`].
+    pub fn main(&self) -> GroupResource {
+        GroupResource::new(&self.group, &self.resource)
+    }
+}
+
+/// Observed state of a ClusterRing.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRingStatus {
+    /// The generation the reconciler acted on last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Number of shard Leases of the ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<i32>,
+
+    /// Number of shards available for assignments (ready, expired or uncertain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_shards: Option<i32>,
+
+    /// Conditions of the ring; type `Ready` tells whether the ring is configured and has an
+    /// available shard.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl ClusterRingSpec {
+    /// Checks what the CRD schema cannot: names present and no resource listed twice, as main
+    /// resource or controlled resource. Errors name the offending entry.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut main = BTreeSet::new();
+        for (i, resource) in self.resources.iter().enumerate() {
+            if resource.resource.is_empty() {
+                return Err(Error::InvalidRing(format!(
+                    "spec.resources[{i}].resource must not be empty"
+                )));
+            }
+            if !main.insert(resource.main()) {
+                return Err(Error::InvalidRing(format!(
+                    "spec.resources[{i}] lists {} twice",
+                    resource.main()
+                )));
+            }
+            let mut controlled = BTreeSet::new();
+            for (j, child) in resource.controlled_resources.iter().enumerate() {
+                if child.resource.is_empty() {
+                    return Err(Error::InvalidRing(format!(
+                        "spec.resources[{i}].controlledResources[{j}].resource must not be empty"
+                    )));
+                }
+                if !controlled.insert(child) {
+                    return Err(Error::InvalidRing(format!(
+                        "spec.resources[{i}].controlledResources lists {child} twice"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ClusterRing {
+    /// The shard and drain label keys of this ring.
+    pub fn labels(&self) -> RingLabels {
+        RingLabels::new(&self.name_any())
+    }
+}
+
+/// The ClusterRing CRD as YAML, exactly as checked in under `charts/sharder/crds/`.
+pub fn crd_yaml() -> Result<String, Error> {
+    let crd: CustomResourceDefinition = ClusterRing::crd();
+    serde_yaml::to_string(&crd).map_err(|e| Error::Serialize(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::Resource;
+
+    use super::*;
+
+    #[test]
+    fn cluster_ring_is_cluster_scoped_in_the_sharding_group() {
+        let crd = ClusterRing::crd();
+        assert_eq!(crd.spec.group, API_GROUP);
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.kind, "ClusterRing");
+        assert_eq!(crd.spec.names.plural, "clusterrings");
+        assert_eq!(ClusterRing::api_version(&()), "sharding.timebertt.dev/v1alpha1");
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, API_VERSION);
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn printer_columns_are_ready_available_shards_age() {
+        let crd = ClusterRing::crd();
+        let columns: Vec<_> = crd.spec.versions[0]
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(columns, ["Ready", "Available", "Shards", "Age"]);
+    }
+
+    #[test]
+    fn checked_in_crd_matches_the_types() {
+        let checked_in = include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml");
+        let generated = crd_yaml().expect("serializable");
+        assert!(
+            checked_in == generated,
+            "charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml is out of date: run `make crd`"
+        );
+    }
+
+    #[test]
+    fn spec_round_trips_the_wire_format_of_the_seed() {
+        let yaml = r#"
+apiVersion: sharding.timebertt.dev/v1alpha1
+kind: ClusterRing
+metadata:
+  name: kube-controller-manager-deployment
+spec:
+  resources:
+  - group: apps
+    resource: deployments
+    controlledResources:
+    - group: apps
+      resource: replicasets
+"#;
+        let ring: ClusterRing = serde_yaml::from_str(yaml).expect("valid");
+        assert_eq!(
+            ring.spec.resources,
+            [RingResource {
+                group: "apps".into(),
+                resource: "deployments".into(),
+                controlled_resources: vec![GroupResource::new("apps", "replicasets")],
+            }]
+        );
+        assert!(ring.spec.validate().is_ok());
+        assert_eq!(
+            ring.labels().shard,
+            "shard.alpha.sharding.timebertt.dev/clusterring-9b5084f8-kube-controller-manager-deployment"
+        );
+    }
+
+    #[test]
+    fn core_group_may_be_omitted() {
+        let spec: ClusterRingSpec =
+            serde_json::from_str(r#"{"resources":[{"resource":"secrets"}]}"#).expect("valid");
+        assert_eq!(spec.resources[0].main(), GroupResource::new("", "secrets"));
+        assert_eq!(spec.resources[0].main().to_string(), "secrets");
+        assert_eq!(GroupResource::new("apps", "deployments").to_string(), "deployments.apps");
+    }
+
+    #[test]
+    fn status_serializes_in_camel_case() {
+        let status = ClusterRingStatus {
+            observed_generation: Some(3),
+            shards: Some(4),
+            available_shards: Some(2),
+            conditions: vec![],
+        };
+        assert_eq!(
+            serde_json::to_value(&status).expect("serializable"),
+            serde_json::json!({"observedGeneration": 3, "shards": 4, "availableShards": 2})
+        );
+    }
+
+    #[test]
+    fn invalid_specs_are_rejected_with_the_path_to_fix() {
+        let resource = |group: &str, name: &str, children: &[(&str, &str)]| RingResource {
+            group: group.into(),
+            resource: name.into(),
+            controlled_resources: children
+                .iter()
+                .map(|(g, r)| GroupResource::new(*g, *r))
+                .collect(),
+        };
+        let table = [
+            (
+                vec![resource("", "", &[])],
+                "spec.resources[0].resource must not be empty",
+            ),
+            (
+                vec![resource("", "secrets", &[]), resource("", "secrets", &[])],
+                "spec.resources[1] lists secrets twice",
+            ),
+            (
+                vec![resource("", "secrets", &[("", "")])],
+                "spec.resources[0].controlledResources[0].resource must not be empty",
+            ),
+            (
+                vec![resource("", "secrets", &[("", "configmaps"), ("", "configmaps")])],
+                "spec.resources[0].controlledResources lists configmaps twice",
+            ),
+        ];
+        for (resources, want) in table {
+            let spec = ClusterRingSpec {
+                resources,
+                namespace_selector: None,
+            };
+            let err = spec.validate().expect_err("invalid");
+            assert_eq!(err.to_string(), format!("invalid ClusterRing: {want}"));
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Object keys (design §3): the string hashed onto the ring.
+//!
+//! A main object's key is `<group>/<Kind>/<namespace>/<name>` (core group empty, cluster-scoped
+//! objects with an empty namespace). A controlled object's key is its controller owner's key,
+//! built from the `controller: true` ownerReference, so owner and children land on one shard. The
+//! version is never part of a key: a version bump must not move objects.
+
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::Error;
+
+/// The key of an object on the ring.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey(String);
+
+impl ObjectKey {
+    /// The key of a main object. `None` when the object has no name yet (created with
+    /// `generateName`: the webhook leaves it unassigned and the reconciler's sweep assigns it).
+    pub fn main(group: &str, kind: &str, namespace: Option<&str>, name: &str) -> Option<Self> {
+        if name.is_empty() {
+            return None;
+        }
+        Some(Self::build(group, kind, namespace.unwrap_or_default(), name))
+    }
+
+    /// The key of a controlled object in `namespace` (None or empty when cluster-scoped): its
+    /// controller owner's key. `Ok(None)` when no ownerReference has `controller: true`.
+    ///
+    /// Errors name the malformed reference: more than one controller, an unparsable
+    /// `apiVersion`, or an empty `kind` or `name`.
+    pub fn controlled(
+        namespace: Option<&str>,
+        owner_references: &[OwnerReference],
+    ) -> Result<Option<Self>, Error> {
+        let mut controllers = owner_references
+            .iter()
+            .filter(|r| r.controller == Some(true));
+        let Some(owner) = controllers.next() else {
+            return Ok(None);
+        };
+        if controllers.next().is_some() {
+            return Err(Error::MultipleControllers {
+                count: owner_references
+                    .iter()
+                    .filter(|r| r.controller == Some(true))
+                    .count(),
+            });
+        }
+        let group = group_of_api_version(&owner.api_version)?;
+        if owner.kind.is_empty() {
+            return Err(Error::MalformedOwnerReference {
+                field: "kind",
+                value: owner.kind.clone(),
+                reason: "must not be empty",
+            });
+        }
+        if owner.name.is_empty() {
+            return Err(Error::MalformedOwnerReference {
+                field: "name",
+                value: owner.name.clone(),
+                reason: "must not be empty",
+            });
+        }
+        Ok(Some(Self::build(
+            group,
+            &owner.kind,
+            namespace.unwrap_or_default(),
+            &owner.name,
+        )))
+    }
+
+    fn build(group: &str, kind: &str, namespace: &str, name: &str) -> Self {
+        Self(format!("{group}/{kind}/{namespace}/{name}"))
+    }
+
+    /// The key as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for ObjectKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The API group of an `apiVersion`: `"v1"` -> `""`, `"apps/v1"` -> `"apps"`.
+pub fn group_of_api_version(api_version: &str) -> Result<&str, Error> {
+    let malformed = |reason| Error::MalformedOwnerReference {
+        field: "apiVersion",
+        value: api_version.to_owned(),
+        reason,
+    };
+    if api_version.is_empty() {
+        return Err(malformed("must not be empty"));
+    }
+    match api_version.split_once('/') {
+        None => Ok(""),
+        Some((group, version)) => {
+            if group.is_empty() || version.is_empty() {
+                Err(malformed("must be <version> or <group>/<version>"))
+            } else if version.contains('/') {
+                Err(malformed("has more than one '/'"))
+            } else {
+                Ok(group)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(api_version: &str, kind: &str, name: &str, controller: Option<bool>) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: "0a1b2c3d".into(),
+            controller,
+            block_owner_deletion: None,
+        }
+    }
+
+    #[test]
+    fn main_object_keys_follow_the_contract() {
+        let table = [
+            ("", "Secret", Some("default"), "foo", "/Secret/default/foo"),
+            ("apps", "Deployment", Some("prod"), "web", "apps/Deployment/prod/web"),
+            ("example.com", "Widget", None, "w1", "example.com/Widget//w1"),
+            ("", "Namespace", Some(""), "kube-system", "/Namespace//kube-system"),
+        ];
+        for (group, kind, namespace, name, want) in table {
+            let key = ObjectKey::main(group, kind, namespace, name).expect("named object");
+            assert_eq!(key.as_str(), want);
+            assert_eq!(key.to_string(), want);
+        }
+    }
+
+    #[test]
+    fn main_object_without_a_name_has_no_key() {
+        assert_eq!(ObjectKey::main("", "Secret", Some("default"), ""), None);
+    }
+
+    #[test]
+    fn controlled_object_key_equals_its_owners_key() {
+        let refs = [
+            owner("v1", "ConfigMap", "unrelated", None),
+            owner("apps/v1", "Deployment", "web", Some(true)),
+        ];
+        let child = ObjectKey::controlled(Some("prod"), &refs).expect("valid");
+        let parent = ObjectKey::main("apps", "Deployment", Some("prod"), "web");
+        assert_eq!(child, parent);
+    }
+
+    #[test]
+    fn controlled_key_ignores_the_owners_version() {
+        let v1 = ObjectKey::controlled(Some("ns"), &[owner("example.com/v1", "W", "a", Some(true))]);
+        let v2 = ObjectKey::controlled(Some("ns"), &[owner("example.com/v2", "W", "a", Some(true))]);
+        assert_eq!(v1.expect("valid"), v2.expect("valid"));
+    }
+
+    #[test]
+    fn core_group_owner_gives_an_empty_group() {
+        let key = ObjectKey::controlled(Some("default"), &[owner("v1", "Secret", "s", Some(true))])
+            .expect("valid")
+            .expect("has controller");
+        assert_eq!(key.as_str(), "/Secret/default/s");
+    }
+
+    #[test]
+    fn cluster_scoped_controlled_object_has_an_empty_namespace() {
+        let key = ObjectKey::controlled(None, &[owner("example.com/v1", "Theme", "t", Some(true))])
+            .expect("valid")
+            .expect("has controller");
+        assert_eq!(key.as_str(), "example.com/Theme//t");
+    }
+
+    #[test]
+    fn no_controller_reference_means_no_key() {
+        let table: [&[OwnerReference]; 3] = [
+            &[],
+            &[owner("v1", "Secret", "s", None)],
+            &[owner("v1", "Secret", "s", Some(false))],
+        ];
+        for refs in table {
+            assert_eq!(ObjectKey::controlled(Some("ns"), refs).expect("valid"), None);
+        }
+    }
+
+    #[test]
+    fn malformed_controller_references_are_typed_errors() {
+        let table = [
+            (owner("", "Secret", "s", Some(true)), "apiVersion"),
+            (owner("/v1", "Secret", "s", Some(true)), "apiVersion"),
+            (owner("apps/", "Deployment", "s", Some(true)), "apiVersion"),
+            (owner("a/b/c", "Deployment", "s", Some(true)), "apiVersion"),
+            (owner("apps/v1", "", "s", Some(true)), "kind"),
+            (owner("apps/v1", "Deployment", "", Some(true)), "name"),
+        ];
+        for (reference, want_field) in table {
+            match ObjectKey::controlled(Some("ns"), std::slice::from_ref(&reference)) {
+                Err(Error::MalformedOwnerReference { field, .. }) => {
+                    assert_eq!(field, want_field, "{reference:?}");
+                }
+                other => panic!("{reference:?}: expected a malformed reference, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn two_controller_references_are_an_error() {
+        let refs = [
+            owner("v1", "Secret", "a", Some(true)),
+            owner("v1", "Secret", "b", Some(true)),
+        ];
+        assert!(matches!(
+            ObjectKey::controlled(Some("ns"), &refs),
+            Err(Error::MultipleControllers { count: 2 })
+        ));
+    }
+
+    #[test]
+    fn malformed_non_controller_references_are_ignored() {
+        let refs = [
+            owner("", "", "", None),
+            owner("v1", "Secret", "ok", Some(true)),
+        ];
+        assert!(ObjectKey::controlled(Some("ns"), &refs).expect("valid").is_some());
+    }
+
+    #[test]
+    fn errors_name_the_field_to_fix() {
+        let err = group_of_api_version("a/b/c").expect_err("malformed");
+        assert_eq!(
+            err.to_string(),
+            "malformed controller ownerReference: apiVersion \"a/b/c\" has more than one '/'"
+        );
+    }
+}

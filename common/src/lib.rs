@@ -1,0 +1,52 @@
+//! Pure sharding logic shared by the Sharder webhook and reconciler (and usable by shards):
+//! the `ClusterRing` API and its CRD, the label keys of the wire contract, the consistent-hash
+//! ring, object keys, and shard lease states.
+//!
+//! Nothing here does I/O, talks to an apiserver, or needs an async runtime.
+
+pub mod cluster_ring;
+pub mod key;
+pub mod labels;
+pub mod lease;
+pub mod ring;
+
+pub use cluster_ring::{ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource};
+pub use key::ObjectKey;
+pub use labels::RingLabels;
+pub use lease::{LeaseStatus, ShardState, shard_state};
+pub use ring::Ring;
+
+/// Errors of the pure sharding logic.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A controller ownerReference cannot be turned into an object key; `field` names the field
+    /// of the reference to fix.
+    #[error("malformed controller ownerReference: {field} {value:?} {reason}")]
+    MalformedOwnerReference {
+        /// The field of the ownerReference that is malformed.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// An object has more than one ownerReference with `controller: true`.
+    #[error("object has {count} ownerReferences with controller: true (at most one is allowed)")]
+    MultipleControllers {
+        /// How many controller references the object has.
+        count: usize,
+    },
+
+    /// A state label value that is not one of the five shard states.
+    #[error("unknown shard state {0:?} (expected ready, expired, uncertain, dead or orphaned)")]
+    UnknownShardState(String),
+
+    /// A ClusterRing spec the sharder cannot act on; the message names the field to fix.
+    #[error("invalid ClusterRing: {0}")]
+    InvalidRing(String),
+
+    /// The CRD could not be serialized.
+    #[error("cannot serialize the ClusterRing CRD: {0}")]
+    Serialize(String),
+}
