@@ -25,6 +25,8 @@ pub const API_VERSION: &str = "v1alpha1";
 pub const CONDITION_READY: &str = "Ready";
 
 /// Desired state of a ClusterRing: the resources of one sharded controller.
+// The printer columns repeat `type_ = "string"`, which clippy mistakes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "sharding.timebertt.dev",
@@ -39,9 +41,17 @@ pub const CONDITION_READY: &str = "Ready";
         type_ = "string",
         json_path = r#".status.conditions[?(@.type == "Ready")].status"#
     ),
-    printcolumn(name = "Available", type_ = "string", json_path = ".status.availableShards"),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.availableShards"
+    ),
     printcolumn(name = "Shards", type_ = "string", json_path = ".status.shards"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterRingSpec {
@@ -62,6 +72,7 @@ pub struct ClusterRingSpec {
 pub struct RingResource {
     /// API group of the main resource (empty for the core group).
     #[serde(default)]
+    #[schemars(transform = without_default)]
     pub group: String,
 
     /// Plural resource name of the main resource, e.g. `secrets`.
@@ -81,11 +92,18 @@ pub struct RingResource {
 pub struct GroupResource {
     /// API group (empty for the core group).
     #[serde(default)]
+    #[schemars(transform = without_default)]
     pub group: String,
 
     /// Plural resource name, e.g. `configmaps`.
     #[schemars(length(min = 1))]
     pub resource: String,
+}
+
+/// Drops the `default: ""` that `#[serde(default)]` puts into the derived schema of `group`
+/// fields: kube-apiserver 1.20 rejects it (the field may still be omitted for the core group).
+fn without_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
 }
 
 impl GroupResource {
@@ -198,7 +216,10 @@ mod tests {
         assert_eq!(crd.spec.scope, "Cluster");
         assert_eq!(crd.spec.names.kind, "ClusterRing");
         assert_eq!(crd.spec.names.plural, "clusterrings");
-        assert_eq!(ClusterRing::api_version(&()), "sharding.timebertt.dev/v1alpha1");
+        assert_eq!(
+            ClusterRing::api_version(&()),
+            "sharding.timebertt.dev/v1alpha1"
+        );
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, API_VERSION);
         assert!(
@@ -224,7 +245,8 @@ mod tests {
 
     #[test]
     fn checked_in_crd_matches_the_types() {
-        let checked_in = include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml");
+        let checked_in =
+            include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml");
         let generated = crd_yaml().expect("serializable");
         assert!(
             checked_in == generated,
@@ -269,7 +291,10 @@ spec:
             serde_json::from_str(r#"{"resources":[{"resource":"secrets"}]}"#).expect("valid");
         assert_eq!(spec.resources[0].main(), GroupResource::new("", "secrets"));
         assert_eq!(spec.resources[0].main().to_string(), "secrets");
-        assert_eq!(GroupResource::new("apps", "deployments").to_string(), "deployments.apps");
+        assert_eq!(
+            GroupResource::new("apps", "deployments").to_string(),
+            "deployments.apps"
+        );
     }
 
     #[test]
@@ -310,7 +335,11 @@ spec:
                 "spec.resources[0].controlledResources[0].resource must not be empty",
             ),
             (
-                vec![resource("", "secrets", &[("", "configmaps"), ("", "configmaps")])],
+                vec![resource(
+                    "",
+                    "secrets",
+                    &[("", "configmaps"), ("", "configmaps")],
+                )],
                 "spec.resources[0].controlledResources lists configmaps twice",
             ),
         ];

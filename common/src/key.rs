@@ -22,7 +22,12 @@ impl ObjectKey {
         if name.is_empty() {
             return None;
         }
-        Some(Self::build(group, kind, namespace.unwrap_or_default(), name))
+        Some(Self::build(
+            group,
+            kind,
+            namespace.unwrap_or_default(),
+            name,
+        ))
     }
 
     /// The key of a controlled object in `namespace` (None or empty when cluster-scoped): its
@@ -121,7 +126,12 @@ pub fn group_of_api_version(api_version: &str) -> Result<&str, Error> {
 mod tests {
     use super::*;
 
-    fn owner(api_version: &str, kind: &str, name: &str, controller: Option<bool>) -> OwnerReference {
+    fn owner(
+        api_version: &str,
+        kind: &str,
+        name: &str,
+        controller: Option<bool>,
+    ) -> OwnerReference {
         OwnerReference {
             api_version: api_version.into(),
             kind: kind.into(),
@@ -136,9 +146,27 @@ mod tests {
     fn main_object_keys_follow_the_contract() {
         let table = [
             ("", "Secret", Some("default"), "foo", "/Secret/default/foo"),
-            ("apps", "Deployment", Some("prod"), "web", "apps/Deployment/prod/web"),
-            ("example.com", "Widget", None, "w1", "example.com/Widget//w1"),
-            ("", "Namespace", Some(""), "kube-system", "/Namespace//kube-system"),
+            (
+                "apps",
+                "Deployment",
+                Some("prod"),
+                "web",
+                "apps/Deployment/prod/web",
+            ),
+            (
+                "example.com",
+                "Widget",
+                None,
+                "w1",
+                "example.com/Widget//w1",
+            ),
+            (
+                "",
+                "Namespace",
+                Some(""),
+                "kube-system",
+                "/Namespace//kube-system",
+            ),
         ];
         for (group, kind, namespace, name, want) in table {
             let key = ObjectKey::main(group, kind, namespace, name).expect("named object");
@@ -165,8 +193,10 @@ mod tests {
 
     #[test]
     fn controlled_key_ignores_the_owners_version() {
-        let v1 = ObjectKey::controlled(Some("ns"), &[owner("example.com/v1", "W", "a", Some(true))]);
-        let v2 = ObjectKey::controlled(Some("ns"), &[owner("example.com/v2", "W", "a", Some(true))]);
+        let v1 =
+            ObjectKey::controlled(Some("ns"), &[owner("example.com/v1", "W", "a", Some(true))]);
+        let v2 =
+            ObjectKey::controlled(Some("ns"), &[owner("example.com/v2", "W", "a", Some(true))]);
         assert_eq!(v1.expect("valid"), v2.expect("valid"));
     }
 
@@ -194,7 +224,10 @@ mod tests {
             &[owner("v1", "Secret", "s", Some(false))],
         ];
         for refs in table {
-            assert_eq!(ObjectKey::controlled(Some("ns"), refs).expect("valid"), None);
+            assert_eq!(
+                ObjectKey::controlled(Some("ns"), refs).expect("valid"),
+                None
+            );
         }
     }
 
@@ -236,7 +269,11 @@ mod tests {
             owner("", "", "", None),
             owner("v1", "Secret", "ok", Some(true)),
         ];
-        assert!(ObjectKey::controlled(Some("ns"), &refs).expect("valid").is_some());
+        assert!(
+            ObjectKey::controlled(Some("ns"), &refs)
+                .expect("valid")
+                .is_some()
+        );
     }
 
     #[test]

@@ -228,10 +228,22 @@ mod tests {
 
     #[test]
     fn boundaries_are_exact_to_the_microsecond() {
-        assert_eq!(shard_state(&held(), at_micros(9_999_999)).state, ShardState::Ready);
-        assert_eq!(shard_state(&held(), at_micros(10_000_000)).state, ShardState::Expired);
-        assert_eq!(shard_state(&held(), at_micros(19_999_999)).state, ShardState::Expired);
-        assert_eq!(shard_state(&held(), at_micros(20_000_000)).state, ShardState::Uncertain);
+        assert_eq!(
+            shard_state(&held(), at_micros(9_999_999)).state,
+            ShardState::Ready
+        );
+        assert_eq!(
+            shard_state(&held(), at_micros(10_000_000)).state,
+            ShardState::Expired
+        );
+        assert_eq!(
+            shard_state(&held(), at_micros(19_999_999)).state,
+            ShardState::Expired
+        );
+        assert_eq!(
+            shard_state(&held(), at_micros(20_000_000)).state,
+            ShardState::Uncertain
+        );
     }
 
     #[test]
@@ -267,8 +279,14 @@ mod tests {
         let table = [
             (lease("s", Some("s"), None, Some(10)), ShardState::Uncertain),
             (lease("s", Some("s"), Some(0), None), ShardState::Uncertain),
-            (lease("s", Some("s"), Some(0), Some(0)), ShardState::Uncertain),
-            (lease("s", Some("s"), Some(0), Some(-3)), ShardState::Uncertain),
+            (
+                lease("s", Some("s"), Some(0), Some(0)),
+                ShardState::Uncertain,
+            ),
+            (
+                lease("s", Some("s"), Some(0), Some(-3)),
+                ShardState::Uncertain,
+            ),
             (lease("s", None, None, None), ShardState::Orphaned),
             (
                 Lease {
@@ -308,7 +326,11 @@ mod tests {
             .collect();
         assert_eq!(
             available,
-            [ShardState::Ready, ShardState::Expired, ShardState::Uncertain]
+            [
+                ShardState::Ready,
+                ShardState::Expired,
+                ShardState::Uncertain
+            ]
         );
     }
 
@@ -329,7 +351,10 @@ mod tests {
         let current = held().spec.expect("spec");
         let now = at(25);
         let spec = takeover_spec(&current, now);
-        assert_eq!(spec.holder_identity.as_deref(), Some(LEASE_CONTROLLER_HOLDER));
+        assert_eq!(
+            spec.holder_identity.as_deref(),
+            Some(LEASE_CONTROLLER_HOLDER)
+        );
         assert_eq!(spec.lease_duration_seconds, Some(20));
         assert_eq!(spec.acquire_time, Some(MicroTime(now)));
         assert_eq!(spec.renew_time, Some(MicroTime(now)));

@@ -10,7 +10,9 @@ pub mod labels;
 pub mod lease;
 pub mod ring;
 
-pub use cluster_ring::{ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource};
+pub use cluster_ring::{
+    ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource,
+};
 pub use key::ObjectKey;
 pub use labels::RingLabels;
 pub use lease::{LeaseStatus, ShardState, shard_state};

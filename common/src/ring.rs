@@ -78,9 +78,7 @@ impl Ring {
         if i == self.tokens.len() {
             i = 0;
         }
-        self.shards
-            .get(self.owners[i] as usize)
-            .map(String::as_str)
+        self.shards.get(self.owners[i] as usize).map(String::as_str)
     }
 
     /// The shard names on the ring, sorted.

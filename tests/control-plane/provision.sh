@@ -24,8 +24,10 @@ if [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
 fi
 
 K8S_VERSION="${SHARDER_K8S_VERSION:-1.20.2}"
+# Bumped whenever the build recipe (the source fixes below) changes, so caches rebuild.
+RECIPE=2
 CACHE_ROOT="${SHARDER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sharder}"
-ASSETS="$CACHE_ROOT/k8s-$K8S_VERSION/bin"
+ASSETS="$CACHE_ROOT/k8s-$K8S_VERSION-r$RECIPE/bin"
 
 sudo_if_needed() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -77,7 +79,7 @@ if ! apt-get source --print-uris kubernetes >/dev/null 2>&1; then
   apt_update_once
 fi
 
-work="$CACHE_ROOT/k8s-$K8S_VERSION/src"
+work="$CACHE_ROOT/k8s-$K8S_VERSION-r$RECIPE/src"
 rm -rf "$work"
 mkdir -p "$work"
 log "downloading Debian's kubernetes source package into $work"
@@ -99,6 +101,23 @@ find "$tree/vendor/github.com/modern-go/reflect2" -maxdepth 1 \( -name '*.go' -o
 cp /usr/share/gocode/src/github.com/modern-go/reflect2/*.go "$tree/vendor/github.com/modern-go/reflect2/"
 cp /usr/share/gocode/src/github.com/modern-go/reflect2/*.s "$tree/vendor/github.com/modern-go/reflect2/" 2>/dev/null || true
 rm -f "$tree"/vendor/github.com/modern-go/reflect2/*_test.go
+
+# The OpenAPI type validator of CRDs asks "is this a zero value?" with
+# reflect.DeepEqual(reflect.Zero(T), reflect.ValueOf(data)), comparing two reflect.Value structs.
+# Under Go >= 1.18 zero values share one pointer, so every "", 0 and false in a custom resource is
+# rejected as "null" (e.g. `group: ""`, `message: ""`). Restore the meaning it had under older Go:
+# only a nil value is null.
+zero_check='data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))'
+patched=0
+for f in "$tree/vendor/k8s.io/kube-openapi/pkg/validation/validate/type.go" \
+         "$tree/vendor/github.com/go-openapi/validate/type.go"; do
+  if [ -f "$f" ] && grep -qF "$zero_check" "$f"; then
+    log "fixing the zero-value type check in ${f#"$tree"/}"
+    sed -i "s/data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))/data == nil/" "$f"
+    patched=$((patched + 1))
+  fi
+done
+[ "$patched" -gt 0 ] || die "the zero-value type check to fix was not found in vendor/ (recipe out of date)"
 
 mkdir -p "$tree/.go/src/k8s.io"
 ln -sfn ../../.. "$tree/.go/src/k8s.io/kubernetes"

@@ -1,0 +1,24 @@
+# The README's commands. Everything here also works on a fresh Debian machine: the control plane
+# binaries are provisioned (and cached outside the repository) on first use.
+
+CARGO ?= cargo
+
+.PHONY: test lint crd control-plane
+
+## Runs every test: the pure unit and property tests and the tests against a real local
+## kube-apiserver + etcd (provisioned first if needed).
+test: control-plane
+	$(CARGO) test --workspace --locked
+
+## Formatting and lints, as CI runs them.
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+## Regenerates the ClusterRing CRD in the chart from the Rust types.
+crd:
+	$(CARGO) run --quiet --locked -p sharder-common --example crd > charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml
+
+## Provisions etcd and kube-apiserver (built once per machine, cached under ~/.cache/sharder).
+control-plane:
+	bash tests/control-plane/provision.sh

@@ -1,0 +1,380 @@
+//! A real Kubernetes control plane on loopback: etcd + kube-apiserver on free ports, with token
+//! authentication and RBAC, started once per test binary ([`ControlPlane::shared`]).
+//!
+//! Binaries come from `KUBEBUILDER_ASSETS` when set, otherwise from
+//! `tests/control-plane/provision.sh` (which builds kube-apiserver once per machine and caches it
+//! outside the repository).
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use tokio::sync::OnceCell;
+
+use crate::Error;
+use crate::supervisor::{lifetime_child_status, remove_at_exit, spawn_for_process_lifetime};
+
+/// How long the control plane may take to answer `/readyz` (about 12 s on 2 cores).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The folder holding `etcd` and `kube-apiserver` (and `kube-controller-manager` when built here).
+pub fn assets_dir() -> Result<PathBuf, Error> {
+    static ASSETS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    ASSETS
+        .get_or_init(|| provision().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Provision)
+}
+
+fn provision() -> Result<PathBuf, Error> {
+    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS") {
+        let dir = PathBuf::from(dir);
+        for bin in ["etcd", "kube-apiserver"] {
+            if !dir.join(bin).is_file() {
+                return Err(Error::Provision(format!(
+                    "KUBEBUILDER_ASSETS={} has no '{bin}'",
+                    dir.display()
+                )));
+            }
+        }
+        return Ok(dir);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/provision.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| Error::Provision(format!("cannot run {}: {e}", script.display())))?;
+    if !output.status.success() {
+        return Err(Error::Provision(format!(
+            "{} failed with {}",
+            script.display(),
+            output.status
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = stdout
+        .lines()
+        .last()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| Error::Provision(format!("{} printed no folder", script.display())))?;
+    Ok(PathBuf::from(dir))
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; the small race is acceptable in tests).
+pub fn free_port() -> Result<u16, Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(Error::io("read a bound port"))?
+        .port())
+}
+
+/// A running etcd + kube-apiserver pair.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: PathBuf,
+    etcd_pid: u32,
+    apiserver_pid: u32,
+    url: String,
+    token: String,
+    ca_file: PathBuf,
+    kubeconfig: PathBuf,
+    sa_key: PathBuf,
+}
+
+impl ControlPlane {
+    /// The control plane of this test binary, started on first use. Processes are killed and the
+    /// temp folder removed when the binary exits, whatever the test outcome.
+    pub async fn shared() -> Result<&'static ControlPlane, Error> {
+        static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+        SHARED.get_or_try_init(Self::start).await
+    }
+
+    async fn start() -> Result<Self, Error> {
+        let assets = tokio::task::spawn_blocking(assets_dir)
+            .await
+            .map_err(|e| Error::Provision(e.to_string()))??;
+        let dir = tempfile::Builder::new()
+            .prefix("sharder-control-plane-")
+            .tempdir()
+            .map_err(Error::io("create the control plane's temp folder"))?
+            .keep();
+        remove_at_exit(dir.clone());
+
+        let sa_key = dir.join("sa.key");
+        let key = rcgen::KeyPair::generate().map_err(|e| Error::Provision(e.to_string()))?;
+        write(&sa_key, key.serialize_pem().as_bytes())?;
+        let sa_pub = dir.join("sa.pub");
+        write(&sa_pub, key.public_key_pem().as_bytes())?;
+        let token = random_token();
+        let tokens = dir.join("tokens.csv");
+        write(
+            &tokens,
+            format!("{token},admin,admin,system:masters\n").as_bytes(),
+        )?;
+
+        let (etcd_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let mut etcd = Command::new(assets.join("etcd"));
+        etcd.args(["--data-dir", &path_str(&dir.join("etcd"))])
+            .args(["--listen-client-urls", &etcd_url])
+            .args(["--advertise-client-urls", &etcd_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("default={peer_url}")]);
+        let etcd_pid = spawn_logged(etcd, &dir.join("etcd.log"))?;
+
+        let certs = dir.join("certs");
+        let mut apiserver = Command::new(assets.join("kube-apiserver"));
+        apiserver
+            .args(["--etcd-servers", &etcd_url])
+            .args(["--secure-port", &secure_port.to_string()])
+            .args(["--bind-address", "127.0.0.1"])
+            .args(["--advertise-address", "127.0.0.1"])
+            .args(["--cert-dir", &path_str(&certs)])
+            .args(["--token-auth-file", &path_str(&tokens)])
+            .args(["--authorization-mode", "RBAC"])
+            .args(["--service-account-key-file", &path_str(&sa_pub)])
+            .args(["--service-account-signing-key-file", &path_str(&sa_key)])
+            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+            .args(["--service-cluster-ip-range", "10.96.0.0/16"]);
+        let apiserver_pid = spawn_logged(apiserver, &dir.join("kube-apiserver.log"))?;
+
+        let url = format!("https://127.0.0.1:{secure_port}");
+        let ca_file = certs.join("apiserver.crt");
+        let kubeconfig = dir.join("kubeconfig");
+        let control_plane = Self {
+            dir,
+            etcd_pid,
+            apiserver_pid,
+            url,
+            token,
+            ca_file,
+            kubeconfig,
+            sa_key,
+        };
+        control_plane.wait_ready().await?;
+        write(
+            &control_plane.kubeconfig,
+            control_plane
+                .kubeconfig_yaml(&control_plane.token)
+                .as_bytes(),
+        )?;
+        Ok(control_plane)
+    }
+
+    async fn wait_ready(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut last = String::from("not started");
+        while started.elapsed() < READY_TIMEOUT {
+            if let Some(status) = lifetime_child_status(self.apiserver_pid) {
+                return Err(Error::NotReady(format!(
+                    "kube-apiserver exited with {status}; its log:\n{}",
+                    self.log_tail("kube-apiserver.log", 30)
+                )));
+            }
+            // The serving certificate appears a moment after the process starts.
+            if self.ca_file.is_file() {
+                match self.readyz().await {
+                    Ok(body) if body.trim() == "ok" => return Ok(()),
+                    Ok(body) => last = body,
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Err(Error::NotReady(format!(
+            "no ready answer within {READY_TIMEOUT:?} (last: {last}); kube-apiserver log:\n{}",
+            self.log_tail("kube-apiserver.log", 30)
+        )))
+    }
+
+    async fn readyz(&self) -> Result<String, Error> {
+        let client = self.client_with_token(&self.token).await?;
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| Error::NotReady(e.to_string()))?;
+        client.request_text(request).await.map_err(Error::Kube)
+    }
+
+    /// The last `lines` lines of one of the control plane's logs (`etcd.log`, `kube-apiserver.log`).
+    pub fn log_tail(&self, log: &str, lines: usize) -> String {
+        let Ok(file) = std::fs::File::open(self.dir.join(log)) else {
+            return format!("({log} missing)");
+        };
+        let all: Vec<String> = BufReader::new(file).lines().map_while(Result::ok).collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Process ids of etcd and kube-apiserver.
+    pub fn pids(&self) -> [u32; 2] {
+        [self.etcd_pid, self.apiserver_pid]
+    }
+
+    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The PEM file of the apiserver's serving certificate chain (use it as the CA).
+    pub fn ca_file(&self) -> &Path {
+        &self.ca_file
+    }
+
+    /// A kubeconfig file for the admin user (`system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The control plane's temp folder (logs, certificates, kubeconfigs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The ServiceAccount signing key (PEM), for tests that need to inspect tokens.
+    pub fn service_account_key(&self) -> &Path {
+        &self.sa_key
+    }
+
+    /// A kubeconfig YAML for the given bearer token.
+    pub fn kubeconfig_yaml(&self, token: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sharder-test\n  cluster:\n    \
+             server: {}\n    certificate-authority: {}\nusers:\n- name: user\n  user:\n    \
+             token: {token}\ncontexts:\n- name: sharder-test\n  context:\n    cluster: \
+             sharder-test\n    user: user\n    namespace: default\ncurrent-context: sharder-test\n",
+            self.url,
+            self.ca_file.display()
+        )
+    }
+
+    /// Writes a kubeconfig for `token` into the control plane's folder and returns its path (for
+    /// processes started by tests with the permissions of that token).
+    pub fn write_kubeconfig(&self, name: &str, token: &str) -> Result<PathBuf, Error> {
+        let path = self.dir.join(format!("kubeconfig-{name}"));
+        write(&path, self.kubeconfig_yaml(token).as_bytes())?;
+        Ok(path)
+    }
+
+    /// An admin client. Make one per test: a client belongs to the runtime that created it.
+    pub async fn client(&self) -> Result<Client, Error> {
+        self.client_with_token(&self.token).await
+    }
+
+    /// A client authenticated with `token` (for example a ServiceAccount token).
+    pub async fn client_with_token(&self, token: &str) -> Result<Client, Error> {
+        let kubeconfig =
+            Kubeconfig::from_yaml(&self.kubeconfig_yaml(token)).map_err(Error::Kubeconfig)?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(Error::Kubeconfig)?;
+        Client::try_from(config).map_err(Error::Kube)
+    }
+
+    /// Creates a namespace named `<prefix>-<random>` and returns its name.
+    pub async fn namespace(&self, prefix: &str) -> Result<String, Error> {
+        let name = format!("{prefix}-{}", &random_token()[..8]);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(self.client().await?)
+            .create(&PostParams::default(), &ns)
+            .await
+            .map_err(Error::Kube)?;
+        Ok(name)
+    }
+
+    /// Creates the ServiceAccount `namespace/name` if absent and mints a token for it through
+    /// the TokenRequest API, so a component can run with exactly the permissions RBAC grants it.
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<String, Error> {
+        let api = Api::<ServiceAccount>::namespaced(self.client().await?, namespace);
+        let sa = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ServiceAccount::default()
+        };
+        match api.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec!["https://kubernetes.default.svc".into()],
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        let response = api
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .map_err(Error::Kube)?;
+        response.status.map(|s| s.token).ok_or_else(|| {
+            Error::NotReady(format!(
+                "TokenRequest for {namespace}/{name} returned no token"
+            ))
+        })
+    }
+}
+
+fn spawn_logged(mut command: Command, log: &Path) -> Result<u32, Error> {
+    let file = std::fs::File::create(log).map_err(Error::io("create a log file"))?;
+    let err = file.try_clone().map_err(Error::io("open a log file"))?;
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::from(err));
+    let program = command.get_program().to_string_lossy().into_owned();
+    spawn_for_process_lifetime(command)
+        .map_err(|e| Error::Provision(format!("cannot start {program}: {e}")))
+}
+
+fn write(path: &Path, contents: &[u8]) -> Result<(), Error> {
+    let mut file = std::fs::File::create(path).map_err(Error::io("write a control plane file"))?;
+    file.write_all(contents)
+        .map_err(Error::io("write a control plane file"))
+}
+
+fn path_str(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// A random lowercase hex string of 32 characters.
+pub fn random_token() -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    for _ in 0..2 {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        out.push_str(&format!("{:016x}", hasher.finish()));
+    }
+    out
+}
