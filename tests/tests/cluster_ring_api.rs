@@ -151,8 +151,10 @@ async fn schema_rejects_a_resource_without_a_name() {
     match api.create(&PostParams::default(), &bad).await {
         Err(kube::Error::Api(status)) => {
             assert_eq!(status.code, 422, "{status:?}");
+            // kube-apiserver 1.20 names the field without the list index.
             assert!(
-                status.message.contains("spec.resources[0].resource"),
+                status.message.contains("spec.resources.resource")
+                    && status.message.contains("at least 1 chars long"),
                 "{}",
                 status.message
             );

@@ -2,7 +2,7 @@
 //! ServiceAccount tokens under RBAC, and leaves no process behind when a test binary panics or is
 //! killed.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -134,6 +134,7 @@ fn wait_gone(pids: &[u32]) -> bool {
 fn start_probe(mode: &str) -> (std::process::Child, Vec<u32>, String) {
     let mut probe = Command::new(env!("CARGO_BIN_EXE_control-plane-probe"))
         .arg(mode)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -159,6 +160,7 @@ fn start_probe(mode: &str) -> (std::process::Child, Vec<u32>, String) {
 #[test]
 fn a_panicking_test_binary_leaves_no_process_or_folder_behind() {
     let (mut probe, pids, dir) = start_probe("panic");
+    writeln!(probe.stdin.as_mut().expect("stdin"), "panic now").expect("tell the probe");
     let status = probe.wait().expect("probe exits");
     assert!(!status.success(), "the probe panicked");
     assert!(

@@ -1,5 +1,5 @@
 //! Starts the shared control plane, prints `pids <etcd> <apiserver> dir <folder>`, then panics
-//! (`panic`) or waits to be killed (`hang`). The harness tests use it to prove that no process
+//! once a line arrives on stdin (`panic`) or waits to be killed (`hang`). The harness tests use it to prove that no process
 //! outlives a test binary that panics or is killed.
 
 use std::io::Write as _;
@@ -21,7 +21,11 @@ async fn main() {
     );
     let _ = std::io::stdout().flush();
     match mode.as_str() {
-        "panic" => panic!("the probe panics on purpose"),
+        "panic" => {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            panic!("the probe panics on purpose")
+        }
         "hang" => loop {
             tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
         },
