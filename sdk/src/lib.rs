@@ -4,9 +4,11 @@
 use std::net::SocketAddr;
 
 pub mod admin;
+pub mod duration;
 pub mod logging;
 
 pub use admin::{AdminArgs, Readiness};
+pub use duration::parse_duration;
 pub use logging::{LogArgs, LogFormat};
 use tokio_util::sync::CancellationToken;
 

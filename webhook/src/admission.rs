@@ -1,0 +1,318 @@
+//! The webhook's decision as a pure function of an admission request and the ring snapshot of
+//! its ClusterRing (design §6): already labelled -> allowed without patch; otherwise a JSON patch
+//! that adds the shard label of the shard the ring picks for the object's key. It never denies.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::Value;
+use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingLabels};
+
+/// How a resource takes part in a ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A main resource: objects are keyed by themselves.
+    Main,
+    /// A controlled resource: objects are keyed by their controller ownerReference.
+    Controlled,
+}
+
+/// Everything the webhook needs of one ClusterRing: its label keys, which resources it shards,
+/// and the ring of its available shards. Immutable; rebuilt when the ring or its shards change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RingSnapshot {
+    /// The ClusterRing's name.
+    pub name: String,
+    /// Its shard and drain label keys.
+    pub labels: RingLabels,
+    /// The ring of available shards.
+    pub ring: Ring,
+    roles: HashMap<(String, String), Role>,
+}
+
+impl RingSnapshot {
+    /// The snapshot of ring `name` with `spec` and the given available shards. A resource listed
+    /// both as main and as controlled counts as main.
+    pub fn new<I, S>(name: &str, spec: &ClusterRingSpec, available_shards: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut roles = HashMap::new();
+        for resource in &spec.resources {
+            for child in &resource.controlled_resources {
+                roles.insert(
+                    (child.group.clone(), child.resource.clone()),
+                    Role::Controlled,
+                );
+            }
+        }
+        for resource in &spec.resources {
+            roles.insert(
+                (resource.group.clone(), resource.resource.clone()),
+                Role::Main,
+            );
+        }
+        Self {
+            name: name.to_owned(),
+            labels: RingLabels::new(name),
+            ring: Ring::new(available_shards),
+            roles,
+        }
+    }
+
+    /// The role of a resource in this ring, if it is sharded by it.
+    pub fn role(&self, group: &str, resource: &str) -> Option<Role> {
+        self.roles
+            .get(&(group.to_owned(), resource.to_owned()))
+            .copied()
+    }
+}
+
+/// Why an object was allowed without an assignment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// The path names a ClusterRing the webhook does not know.
+    UnknownRing,
+    /// The ring has no available shard.
+    NoShardAvailable,
+    /// A main object without a name yet (`generateName`): the reconciler's sweep assigns it.
+    NoName,
+    /// A controlled object without a controller ownerReference.
+    NoControllerReference,
+    /// A controlled object whose controller ownerReference is malformed.
+    MalformedOwnerReference,
+    /// The resource (or subresource) is not sharded by this ring.
+    ResourceNotSharded,
+    /// The request carries no object (e.g. DELETE).
+    NoObject,
+}
+
+impl SkipReason {
+    /// Every reason, for metrics.
+    pub const ALL: [SkipReason; 7] = [
+        Self::UnknownRing,
+        Self::NoShardAvailable,
+        Self::NoName,
+        Self::NoControllerReference,
+        Self::MalformedOwnerReference,
+        Self::ResourceNotSharded,
+        Self::NoObject,
+    ];
+
+    /// The reason as a metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownRing => "unknown_ring",
+            Self::NoShardAvailable => "no_shard_available",
+            Self::NoName => "no_name",
+            Self::NoControllerReference => "no_controller_reference",
+            Self::MalformedOwnerReference => "malformed_owner_reference",
+            Self::ResourceNotSharded => "resource_not_sharded",
+            Self::NoObject => "no_object",
+        }
+    }
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the webhook does with one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The object already carries the ring's shard label: allowed, no patch.
+    AlreadyAssigned,
+    /// Allowed with a patch adding the shard label.
+    Assign {
+        /// The object's key on the ring.
+        key: ObjectKey,
+        /// The shard picked by the ring.
+        shard: String,
+        /// The JSON patch for the object.
+        patch: Patch,
+    },
+    /// Allowed without a patch.
+    Skip {
+        /// Why.
+        reason: SkipReason,
+        /// Details for the log line.
+        detail: String,
+    },
+}
+
+/// Escapes a JSON pointer token (RFC 6901): `~` -> `~0`, `/` -> `~1`.
+pub fn escape_pointer_token(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+fn pointer(path: &str) -> PointerBuf {
+    // The paths built here are always valid pointers: they start with '/' and escape every token.
+    PointerBuf::parse(path).unwrap_or_default()
+}
+
+/// The patch that sets the shard label (and drops a leftover drain label) on an object whose
+/// `labels` are as given.
+pub fn assignment_patch(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+    ring_labels: &RingLabels,
+    shard: &str,
+) -> Patch {
+    let mut ops = Vec::with_capacity(2);
+    if labels.is_none() {
+        ops.push(PatchOperation::Add(AddOperation {
+            path: pointer("/metadata/labels"),
+            value: Value::Object(serde_json::Map::new()),
+        }));
+    }
+    ops.push(PatchOperation::Add(AddOperation {
+        path: pointer(&format!(
+            "/metadata/labels/{}",
+            escape_pointer_token(&ring_labels.shard)
+        )),
+        value: Value::String(shard.to_owned()),
+    }));
+    if labels.is_some_and(|l| l.contains_key(&ring_labels.drain)) {
+        ops.push(PatchOperation::Remove(RemoveOperation {
+            path: pointer(&format!(
+                "/metadata/labels/{}",
+                escape_pointer_token(&ring_labels.drain)
+            )),
+        }));
+    }
+    Patch(ops)
+}
+
+/// Decides what to do with `request` for the ring snapshot `ring` (`None`: unknown ring).
+pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnapshot>) -> Decision {
+    let skip = |reason, detail: String| Decision::Skip { reason, detail };
+    let Some(ring) = ring else {
+        return skip(SkipReason::UnknownRing, String::new());
+    };
+    let Some(object) = request.object.as_ref() else {
+        return skip(SkipReason::NoObject, format!("{:?}", request.operation));
+    };
+    let (group, resource) = (&request.resource.group, &request.resource.resource);
+    let role = match (&request.sub_resource, ring.role(group, resource)) {
+        (None, Some(role)) => role,
+        (Some(sub), _) => {
+            return skip(
+                SkipReason::ResourceNotSharded,
+                format!("subresource {resource}/{sub}"),
+            );
+        }
+        (None, None) => {
+            return skip(
+                SkipReason::ResourceNotSharded,
+                format!("{resource}.{group}"),
+            );
+        }
+    };
+    let labels = object.metadata.labels.as_ref();
+    if labels.is_some_and(|l| l.contains_key(&ring.labels.shard)) {
+        return Decision::AlreadyAssigned;
+    }
+    let namespace = request.namespace.as_deref();
+    let key = match role {
+        Role::Main => {
+            let name = if request.name.is_empty() {
+                object.metadata.name.as_deref().unwrap_or_default()
+            } else {
+                &request.name
+            };
+            match ObjectKey::main(group, &request.kind.kind, namespace, name) {
+                Some(key) => key,
+                None => return skip(SkipReason::NoName, String::new()),
+            }
+        }
+        Role::Controlled => {
+            let refs = object
+                .metadata
+                .owner_references
+                .as_deref()
+                .unwrap_or_default();
+            match ObjectKey::controlled(namespace, refs) {
+                Ok(Some(key)) => key,
+                Ok(None) => return skip(SkipReason::NoControllerReference, String::new()),
+                Err(e) => return skip(SkipReason::MalformedOwnerReference, e.to_string()),
+            }
+        }
+    };
+    let Some(shard) = ring.ring.shard_for(key.as_str()) else {
+        return skip(SkipReason::NoShardAvailable, String::new());
+    };
+    Decision::Assign {
+        patch: assignment_patch(labels, &ring.labels, shard),
+        shard: shard.to_owned(),
+        key,
+    }
+}
+
+/// The response to `request` for `decision`: always allowed; carries the patch of an
+/// assignment, and a warning for a malformed controller reference (which the user can fix).
+pub fn respond(
+    request: &AdmissionRequest<DynamicObject>,
+    decision: &Decision,
+) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    match decision {
+        Decision::Assign { patch, .. } => match response.clone().with_patch(patch.clone()) {
+            Ok(patched) => patched,
+            // Serializing a patch of strings cannot fail; if it ever did, allowing the write
+            // unassigned is the safe answer (the reconciler's sweep assigns it).
+            Err(_) => response,
+        },
+        Decision::Skip {
+            reason: SkipReason::MalformedOwnerReference,
+            detail,
+        } => {
+            let mut response = response;
+            response.warnings = Some(vec![format!(
+                "sharder: object not assigned to a shard: {detail}"
+            )]);
+            response
+        }
+        _ => response,
+    }
+}
+
+/// Why a request body is not an AdmissionReview the webhook can answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    /// The body is not JSON of an `admission.k8s.io/v1` AdmissionReview.
+    #[error("body is not an admission.k8s.io/v1 AdmissionReview: {0}")]
+    Parse(#[source] serde_json::Error),
+    /// The AdmissionReview has no `request`.
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+    /// The AdmissionReview has an apiVersion other than `admission.k8s.io/v1`.
+    #[error("AdmissionReview apiVersion {0:?} is not supported (expected admission.k8s.io/v1)")]
+    Version(String),
+}
+
+/// The pure path from request body to response body: parse the review, decide, answer.
+pub fn review(
+    body: &[u8],
+    ring: Option<&RingSnapshot>,
+) -> Result<(AdmissionRequest<DynamicObject>, Decision, Vec<u8>), ReviewError> {
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(ReviewError::Parse)?;
+    if review.types.api_version != "admission.k8s.io/v1" {
+        return Err(ReviewError::Version(review.types.api_version));
+    }
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| ReviewError::NoRequest)?;
+    let decision = decide(&request, ring);
+    let body = serde_json::to_vec(&respond(&request, &decision).into_review())
+        .map_err(ReviewError::Parse)?;
+    Ok((request, decision, body))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,445 @@
+//! Table tests of the pure admission path: review bytes in, decision and response bytes out.
+
+use serde_json::{Value, json};
+use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
+
+use super::*;
+
+const RING: &str = "example";
+const SHARD_LABEL: &str = "shard.alpha.sharding.timebertt.dev/clusterring-50d858e0-example";
+const DRAIN_LABEL: &str = "drain.alpha.sharding.timebertt.dev/clusterring-50d858e0-example";
+
+fn spec() -> ClusterRingSpec {
+    ClusterRingSpec {
+        resources: vec![
+            RingResource {
+                group: String::new(),
+                resource: "secrets".into(),
+                controlled_resources: vec![GroupResource::new("", "configmaps")],
+            },
+            RingResource {
+                group: "example.com".into(),
+                resource: "themes".into(),
+                controlled_resources: vec![],
+            },
+        ],
+        namespace_selector: None,
+    }
+}
+
+fn snapshot(shards: &[&str]) -> RingSnapshot {
+    RingSnapshot::new(RING, &spec(), shards.iter().copied())
+}
+
+struct Req {
+    group: &'static str,
+    resource: &'static str,
+    kind: &'static str,
+    namespace: Option<&'static str>,
+    name: &'static str,
+    object: Value,
+    sub_resource: Option<&'static str>,
+}
+
+fn secret(name: &'static str, object: Value) -> Req {
+    Req {
+        group: "",
+        resource: "secrets",
+        kind: "Secret",
+        namespace: Some("default"),
+        name,
+        object,
+        sub_resource: None,
+    }
+}
+
+fn configmap(object: Value) -> Req {
+    Req {
+        group: "",
+        resource: "configmaps",
+        kind: "ConfigMap",
+        namespace: Some("default"),
+        name: "child",
+        object,
+        sub_resource: None,
+    }
+}
+
+fn body(req: &Req) -> Vec<u8> {
+    let version = if req.group.is_empty() {
+        "v1"
+    } else {
+        "v1alpha1"
+    };
+    let mut request = json!({
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": {"group": req.group, "version": version, "kind": req.kind},
+        "resource": {"group": req.group, "version": version, "resource": req.resource},
+        "name": req.name,
+        "operation": "CREATE",
+        "userInfo": {"username": "admin"},
+        "object": req.object,
+        "dryRun": false,
+    });
+    if let Some(ns) = req.namespace {
+        request["namespace"] = json!(ns);
+    }
+    if let Some(sub) = req.sub_resource {
+        request["subResource"] = json!(sub);
+    }
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": request,
+    }))
+    .expect("serializable")
+}
+
+fn object(kind: &str, metadata: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": kind, "metadata": metadata})
+}
+
+/// Runs the pure path and returns the decision, the response JSON, and the object after
+/// applying the response's patch.
+fn run(req: &Req, ring: Option<&RingSnapshot>) -> (Decision, Value, Value) {
+    let (_, decision, response) = review(&body(req), ring).expect("valid review");
+    let response: Value = serde_json::from_slice(&response).expect("json response");
+    let mut patched = req.object.clone();
+    if let Some(patch) = response["response"].get("patch") {
+        // Go's []byte accepts a base64 string or an array of byte values; kube sends the latter.
+        let bytes: Vec<u8> = match patch {
+            Value::String(b64) => base64_decode(b64),
+            other => serde_json::from_value(other.clone()).expect("patch bytes"),
+        };
+        let ops: Patch = serde_json::from_slice(&bytes).expect("patch json");
+        json_patch::patch(&mut patched, &ops).expect("patch applies");
+        assert_eq!(response["response"]["patchType"], "JSONPatch");
+    }
+    assert_eq!(response["response"]["allowed"], true, "never denies");
+    assert_eq!(
+        response["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
+    (decision, response, patched)
+}
+
+/// Minimal standard base64 decoder for the test (the response carries the patch base64-encoded).
+fn base64_decode(s: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let mut buf = 0u32;
+    let mut bits = 0;
+    for c in s.bytes().filter(|c| *c != b'=') {
+        let v = ALPHABET.iter().position(|a| *a == c).expect("base64") as u32;
+        buf = (buf << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buf >> bits) as u8);
+            buf &= (1 << bits) - 1;
+        }
+    }
+    out
+}
+
+fn shard_of(patched: &Value) -> Option<&str> {
+    patched["metadata"]["labels"][SHARD_LABEL].as_str()
+}
+
+#[test]
+fn object_without_labels_gets_labels_and_the_rings_shard() {
+    let ring = snapshot(&["shard-a", "shard-b", "shard-c"]);
+    let req = secret(
+        "foo",
+        object("Secret", json!({"name": "foo", "namespace": "default"})),
+    );
+    let (decision, _, patched) = run(&req, Some(&ring));
+    let want = ring.ring.shard_for("/Secret/default/foo").expect("shard");
+    assert_eq!(shard_of(&patched), Some(want));
+    match decision {
+        Decision::Assign { key, shard, patch } => {
+            assert_eq!(key.as_str(), "/Secret/default/foo");
+            assert_eq!(shard, want);
+            assert_eq!(patch.0.len(), 2, "add labels map, then the label");
+        }
+        other => panic!("expected an assignment, got {other:?}"),
+    }
+}
+
+#[test]
+fn existing_labels_are_kept_and_the_key_is_escaped() {
+    let ring = snapshot(&["shard-a", "shard-b"]);
+    let req = secret(
+        "foo",
+        object(
+            "Secret",
+            json!({"name": "foo", "namespace": "default", "labels": {"app": "web", "a~b/c": "x"}}),
+        ),
+    );
+    let (decision, _, patched) = run(&req, Some(&ring));
+    let Decision::Assign { patch, .. } = decision else {
+        panic!("expected an assignment");
+    };
+    assert_eq!(patch.0.len(), 1, "labels exist: one add");
+    let PatchOperation::Add(add) = &patch.0[0] else {
+        panic!("expected an add");
+    };
+    assert_eq!(
+        add.path.as_str(),
+        "/metadata/labels/shard.alpha.sharding.timebertt.dev~1clusterring-50d858e0-example"
+    );
+    let labels = &patched["metadata"]["labels"];
+    assert_eq!(labels["app"], "web");
+    assert_eq!(labels["a~b/c"], "x");
+    assert!(shard_of(&patched).is_some());
+}
+
+#[test]
+fn pointer_tokens_escape_tilde_before_slash() {
+    let table = [
+        ("plain", "plain"),
+        ("a/b", "a~1b"),
+        ("a~b", "a~0b"),
+        ("~/", "~0~1"),
+        ("~1", "~01"),
+    ];
+    for (token, want) in table {
+        assert_eq!(escape_pointer_token(token), want, "{token}");
+    }
+}
+
+#[test]
+fn already_labelled_object_is_allowed_without_patch() {
+    let ring = snapshot(&["shard-a"]);
+    let req = secret(
+        "foo",
+        object(
+            "Secret",
+            json!({"name": "foo", "namespace": "default", "labels": {SHARD_LABEL: "shard-z"}}),
+        ),
+    );
+    let (decision, response, patched) = run(&req, Some(&ring));
+    assert_eq!(decision, Decision::AlreadyAssigned);
+    assert!(response["response"].get("patch").is_none());
+    assert_eq!(shard_of(&patched), Some("shard-z"), "label untouched");
+}
+
+#[test]
+fn a_leftover_drain_label_is_removed_with_the_assignment() {
+    let ring = snapshot(&["shard-a"]);
+    let req = secret(
+        "foo",
+        object(
+            "Secret",
+            json!({"name": "foo", "namespace": "default", "labels": {DRAIN_LABEL: "true"}}),
+        ),
+    );
+    let (_, _, patched) = run(&req, Some(&ring));
+    assert_eq!(shard_of(&patched), Some("shard-a"));
+    assert!(patched["metadata"]["labels"].get(DRAIN_LABEL).is_none());
+}
+
+#[test]
+fn controlled_object_lands_on_its_owners_shard() {
+    let ring = snapshot(&["shard-a", "shard-b", "shard-c", "shard-d"]);
+    for owner in ["s1", "s2", "s3", "s4", "s5", "s6"] {
+        let child = configmap(object(
+            "ConfigMap",
+            json!({"name": "child", "namespace": "default", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Secret", "name": owner, "uid": "u", "controller": true}
+            ]}),
+        ));
+        let (_, _, patched) = run(&child, Some(&ring));
+        let owner_key = format!("/Secret/default/{owner}");
+        assert_eq!(
+            shard_of(&patched),
+            ring.ring.shard_for(&owner_key),
+            "owner {owner}"
+        );
+    }
+}
+
+#[test]
+fn objects_that_cannot_be_keyed_are_allowed_unassigned() {
+    let ring = snapshot(&["shard-a"]);
+    let table = [
+        (
+            "generateName main object",
+            secret(
+                "",
+                object(
+                    "Secret",
+                    json!({"generateName": "s-", "namespace": "default"}),
+                ),
+            ),
+            SkipReason::NoName,
+        ),
+        (
+            "controlled object without owner",
+            configmap(object(
+                "ConfigMap",
+                json!({"name": "child", "namespace": "default"}),
+            )),
+            SkipReason::NoControllerReference,
+        ),
+        (
+            "controlled object with a non-controller owner",
+            configmap(object(
+                "ConfigMap",
+                json!({"name": "child", "namespace": "default", "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Secret", "name": "s", "uid": "u"}
+                ]}),
+            )),
+            SkipReason::NoControllerReference,
+        ),
+        (
+            "controlled object with a malformed controller",
+            configmap(object(
+                "ConfigMap",
+                json!({"name": "child", "namespace": "default", "ownerReferences": [
+                    {"apiVersion": "a/b/c", "kind": "Secret", "name": "s", "uid": "u", "controller": true}
+                ]}),
+            )),
+            SkipReason::MalformedOwnerReference,
+        ),
+        (
+            "resource the ring does not shard",
+            Req {
+                resource: "services",
+                kind: "Service",
+                ..secret("svc", object("Service", json!({"name": "svc"})))
+            },
+            SkipReason::ResourceNotSharded,
+        ),
+        (
+            "subresource",
+            Req {
+                sub_resource: Some("status"),
+                ..secret("foo", object("Secret", json!({"name": "foo"})))
+            },
+            SkipReason::ResourceNotSharded,
+        ),
+    ];
+    for (what, req, want) in table {
+        let (decision, response, patched) = run(&req, Some(&ring));
+        match decision {
+            Decision::Skip { reason, .. } => assert_eq!(reason, want, "{what}"),
+            other => panic!("{what}: expected a skip, got {other:?}"),
+        }
+        assert!(response["response"].get("patch").is_none(), "{what}");
+        assert_eq!(patched, req.object, "{what}: object unchanged");
+    }
+}
+
+#[test]
+fn malformed_controller_reference_is_reported_as_a_warning() {
+    let ring = snapshot(&["shard-a"]);
+    let req = configmap(object(
+        "ConfigMap",
+        json!({"name": "child", "namespace": "default", "ownerReferences": [
+            {"apiVersion": "", "kind": "Secret", "name": "s", "uid": "u", "controller": true}
+        ]}),
+    ));
+    let (_, response, _) = run(&req, Some(&ring));
+    let warning = response["response"]["warnings"][0]
+        .as_str()
+        .expect("warning");
+    assert!(warning.contains("apiVersion"), "{warning}");
+}
+
+#[test]
+fn unknown_ring_and_empty_ring_allow_without_patch() {
+    let req = secret(
+        "foo",
+        object("Secret", json!({"name": "foo", "namespace": "default"})),
+    );
+    let (decision, _, patched) = run(&req, None);
+    assert!(matches!(
+        decision,
+        Decision::Skip {
+            reason: SkipReason::UnknownRing,
+            ..
+        }
+    ));
+    assert_eq!(patched, req.object);
+
+    let empty = snapshot(&[]);
+    let (decision, _, patched) = run(&req, Some(&empty));
+    assert!(matches!(
+        decision,
+        Decision::Skip {
+            reason: SkipReason::NoShardAvailable,
+            ..
+        }
+    ));
+    assert_eq!(patched, req.object);
+}
+
+#[test]
+fn cluster_scoped_objects_are_keyed_with_an_empty_namespace() {
+    let ring = snapshot(&["shard-a", "shard-b", "shard-c"]);
+    let req = Req {
+        group: "example.com",
+        resource: "themes",
+        kind: "Theme",
+        namespace: None,
+        name: "dark",
+        object: json!({"apiVersion": "example.com/v1alpha1", "kind": "Theme", "metadata": {"name": "dark"}}),
+        sub_resource: None,
+    };
+    let (decision, _, patched) = run(&req, Some(&ring));
+    let Decision::Assign { key, .. } = decision else {
+        panic!("expected an assignment");
+    };
+    assert_eq!(key.as_str(), "example.com/Theme//dark");
+    assert_eq!(
+        shard_of(&patched),
+        ring.ring.shard_for("example.com/Theme//dark")
+    );
+}
+
+#[test]
+fn a_resource_listed_as_main_and_controlled_counts_as_main() {
+    let spec = ClusterRingSpec {
+        resources: vec![
+            RingResource {
+                group: String::new(),
+                resource: "configmaps".into(),
+                controlled_resources: vec![],
+            },
+            RingResource {
+                group: String::new(),
+                resource: "secrets".into(),
+                controlled_resources: vec![GroupResource::new("", "configmaps")],
+            },
+        ],
+        namespace_selector: None,
+    };
+    let ring = RingSnapshot::new(RING, &spec, ["a"]);
+    assert_eq!(ring.role("", "configmaps"), Some(Role::Main));
+    assert_eq!(ring.role("", "secrets"), Some(Role::Main));
+    assert_eq!(ring.role("apps", "secrets"), None);
+}
+
+#[test]
+fn bodies_that_are_not_reviews_are_errors_that_say_why() {
+    let table: [(&[u8], &str); 4] = [
+        (b"", "not an admission.k8s.io/v1 AdmissionReview"),
+        (
+            b"{\"kind\": 3}",
+            "not an admission.k8s.io/v1 AdmissionReview",
+        ),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+            "has no request",
+        ),
+        (
+            br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":null}"#,
+            "not supported",
+        ),
+    ];
+    for (body, want) in table {
+        let err = review(body, None).expect_err("invalid");
+        assert!(err.to_string().contains(want), "{err}");
+    }
+}

@@ -1,0 +1,36 @@
+//! The floor webhook of the benchmarks: parses the AdmissionReview and answers with a fixed
+//! one-label patch, with no ring, no key and no metrics. What any webhook pays at least; the
+//! sharder webhook is measured against it in the same run.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+
+/// The floor's answer to a review body: a fixed patch adding one label, or `None` when the body
+/// is not a review.
+pub fn floor_review(body: &[u8]) -> Option<Vec<u8>> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).ok()?;
+    let request: AdmissionRequest<DynamicObject> = review.try_into().ok()?;
+    let patch = Patch(vec![PatchOperation::Add(AddOperation {
+        path: PointerBuf::parse("/metadata/labels/floor").unwrap_or_default(),
+        value: serde_json::Value::String("shard".into()),
+    })]);
+    let response = AdmissionResponse::from(&request).with_patch(patch).ok()?;
+    serde_json::to_vec(&response.into_review()).ok()
+}
+
+/// The floor webhook's routes: every POST path answers with [`floor_review`].
+pub fn floor_router() -> Router {
+    Router::new().fallback(post(|body: Bytes| async move {
+        match floor_review(&body) {
+            Some(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+            None => StatusCode::BAD_REQUEST.into_response(),
+        }
+    }))
+}

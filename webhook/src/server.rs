@@ -1,0 +1,148 @@
+//! The thin HTTP layer over [`crate::admission`]: routing, limits, metrics and logs.
+//!
+//! `POST /webhooks/sharder/clusterring/{ring}` answers AdmissionReviews. Bodies that are not a
+//! review get 400 with the reason, other methods 405, other paths 404, bodies over
+//! `--max-body-bytes` 413, requests over `--request-timeout` 503; at most
+//! `--max-concurrent-requests` are handled at once (the rest wait).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use tower::limit::ConcurrencyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use tracing::{debug, warn};
+
+use crate::admission::{self, Decision, SkipReason};
+use crate::metrics::{AssignmentLabels, Metrics, RequestLabels, SkipLabels};
+use crate::rings::Rings;
+
+/// Path prefix of the webhook; the ring name follows.
+pub const WEBHOOK_PATH_PREFIX: &str = "/webhooks/sharder/clusterring/";
+
+/// Limits of the HTTP layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest accepted body in bytes.
+    pub max_body_bytes: usize,
+    /// Longest time to answer one request.
+    pub request_timeout: Duration,
+    /// Requests handled at once.
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 6 * 1024 * 1024,
+            request_timeout: Duration::from_secs(10),
+            max_concurrent_requests: 1024,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    rings: Arc<Rings>,
+    metrics: Metrics,
+}
+
+/// The webhook's routes over the published rings.
+pub fn router(rings: Arc<Rings>, metrics: Metrics, limits: Limits) -> Router {
+    Router::new()
+        .route(&format!("{WEBHOOK_PATH_PREFIX}{{ring}}"), post(handle))
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "not found: the webhook serves POST /webhooks/sharder/clusterring/<ring>\n",
+            )
+        })
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(ConcurrencyLimitLayer::new(limits.max_concurrent_requests))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            limits.request_timeout,
+        ))
+        .with_state(AppState { rings, metrics })
+}
+
+async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let snapshot = state.rings.get(&ring);
+    let (outcome, response) = match admission::review(&body, snapshot.as_deref()) {
+        Err(e) => {
+            warn!(clusterring = %ring, error = %e, "bad admission request");
+            (
+                "bad_request",
+                (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+            )
+        }
+        Ok((request, decision, body)) => {
+            let counted = !request.dry_run;
+            let (group, resource) = (&request.resource.group, &request.resource.resource);
+            let namespace = request.namespace.as_deref().unwrap_or_default();
+            let outcome = match &decision {
+                Decision::Assign { key, shard, .. } => {
+                    if counted {
+                        state
+                            .metrics
+                            .assignments
+                            .get_or_create(&AssignmentLabels {
+                                clusterring: ring.clone(),
+                                group: group.clone(),
+                                resource: resource.clone(),
+                            })
+                            .inc();
+                    }
+                    debug!(clusterring = %ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
+                    "assigned"
+                }
+                Decision::AlreadyAssigned => "already_assigned",
+                Decision::Skip { reason, detail } => {
+                    if counted {
+                        state
+                            .metrics
+                            .not_assigned
+                            .get_or_create(&SkipLabels {
+                                clusterring: ring.clone(),
+                                reason: reason.as_str().to_owned(),
+                            })
+                            .inc();
+                    }
+                    let name = &request.name;
+                    match reason {
+                        SkipReason::UnknownRing
+                        | SkipReason::NoShardAvailable
+                        | SkipReason::MalformedOwnerReference => warn!(
+                            clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
+                            "object allowed without a shard"
+                        ),
+                        _ => debug!(
+                            clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
+                            "object allowed without a shard"
+                        ),
+                    }
+                    "skipped"
+                }
+            };
+            (
+                outcome,
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+            )
+        }
+    };
+    state
+        .metrics
+        .request_duration
+        .get_or_create(&RequestLabels { outcome })
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+#[cfg(test)]
+mod tests;
