@@ -22,6 +22,9 @@ use tokio::sync::OnceCell;
 use crate::Error;
 use crate::supervisor::{lifetime_child_status, remove_at_exit, spawn_for_process_lifetime};
 
+/// Label every test namespace carries with its own name.
+pub const NAMESPACE_LABEL: &str = "sharder.test/namespace";
+
 /// How long the control plane may take to answer `/readyz` (about 12 s on 2 cores).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -282,12 +285,15 @@ impl ControlPlane {
         Client::try_from(config).map_err(Error::Kube)
     }
 
-    /// Creates a namespace named `<prefix>-<random>` and returns its name.
+    /// Creates a namespace named `<prefix>-<random>`, labelled [`NAMESPACE_LABEL`]`=<name>` (for
+    /// webhook namespaceSelectors: kube-apiserver 1.20 does not label namespaces by name), and
+    /// returns its name.
     pub async fn namespace(&self, prefix: &str) -> Result<String, Error> {
         let name = format!("{prefix}-{}", &random_token()[..8]);
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
+                labels: Some([(NAMESPACE_LABEL.to_owned(), name.clone())].into()),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()

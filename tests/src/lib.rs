@@ -8,9 +8,11 @@
 //! # Ok(()) }
 //! ```
 
+pub mod certs;
 pub mod control_plane;
 pub mod crd;
 pub mod supervisor;
+pub mod wait;
 
 pub use control_plane::ControlPlane;
 pub use supervisor::Supervised;

@@ -1,0 +1,109 @@
+//! Waiting for conditions in tests, and a minimal HTTP GET for admin endpoints.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Polls `check` every 100 ms until it returns `Ok`, or panics after `timeout` with the last
+/// error and `what`.
+pub async fn eventually<T, E, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: Debug,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(e) if started.elapsed() >= timeout => {
+                panic!("{what}: not true after {timeout:?}; last: {e:?}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// `GET path` over plain HTTP/1.1; returns the status code and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {text:?}")))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of the first sample of `metric` whose label set contains every `labels` pair, from
+/// a Prometheus text exposition.
+pub fn metric_value(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (name_and_labels, value) = line.rsplit_once(' ')?;
+            let (name, label_text) = match name_and_labels.split_once('{') {
+                Some((name, rest)) => (name, rest.trim_end_matches('}')),
+                None => (name_and_labels, ""),
+            };
+            (name == metric
+                && labels
+                    .iter()
+                    .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse().ok())
+            .flatten()
+        })
+        .next()
+}
+
+/// The sum of every sample of `metric`, whatever its labels.
+pub fn metric_sum(exposition: &str, metric: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (name_and_labels, value) = line.rsplit_once(' ')?;
+            let name = name_and_labels.split('{').next()?;
+            (name == metric)
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXPOSITION: &str = "# HELP x X\n# TYPE x counter\n\
+        x_total{clusterring=\"a\",reason=\"no_name\"} 2\n\
+        x_total{clusterring=\"b\",reason=\"no_name\"} 5\n\
+        y 7\n";
+
+    #[test]
+    fn metric_values_are_found_by_name_and_labels() {
+        assert_eq!(
+            metric_value(EXPOSITION, "x_total", &[("clusterring", "b")]),
+            Some(5.0)
+        );
+        assert_eq!(metric_value(EXPOSITION, "y", &[]), Some(7.0));
+        assert_eq!(
+            metric_value(EXPOSITION, "x_total", &[("clusterring", "c")]),
+            None
+        );
+        assert_eq!(metric_sum(EXPOSITION, "x_total"), 7.0);
+    }
+}

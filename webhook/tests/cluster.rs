@@ -1,0 +1,636 @@
+//! The webhook binary against a real kube-apiserver: registered by URL in a
+//! MutatingWebhookConfiguration (CA as `caBundle`, objectSelector `<shard label> DoesNotExist`),
+//! it labels new objects with exactly the shard `common`'s ring computes, children on their
+//! owner's shard; assigned objects never reach it; with no shard available or with the webhook
+//! down, writes still succeed. Its certificate is reloaded when the files change.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, MicroTime, OwnerReference,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use sharder_common::labels::RING_LABEL;
+use sharder_common::{
+    ClusterRing, ClusterRingSpec, GroupResource, ObjectKey, Ring, RingLabels, RingResource,
+};
+use sharder_tests::certs::TestCa;
+use sharder_tests::control_plane::{NAMESPACE_LABEL, free_port};
+use sharder_tests::crd::install_cluster_ring_crd;
+use sharder_tests::wait::{eventually, http_get, metric_sum, metric_value};
+use sharder_tests::{ControlPlane, Supervised};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A running `sharder-webhook` process with its certificate files.
+struct Webhook {
+    process: Supervised,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Webhook {
+    async fn start(cp: &ControlPlane, ca: &TestCa) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let cert = ca.serving_cert("sharder-webhook").expect("cert");
+        std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem).expect("write cert");
+        std::fs::write(dir.path().join("tls.key"), &cert.key_pem).expect("write key");
+        Self::start_with_files(cp, dir, "tls.crt", "tls.key").await
+    }
+
+    async fn start_with_files(
+        cp: &ControlPlane,
+        dir: tempfile::TempDir,
+        cert: &str,
+        key: &str,
+    ) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port().expect("port"))
+            .parse()
+            .expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port().expect("port"))
+            .parse()
+            .expect("addr");
+        let log = std::fs::File::create(dir.path().join("webhook.log")).expect("log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sharder-webhook"));
+        command
+            .env("KUBECONFIG", cp.kubeconfig())
+            .env("SHARDER_LOG_LEVEL", "info,sharder_webhook=debug")
+            .arg("--listen-addr")
+            .arg(addr.to_string())
+            .arg("--admin-addr")
+            .arg(admin.to_string())
+            .arg("--tls-cert-file")
+            .arg(dir.path().join(cert))
+            .arg("--tls-key-file")
+            .arg(dir.path().join(key))
+            .args(["--tls-reload-interval", "200ms"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        let process = Supervised::spawn("sharder-webhook", command).expect("start webhook");
+        let webhook = Self {
+            process,
+            addr,
+            admin,
+            dir,
+        };
+        eventually("webhook ready", WAIT, || async {
+            match http_get(webhook.admin, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                Ok((status, body)) => Err(format!("{status} {body}")),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await;
+        webhook
+    }
+
+    async fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics").await.expect("metrics").1
+    }
+
+    fn url(&self, ring: &str) -> String {
+        format!("https://{}/webhooks/sharder/clusterring/{ring}", self.addr)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("webhook.log")).unwrap_or_default()
+    }
+}
+
+fn secrets_ring(name: &str) -> ClusterRing {
+    ClusterRing::new(
+        name,
+        ClusterRingSpec {
+            resources: vec![RingResource {
+                group: String::new(),
+                resource: "secrets".into(),
+                controlled_resources: vec![GroupResource::new("", "configmaps")],
+            }],
+            namespace_selector: None,
+        },
+    )
+}
+
+fn shard_lease(namespace: &str, ring: &str, name: &str, held: bool) -> Lease {
+    let now = MicroTime(Timestamp::now());
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some([(RING_LABEL.to_owned(), ring.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(if held { name.into() } else { String::new() }),
+            lease_duration_seconds: Some(3600),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// The MutatingWebhookConfiguration the reconciler keeps per ring (design §6), limited to one
+/// test namespace.
+fn webhook_configuration(
+    ring: &str,
+    url: String,
+    ca_pem: &str,
+    namespace: &str,
+) -> MutatingWebhookConfiguration {
+    let labels = RingLabels::new(ring);
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(format!("sharder-{ring}")),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "sharder.sharding.timebertt.dev".into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: WebhookClientConfig {
+                url: Some(url),
+                ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
+                service: None,
+            },
+            failure_policy: Some("Ignore".into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(5),
+            object_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: labels.shard,
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                }]),
+                match_labels: None,
+            }),
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([(NAMESPACE_LABEL.to_owned(), namespace.to_owned())].into()),
+                match_expressions: None,
+            }),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec!["secrets".into(), "configmaps".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..MutatingWebhook::default()
+        }]),
+    }
+}
+
+fn secret(name: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    }
+}
+
+fn child_of(owner: &Secret, name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Secret".into(),
+                name: owner.name_any(),
+                uid: owner.uid().expect("created object has a uid"),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+/// Everything one test needs: a namespace, a ring of `shards` held leases (plus `released`
+/// released ones), a running webhook and its configuration registered.
+struct Setup {
+    client: Client,
+    ns: String,
+    ring: String,
+    labels: RingLabels,
+    webhook: Webhook,
+}
+
+async fn setup(prefix: &str, shards: &[&str], released: &[&str]) -> Setup {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.expect("client");
+    install_cluster_ring_crd(&client).await.expect("CRD");
+    let ns = cp.namespace(prefix).await.expect("namespace");
+    let ring = ns.clone();
+    Api::<ClusterRing>::all(client.clone())
+        .create(&PostParams::default(), &secrets_ring(&ring))
+        .await
+        .expect("ring");
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    for name in shards {
+        leases
+            .create(&PostParams::default(), &shard_lease(&ns, &ring, name, true))
+            .await
+            .expect("lease");
+    }
+    for name in released {
+        leases
+            .create(
+                &PostParams::default(),
+                &shard_lease(&ns, &ring, name, false),
+            )
+            .await
+            .expect("lease");
+    }
+    let ca = TestCa::new("sharder-test-ca").expect("ca");
+    let webhook = Webhook::start(cp, &ca).await;
+    let want = shards.len() as f64;
+    eventually("webhook sees the ring's shards", WAIT, || async {
+        let metrics = webhook.metrics().await;
+        match metric_value(
+            &metrics,
+            "sharder_webhook_available_shards",
+            &[("clusterring", &ring)],
+        ) {
+            Some(n) if n == want => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &webhook_configuration(&ring, webhook.url(&ring), &ca.pem(), &ns),
+        )
+        .await
+        .expect("webhook configuration");
+    Setup {
+        client,
+        labels: RingLabels::new(&ring),
+        ns,
+        ring,
+        webhook,
+    }
+}
+
+impl Setup {
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Total admission reviews the webhook answered.
+    async fn reviews(&self) -> f64 {
+        metric_sum(
+            &self.webhook.metrics().await,
+            "sharder_webhook_request_duration_seconds_count",
+        )
+    }
+
+    /// Waits until the apiserver calls the webhook for this namespace (webhook configurations
+    /// take effect a moment after they are created).
+    async fn wait_until_registered(&self) {
+        let mut attempt = 0;
+        eventually("apiserver calls the webhook", WAIT, || {
+            attempt += 1;
+            let name = format!("probe-{attempt}");
+            async move {
+                let before = self.reviews().await;
+                self.secrets()
+                    .create(&PostParams::default(), &secret(&name))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if self.reviews().await > before {
+                    Ok(())
+                } else {
+                    Err("not called yet".to_owned())
+                }
+            }
+        })
+        .await;
+    }
+
+    fn shard_of<K: kube::Resource>(&self, object: &K) -> Option<String> {
+        object
+            .meta()
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(&self.labels.shard))
+            .cloned()
+    }
+}
+
+#[tokio::test]
+async fn objects_get_the_shard_the_ring_computes_and_children_follow_their_owners() {
+    let shards = ["shard-a", "shard-b", "shard-c"];
+    let s = setup("assign", &shards, &[]).await;
+    s.wait_until_registered().await;
+    let ring = Ring::new(shards);
+    let pp = PostParams::default();
+
+    let mut owners = Vec::new();
+    for i in 0..50 {
+        owners.push(
+            s.secrets()
+                .create(&pp, &secret(&format!("object-{i}")))
+                .await
+                .expect("create secret"),
+        );
+    }
+    let mut children = Vec::new();
+    for (i, owner) in owners.iter().enumerate() {
+        children.push(
+            s.configmaps()
+                .create(&pp, &child_of(owner, &format!("child-{i}")))
+                .await
+                .expect("create configmap"),
+        );
+    }
+
+    // The objects as the apiserver stored them.
+    let stored: BTreeMap<String, Secret> = s
+        .secrets()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|o| o.name_any().starts_with("object-"))
+        .map(|o| (o.name_any(), o))
+        .collect();
+    assert_eq!(stored.len(), 50);
+    let mut used = BTreeSet::new();
+    for (name, object) in &stored {
+        let key = ObjectKey::main("", "Secret", Some(&s.ns), name).expect("named");
+        let want = ring.shard_for(key.as_str()).expect("shard");
+        assert_eq!(s.shard_of(object).as_deref(), Some(want), "secret {name}");
+        used.insert(want.to_owned());
+    }
+    assert_eq!(used.len(), 3, "every shard is used: {used:?}");
+    let children: Vec<ConfigMap> = s
+        .configmaps()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|o| o.name_any().starts_with("child-"))
+        .collect();
+    assert_eq!(children.len(), 50);
+    for child in &children {
+        let owner = &child.owner_references()[0].name;
+        assert_eq!(
+            s.shard_of(child),
+            s.shard_of(&stored[owner]),
+            "child {} of {owner}",
+            child.name_any()
+        );
+    }
+    let metrics = s.webhook.metrics().await;
+    let assigned_secrets = metric_value(
+        &metrics,
+        "controller_sharding_assignments_total",
+        &[("clusterring", &s.ring), ("resource", "secrets")],
+    );
+    assert!(
+        assigned_secrets.is_some_and(|n| n >= 50.0),
+        "{assigned_secrets:?}"
+    );
+
+    // An update of an assigned object is filtered by the objectSelector: the webhook never sees it.
+    let before = s.reviews().await;
+    s.secrets()
+        .patch(
+            "object-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("update");
+    assert_eq!(
+        s.reviews().await,
+        before,
+        "an assigned object's update reached the webhook"
+    );
+    // While an unassigned object's update does reach it (so the counter above can move).
+    let orphan = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("no-owner".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    s.configmaps().create(&pp, &orphan).await.expect("create");
+    assert_eq!(
+        s.shard_of(&s.configmaps().get("no-owner").await.expect("get")),
+        None
+    );
+    let before = s.reviews().await;
+    s.configmaps()
+        .patch(
+            "no-owner",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "v"}})),
+        )
+        .await
+        .expect("update");
+    assert_eq!(
+        s.reviews().await,
+        before + 1.0,
+        "an unassigned object's update reaches the webhook"
+    );
+}
+
+#[tokio::test]
+async fn with_no_shard_available_creates_succeed_unlabelled_until_one_is() {
+    let s = setup("noshard", &[], &["released"]).await;
+    s.wait_until_registered().await;
+    let pp = PostParams::default();
+    for i in 0..5 {
+        let created = s
+            .secrets()
+            .create(&pp, &secret(&format!("early-{i}")))
+            .await
+            .expect("create succeeds");
+        assert_eq!(s.shard_of(&created), None);
+    }
+    let metrics = s.webhook.metrics().await;
+    let skipped = metric_value(
+        &metrics,
+        "sharder_webhook_not_assigned_total",
+        &[("clusterring", &s.ring), ("reason", "no_shard_available")],
+    );
+    assert!(skipped.is_some_and(|n| n >= 5.0), "{skipped:?}");
+
+    // Once a shard holds its lease, new objects are assigned to it.
+    Api::<Lease>::namespaced(s.client.clone(), &s.ns)
+        .replace("released", &pp, &{
+            let mut lease = Api::<Lease>::namespaced(s.client.clone(), &s.ns)
+                .get("released")
+                .await
+                .expect("get");
+            lease.spec.as_mut().expect("spec").holder_identity = Some("released".into());
+            lease
+        })
+        .await
+        .expect("hold the lease");
+    let mut attempt = 0;
+    let s = &s;
+    eventually("new objects are assigned to the shard", WAIT, || {
+        attempt += 1;
+        let name = format!("late-{attempt}");
+        async move {
+            let created = s
+                .secrets()
+                .create(&PostParams::default(), &secret(&name))
+                .await
+                .map_err(|e| e.to_string())?;
+            match s.shard_of(&created) {
+                Some(shard) if shard == "released" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn with_the_webhook_down_creates_still_succeed() {
+    let mut s = setup("down", &["shard-a"], &[]).await;
+    s.wait_until_registered().await;
+    let labelled = s
+        .secrets()
+        .create(&PostParams::default(), &secret("while-up"))
+        .await
+        .expect("create");
+    assert_eq!(s.shard_of(&labelled).as_deref(), Some("shard-a"));
+    s.webhook.process.kill();
+    for i in 0..5 {
+        let created = s
+            .secrets()
+            .create(&PostParams::default(), &secret(&format!("while-down-{i}")))
+            .await
+            .expect("create succeeds with failurePolicy Ignore");
+        assert_eq!(s.shard_of(&created), None);
+    }
+    let _ = s.webhook.log();
+}
+
+/// The certificate a new TLS connection to `addr` is served, trusting `roots`.
+async fn served_certificate(addr: SocketAddr, roots: &[String]) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject;
+    let mut store = rustls::RootCertStore::empty();
+    for pem in roots {
+        store
+            .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem"))
+            .expect("root");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(store)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let tls = connector
+        .connect(
+            rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+            tcp,
+        )
+        .await
+        .expect("handshake");
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .expect("peer certificates")[0]
+        .to_vec()
+}
+
+fn der_of(pem: &str) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .expect("pem")
+        .to_vec()
+}
+
+/// Writes `cert`/`key` into a new timestamped folder and swaps the `..data` symlink to it, the
+/// way the kubelet updates Secret volumes.
+fn swap_secret_volume(dir: &Path, version: &str, cert: &str, key: &str) {
+    let data = dir.join(version);
+    std::fs::create_dir(&data).expect("version dir");
+    std::fs::write(data.join("tls.crt"), cert).expect("cert");
+    std::fs::write(data.join("tls.key"), key).expect("key");
+    let tmp: PathBuf = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(version, &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("atomic swap");
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let (old_ca, new_ca) = (
+        TestCa::new("old-ca").expect("ca"),
+        TestCa::new("new-ca").expect("ca"),
+    );
+    let (old, new) = (
+        old_ca.serving_cert("old").expect("cert"),
+        new_ca.serving_cert("new").expect("cert"),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    swap_secret_volume(dir.path(), "..v1", &old.cert_pem, &old.key_pem);
+    std::os::unix::fs::symlink("..data/tls.crt", dir.path().join("tls.crt")).expect("symlink");
+    std::os::unix::fs::symlink("..data/tls.key", dir.path().join("tls.key")).expect("symlink");
+    let webhook = Webhook::start_with_files(cp, dir, "tls.crt", "tls.key").await;
+    let roots = [old_ca.pem(), new_ca.pem()];
+    assert_eq!(
+        served_certificate(webhook.addr, &roots).await,
+        der_of(&old.cert_pem)
+    );
+
+    swap_secret_volume(webhook.dir.path(), "..v2", &new.cert_pem, &new.key_pem);
+    eventually("the new certificate is served", WAIT, || async {
+        let served = served_certificate(webhook.addr, &roots).await;
+        if served == der_of(&new.cert_pem) {
+            Ok(())
+        } else {
+            Err("old certificate")
+        }
+    })
+    .await;
+
+    // A broken pair keeps the last good certificate in service.
+    swap_secret_volume(webhook.dir.path(), "..v3", &old.cert_pem, "not a key");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        served_certificate(webhook.addr, &roots).await,
+        der_of(&new.cert_pem)
+    );
+    assert!(
+        webhook.log().contains("do not load yet"),
+        "{}",
+        webhook.log()
+    );
+}
