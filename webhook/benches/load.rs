@@ -1,0 +1,326 @@
+//! Load run of the TLS webhook server beside the floor webhook, in the same run.
+//!
+//! Both servers run on one runtime (2 worker threads) on loopback TLS; a load generator on its own
+//! runtime keeps `--connections` HTTP/1.1 keep-alive connections busy for `--seconds` per round,
+//! alternating floor and sharder for `--rounds` rounds each, and prints reviews/s and
+//! p50/p90/p99 per round, the medians, and the sharder/floor ratios.
+//!
+//! `cargo bench -p sharder-webhook --bench load -- --connections 32 --seconds 5 --rounds 3`
+// A bench target is a crate of its own; its items need no docs.
+#![allow(missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use rustls_pki_types::pem::PemObject;
+use serde_json::json;
+use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
+use sharder_webhook::admission::RingSnapshot;
+use sharder_webhook::floor::floor_router;
+use sharder_webhook::metrics::Metrics;
+use sharder_webhook::rings::Rings;
+use sharder_webhook::server::{Limits, router};
+use sharder_webhook::tls::TlsFiles;
+
+struct Options {
+    connections: usize,
+    seconds: u64,
+    rounds: usize,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        connections: 32,
+        seconds: 5,
+        rounds: 3,
+    };
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| -> Option<usize> {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+    };
+    if let Some(v) = value("--connections") {
+        options.connections = v;
+    }
+    if let Some(v) = value("--seconds") {
+        options.seconds = v as u64;
+    }
+    if let Some(v) = value("--rounds") {
+        options.rounds = v;
+    }
+    options
+}
+
+fn review_body() -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Secret"},
+            "resource": {"group": "", "version": "v1", "resource": "secrets"},
+            "name": "object-1234",
+            "namespace": "project-a",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:project-a:deployer", "groups": ["system:authenticated"]},
+            "object": {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "object-1234", "namespace": "project-a", "labels": {"app": "web"}},
+                "data": {"key": "dmFsdWU="}
+            },
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    }))
+    .expect("json")
+}
+
+/// Starts both servers on their own runtime; returns (floor, sharder) addresses and the CA.
+fn start_servers() -> (SocketAddr, SocketAddr, String) {
+    let ca = sharder_tests::certs::TestCa::new("bench-ca").expect("ca");
+    let cert = ca.serving_cert("bench").expect("cert");
+    let dir = tempfile::tempdir().expect("dir").keep();
+    std::fs::write(dir.join("tls.crt"), &cert.cert_pem).expect("cert");
+    std::fs::write(dir.join("tls.key"), &cert.key_pem).expect("key");
+    let files = TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let spec = ClusterRingSpec {
+                resources: vec![RingResource {
+                    group: String::new(),
+                    resource: "secrets".into(),
+                    controlled_resources: vec![GroupResource::new("", "configmaps")],
+                }],
+                namespace_selector: None,
+            };
+            let rings = Arc::new(Rings::default());
+            rings.publish(
+                [(
+                    "example".to_owned(),
+                    Arc::new(RingSnapshot::new(
+                        "example",
+                        &spec,
+                        (0..10).map(|i| format!("shard-{i}")),
+                    )),
+                )]
+                .into(),
+            );
+            let metrics = Metrics::new(&mut Registry::default());
+            let sharder = router(rings, metrics, Limits::default());
+            let mut addrs = Vec::new();
+            for app in [floor_router(), sharder] {
+                let (config, _) = files.load().expect("tls");
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+                listener.set_nonblocking(true).expect("nonblocking");
+                addrs.push(listener.local_addr().expect("addr"));
+                let server = axum_server::from_tcp_rustls(listener, config).expect("server");
+                tokio::spawn(server.serve(app.into_make_service()));
+            }
+            tx.send((addrs[0], addrs[1])).expect("send");
+            std::future::pending::<()>().await;
+        });
+    });
+    let (floor, sharder) = rx.recv().expect("servers started");
+    (floor, sharder, ca.pem())
+}
+
+struct Round {
+    reviews_per_second: f64,
+    p50: Duration,
+    p90: Duration,
+    p99: Duration,
+    errors: usize,
+}
+
+async fn connection(
+    addr: SocketAddr,
+    path: &'static str,
+    connector: tokio_rustls::TlsConnector,
+    body: Bytes,
+    until: Instant,
+) -> (Vec<u32>, usize) {
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let tls = connector.connect(name, tcp).await.expect("handshake");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("http handshake");
+    tokio::spawn(conn);
+    while Instant::now() < until {
+        let request = hyper::Request::post(path)
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .body(Full::new(body.clone()))
+            .expect("request");
+        let started = Instant::now();
+        match sender.send_request(request).await {
+            Ok(response) => {
+                let ok = response.status().is_success();
+                let _ = response.into_body().collect().await;
+                if ok {
+                    latencies
+                        .push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+                } else {
+                    errors += 1;
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    (latencies, errors)
+}
+
+fn percentile(sorted: &[u32], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    Duration::from_micros(u64::from(sorted[index]))
+}
+
+async fn round(addr: SocketAddr, path: &'static str, ca: &str, options: &Options) -> Round {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_slice(ca.as_bytes()).expect("ca"))
+        .expect("root");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let body = Bytes::from(review_body());
+    let duration = Duration::from_secs(options.seconds);
+    let started = Instant::now();
+    let until = started + duration;
+    let tasks: Vec<_> = (0..options.connections)
+        .map(|_| {
+            tokio::spawn(connection(
+                addr,
+                path,
+                connector.clone(),
+                body.clone(),
+                until,
+            ))
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for task in tasks {
+        let (l, e) = task.await.expect("connection task");
+        latencies.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    Round {
+        reviews_per_second: latencies.len() as f64 / elapsed,
+        p50: percentile(&latencies, 0.50),
+        p90: percentile(&latencies, 0.90),
+        p99: percentile(&latencies, 0.99),
+        errors,
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is needed from the harness.
+    let options = options();
+    let (floor, sharder, ca) = start_servers();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "webhook load: {} connections, {} s per round, {} rounds each, TLS over loopback",
+        options.connections, options.seconds, options.rounds
+    );
+    println!("| round | server | reviews/s | p50 | p90 | p99 | errors |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut results: Vec<(&str, Round)> = Vec::new();
+    runtime.block_on(async {
+        // Warm-up, not counted.
+        let warm = Options {
+            seconds: 1,
+            ..options
+        };
+        round(floor, "/webhooks/floor", &ca, &warm).await;
+        round(sharder, "/webhooks/sharder/clusterring/example", &ca, &warm).await;
+        for i in 0..options.rounds {
+            for (name, addr, path) in [
+                ("floor", floor, "/webhooks/floor"),
+                ("sharder", sharder, "/webhooks/sharder/clusterring/example"),
+            ] {
+                let r = round(addr, path, &ca, &options).await;
+                println!(
+                    "| {} | {name} | {:.0} | {:?} | {:?} | {:?} | {} |",
+                    i + 1,
+                    r.reviews_per_second,
+                    r.p50,
+                    r.p90,
+                    r.p99,
+                    r.errors
+                );
+                results.push((name, r));
+            }
+        }
+    });
+    let med = |server: &str, f: fn(&Round) -> f64| {
+        median(
+            results
+                .iter()
+                .filter(|(n, _)| *n == server)
+                .map(|(_, r)| f(r))
+                .collect(),
+        )
+    };
+    let rps = |r: &Round| r.reviews_per_second;
+    let p50 = |r: &Round| r.p50.as_secs_f64() * 1e3;
+    let p90 = |r: &Round| r.p90.as_secs_f64() * 1e3;
+    let p99 = |r: &Round| r.p99.as_secs_f64() * 1e3;
+    println!();
+    println!("| median | reviews/s | p50 ms | p90 ms | p99 ms |");
+    println!("|---|---|---|---|---|");
+    for server in ["floor", "sharder"] {
+        println!(
+            "| {server} | {:.0} | {:.3} | {:.3} | {:.3} |",
+            med(server, rps),
+            med(server, p50),
+            med(server, p90),
+            med(server, p99)
+        );
+    }
+    println!();
+    println!(
+        "sharder/floor: throughput {:.2}x (goal >= 0.8), p99 {:.2}x (goal <= 1.25)",
+        med("sharder", rps) / med("floor", rps),
+        med("sharder", p99) / med("floor", p99)
+    );
+}
