@@ -1,10 +1,12 @@
 //! Runtime pieces shared by Sharder's components and by sharded kube-rs controllers: the admin
-//! server (probes and Prometheus metrics), logging setup, and graceful shutdown on signals.
+//! server (probes and Prometheus metrics), logging setup, graceful shutdown on signals, and the
+//! Lease keeper used for leader election and shard membership.
 
 use std::net::SocketAddr;
 
 pub mod admin;
 pub mod duration;
+pub mod lease;
 pub mod logging;
 
 pub use admin::{AdminArgs, Readiness};

@@ -1,0 +1,107 @@
+//! The Lease keeper against a real kube-apiserver: one holder at a time, renewals keep the Lease
+//! ready, a release hands it over at once, an abandoned Lease is taken after it expires, and a
+//! holder whose Lease is taken learns it has lost it.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use sharder_common::{ShardState, shard_state};
+use sharder_sdk::lease::{Attempt, LeaseConfig, LeaseKeeper};
+use sharder_tests::ControlPlane;
+use tokio_util::sync::CancellationToken;
+
+async fn keepers(name: &str, identities: [&str; 2]) -> (LeaseKeeper, LeaseKeeper, Api<Lease>) {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let ns = cp.namespace("lease").await.expect("namespace");
+    let client = cp.client().await.expect("client");
+    let keeper = |identity: &str| {
+        LeaseKeeper::new(
+            client.clone(),
+            LeaseConfig {
+                namespace: ns.clone(),
+                name: name.into(),
+                identity: identity.into(),
+                duration: Duration::from_secs(2),
+                renew_interval: Duration::from_millis(300),
+                labels: [("app".to_owned(), "test".to_owned())].into(),
+            },
+        )
+    };
+    (
+        keeper(identities[0]),
+        keeper(identities[1]),
+        Api::namespaced(client, &ns),
+    )
+}
+
+#[tokio::test]
+async fn one_holder_at_a_time_and_a_release_hands_over_at_once() {
+    let (a, b, api) = keepers("shard-a", ["shard-a", "other"]).await;
+    let shutdown = CancellationToken::new();
+    let held = a.clone().acquire(&shutdown).await.expect("acquire");
+    assert_eq!(
+        b.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::HeldByOther
+    );
+
+    // Renewals keep the Lease ready past its duration.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lease = api.get("shard-a").await.expect("get");
+    assert_eq!(
+        shard_state(&lease, Timestamp::now()).state,
+        ShardState::Ready
+    );
+    assert_eq!(lease.metadata.labels.expect("labels")["app"], "test");
+    assert!(!held.lost().is_cancelled());
+
+    held.release().await.expect("release");
+    let lease = api.get("shard-a").await.expect("get");
+    assert_eq!(
+        shard_state(&lease, Timestamp::now()).state,
+        ShardState::Dead,
+        "released is dead at once"
+    );
+    assert_eq!(
+        b.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::Held
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_lease_is_taken_only_after_it_expires() {
+    let (a, b, api) = keepers("leader", ["replica-1", "replica-2"]).await;
+    let shutdown = CancellationToken::new();
+    let held = a.acquire(&shutdown).await.expect("acquire");
+    held.abandon().await;
+    assert_eq!(
+        b.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::HeldByOther
+    );
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    assert_eq!(
+        b.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::Held
+    );
+    let lease = api.get("leader").await.expect("get");
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-2"));
+    assert_eq!(spec.lease_transitions, Some(1));
+}
+
+#[tokio::test]
+async fn a_holder_whose_lease_is_taken_loses_it() {
+    let (a, _, api) = keepers("taken", ["replica-1", "replica-2"]).await;
+    let shutdown = CancellationToken::new();
+    let held = a.acquire(&shutdown).await.expect("acquire");
+    let mut lease = api.get("taken").await.expect("get");
+    lease.spec.as_mut().expect("spec").holder_identity = Some("shardlease-controller".into());
+    api.replace("taken", &PostParams::default(), &lease)
+        .await
+        .expect("take over");
+    tokio::time::timeout(Duration::from_secs(5), held.lost().cancelled())
+        .await
+        .expect("the holder learns it lost the lease");
+}
