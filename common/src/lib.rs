@@ -9,6 +9,7 @@ pub mod key;
 pub mod labels;
 pub mod lease;
 pub mod ring;
+pub mod selector;
 
 pub use cluster_ring::{
     ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource,

@@ -1,5 +1,7 @@
 //! Structured logging with `tracing`: plain text for people, JSON for log pipelines.
 
+use std::io::IsTerminal as _;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::Error;
@@ -36,6 +38,7 @@ impl LogArgs {
         })?;
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr);
         let result = match self.log_format {
             LogFormat::Plain => builder.try_init(),

@@ -174,6 +174,25 @@ impl ControlPlane {
                 .kubeconfig_yaml(&control_plane.token)
                 .as_bytes(),
         )?;
+        // Garbage collection (ownerReferences) and namespace deletion need the controller
+        // manager; the provisioning script builds it beside the apiserver.
+        let kcm = assets.join("kube-controller-manager");
+        if kcm.is_file() {
+            let mut command = Command::new(kcm);
+            command
+                .args(["--kubeconfig", &path_str(&control_plane.kubeconfig)])
+                .args(["--controllers", "garbagecollector,namespace"])
+                .args([
+                    "--service-account-private-key-file",
+                    &path_str(&control_plane.sa_key),
+                ])
+                .args(["--leader-elect=false", "--bind-address", "127.0.0.1"])
+                .args(["--secure-port", "0", "--port", "0"]);
+            spawn_logged(
+                command,
+                &control_plane.dir.join("kube-controller-manager.log"),
+            )?;
+        }
         Ok(control_plane)
     }
 

@@ -1,0 +1,13 @@
+//! `sharder-reconciler`: parses flags and runs the reconciler (see the library for the rest).
+
+use clap::Parser as _;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
+    let args = sharder_reconciler::Args::parse();
+    sharder_reconciler::run(args).await?;
+    Ok(())
+}
