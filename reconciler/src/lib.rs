@@ -187,13 +187,13 @@ pub async fn run_with_client(
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let readiness = Readiness::new([STARTED]);
-    let (admin_addr, admin) = sharder_sdk::admin::bind(
+    let (admin_addr, admin) = sharder_sdk::admin::spawn(
         args.admin.admin_addr,
-        sharder_sdk::admin::router(Arc::new(registry), readiness.clone()),
+        registry,
+        readiness.clone(),
         shutdown.clone(),
     )
     .await?;
-    let admin = tokio::spawn(admin);
     readiness.set(STARTED, true);
     let identity = identity(&args);
     info!(%admin_addr, %identity, "reconciler started, waiting for leadership");

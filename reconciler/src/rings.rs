@@ -237,11 +237,22 @@ fn ready_condition(
     }
 }
 
+/// Writes the ring's status (shard counts, observed generation, Ready condition) if it changed.
 async fn patch_status(
     client: &Client,
     ring: &ClusterRing,
-    status: ClusterRingStatus,
+    shards: usize,
+    available: usize,
+    invalid: Option<&str>,
 ) -> Result<(), Error> {
+    let generation = ring.meta().generation.unwrap_or_default();
+    let condition = ready_condition(ring.status.as_ref(), generation, available, shards, invalid);
+    let status = ClusterRingStatus {
+        observed_generation: Some(generation),
+        shards: Some(i32::try_from(shards).unwrap_or(i32::MAX)),
+        available_shards: Some(i32::try_from(available).unwrap_or(i32::MAX)),
+        conditions: vec![condition],
+    };
     if ring.status.as_ref() == Some(&status) {
         return Ok(());
     }
@@ -318,22 +329,12 @@ async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, 
         .set(i64::try_from(available.len()).unwrap_or(i64::MAX));
 
     if let Err(e) = ring.spec.validate() {
-        let condition = ready_condition(
-            ring.status.as_ref(),
-            generation,
-            available.len(),
-            leases.len(),
-            Some(&e.to_string()),
-        );
         patch_status(
             &ctx.client,
             &ring,
-            ClusterRingStatus {
-                observed_generation: Some(generation),
-                shards: Some(i32::try_from(leases.len()).unwrap_or(i32::MAX)),
-                available_shards: Some(i32::try_from(available.len()).unwrap_or(i32::MAX)),
-                conditions: vec![condition],
-            },
+            leases.len(),
+            available.len(),
+            Some(&e.to_string()),
         )
         .await?;
         warn!(clusterring = %name, error = %e, "invalid ClusterRing");
@@ -415,24 +416,7 @@ async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, 
     }
     ctx.remember(&name, next.clone());
 
-    let condition = ready_condition(
-        ring.status.as_ref(),
-        generation,
-        available.len(),
-        leases.len(),
-        None,
-    );
-    patch_status(
-        &ctx.client,
-        &ring,
-        ClusterRingStatus {
-            observed_generation: Some(generation),
-            shards: Some(i32::try_from(leases.len()).unwrap_or(i32::MAX)),
-            available_shards: Some(i32::try_from(available.len()).unwrap_or(i32::MAX)),
-            conditions: vec![condition],
-        },
-    )
-    .await?;
+    patch_status(&ctx.client, &ring, leases.len(), available.len(), None).await?;
 
     let until_resync = ctx
         .intervals

@@ -10,32 +10,25 @@ use std::time::{Duration, Instant};
 
 use clap::Parser as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use sharder_common::labels::{RING_LABEL, STATE_LABEL};
-use sharder_common::{
-    ClusterRing, ClusterRingSpec, GroupResource, ObjectKey, Ring, RingLabels, RingResource,
-};
+use sharder_common::labels::STATE_LABEL;
+use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
 use sharder_reconciler::webhook_config::configuration_name;
 use sharder_tests::certs::TestCa;
-use sharder_tests::control_plane::{NAMESPACE_LABEL, free_port};
+use sharder_tests::control_plane::NAMESPACE_LABEL;
 use sharder_tests::crd::install_cluster_ring_crd;
+use sharder_tests::fixtures::{child_of, loopback_addr, secret, secrets_ring, shard_lease};
 use sharder_tests::wait::{eventually, http_get};
 use sharder_tests::{ControlPlane, Supervised};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(40);
-
-fn addr() -> SocketAddr {
-    format!("127.0.0.1:{}", free_port().expect("port"))
-        .parse()
-        .expect("addr")
-}
 
 /// The webhook, in-process, serving TLS on loopback.
 struct Webhook {
@@ -45,7 +38,7 @@ struct Webhook {
 
 impl Webhook {
     async fn start(cp: &ControlPlane, dir: &std::path::Path, addr: SocketAddr) -> Self {
-        let admin = addr_free();
+        let admin = loopback_addr();
         let args = sharder_webhook::Args::parse_from([
             "sharder-webhook",
             "--listen-addr",
@@ -79,10 +72,6 @@ impl Webhook {
     }
 }
 
-fn addr_free() -> SocketAddr {
-    addr()
-}
-
 /// One test's world: a namespace, a ring sharding its secrets (and configmaps they control),
 /// shard Leases, the webhook and reconciler replicas.
 struct World {
@@ -94,45 +83,6 @@ struct World {
     dir: tempfile::TempDir,
     webhook_addr: SocketAddr,
     reconcilers: Vec<(Supervised, SocketAddr)>,
-}
-
-fn ring_object(name: &str, ns: &str) -> ClusterRing {
-    let mut ring = ClusterRing::new(
-        name,
-        ClusterRingSpec {
-            resources: vec![RingResource {
-                group: String::new(),
-                resource: "secrets".into(),
-                controlled_resources: vec![GroupResource::new("", "configmaps")],
-            }],
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some([(NAMESPACE_LABEL.to_owned(), ns.to_owned())].into()),
-                match_expressions: None,
-            }),
-        },
-    );
-    // Each test's reconciler manages only its own ring (`--clusterring-selector`).
-    ring.metadata.labels = Some([(NAMESPACE_LABEL.to_owned(), ns.to_owned())].into());
-    ring
-}
-
-fn lease(ns: &str, ring: &str, name: &str, duration: i32) -> Lease {
-    let now = MicroTime(Timestamp::now());
-    Lease {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            labels: Some([(RING_LABEL.to_owned(), ring.to_owned())].into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(name.into()),
-            lease_duration_seconds: Some(duration),
-            acquire_time: Some(now.clone()),
-            renew_time: Some(now),
-            ..LeaseSpec::default()
-        }),
-    }
 }
 
 impl World {
@@ -154,14 +104,17 @@ impl World {
             labels: RingLabels::new(&ns),
             ns,
             dir,
-            webhook_addr: addr(),
+            webhook_addr: loopback_addr(),
             reconcilers: Vec::new(),
         }
     }
 
     async fn create_ring(&self) {
         Api::<ClusterRing>::all(self.client.clone())
-            .create(&PostParams::default(), &ring_object(&self.ring, &self.ns))
+            .create(
+                &PostParams::default(),
+                &secrets_ring(&self.ring, Some(&self.ns)),
+            )
             .await
             .expect("ring");
     }
@@ -182,7 +135,7 @@ impl World {
         self.leases()
             .create(
                 &PostParams::default(),
-                &lease(&self.ns, &self.ring, name, duration),
+                &shard_lease(&self.ns, &self.ring, name, true, duration),
             )
             .await
             .expect("lease");
@@ -194,7 +147,7 @@ impl World {
 
     /// Starts a reconciler replica.
     fn start_reconciler(&mut self) {
-        let admin = addr();
+        let admin = loopback_addr();
         let index = self.reconcilers.len();
         let log = std::fs::File::create(self.dir.path().join(format!("reconciler-{index}.log")))
             .expect("log");
@@ -337,34 +290,6 @@ impl World {
             acknowledged += 1;
         }
         acknowledged
-    }
-}
-
-fn secret(name: &str) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Secret::default()
-    }
-}
-
-fn child_of(owner: &Secret, name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Secret".into(),
-                name: owner.name_any(),
-                uid: owner.uid().expect("uid"),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
     }
 }
 

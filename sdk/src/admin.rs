@@ -136,6 +136,18 @@ pub async fn bind(
     Ok((local, serve))
 }
 
+/// Binds the admin server for `registry` and `readiness` to `addr` and serves it in a task until
+/// `shutdown`; returns the bound address and the task.
+pub async fn spawn(
+    addr: SocketAddr,
+    registry: Registry,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<Result<(), Error>>), Error> {
+    let (local, serve) = bind(addr, router(Arc::new(registry), readiness), shutdown).await?;
+    Ok((local, tokio::spawn(serve)))
+}
+
 #[cfg(test)]
 mod tests {
     use axum::body::Body;

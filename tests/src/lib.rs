@@ -11,6 +11,7 @@
 pub mod certs;
 pub mod control_plane;
 pub mod crd;
+pub mod fixtures;
 pub mod supervisor;
 pub mod wait;
 

@@ -11,12 +11,10 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use sharder_common::labels::RING_LABEL;
-use sharder_common::{
-    ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource, ShardState,
-    shard_state,
-};
+use sharder_common::{ClusterRing, ClusterRingStatus, ShardState, shard_state};
 use sharder_tests::ControlPlane;
 use sharder_tests::crd::install_cluster_ring_crd;
+use sharder_tests::fixtures::secrets_ring;
 
 async fn client() -> Client {
     let cp = ControlPlane::shared().await.expect("control plane");
@@ -26,17 +24,7 @@ async fn client() -> Client {
 }
 
 fn ring(name: &str) -> ClusterRing {
-    ClusterRing::new(
-        name,
-        ClusterRingSpec {
-            resources: vec![RingResource {
-                group: String::new(),
-                resource: "secrets".into(),
-                controlled_resources: vec![GroupResource::new("", "configmaps")],
-            }],
-            namespace_selector: None,
-        },
-    )
+    secrets_ring(name, None)
 }
 
 #[tokio::test]

@@ -133,13 +133,13 @@ pub async fn run_with_client(
     readiness.set(TLS_LOADED, true);
     let ring_source = Arc::new(rings::Rings::default());
 
-    let (admin_addr, admin) = sharder_sdk::admin::bind(
+    let (admin_addr, admin) = sharder_sdk::admin::spawn(
         args.admin.admin_addr,
-        sharder_sdk::admin::router(Arc::new(registry), readiness.clone()),
+        registry,
+        readiness.clone(),
         shutdown.clone(),
     )
     .await?;
-    let admin = tokio::spawn(admin);
     let source = tokio::spawn(rings::run(
         client,
         ring_source.clone(),

@@ -15,22 +15,17 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
 };
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, MicroTime, OwnerReference,
-};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use sharder_common::labels::RING_LABEL;
-use sharder_common::{
-    ClusterRing, ClusterRingSpec, GroupResource, ObjectKey, Ring, RingLabels, RingResource,
-};
+use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
 use sharder_tests::certs::TestCa;
 use sharder_tests::control_plane::{NAMESPACE_LABEL, free_port};
 use sharder_tests::crd::install_cluster_ring_crd;
+use sharder_tests::fixtures::{child_of, secret, secrets_ring, shard_lease};
 use sharder_tests::wait::{eventually, http_get, metric_sum, metric_value};
 use sharder_tests::{ControlPlane, Supervised};
 
@@ -113,39 +108,6 @@ impl Webhook {
     }
 }
 
-fn secrets_ring(name: &str) -> ClusterRing {
-    ClusterRing::new(
-        name,
-        ClusterRingSpec {
-            resources: vec![RingResource {
-                group: String::new(),
-                resource: "secrets".into(),
-                controlled_resources: vec![GroupResource::new("", "configmaps")],
-            }],
-            namespace_selector: None,
-        },
-    )
-}
-
-fn shard_lease(namespace: &str, ring: &str, name: &str, held: bool) -> Lease {
-    let now = MicroTime(Timestamp::now());
-    Lease {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(namespace.into()),
-            labels: Some([(RING_LABEL.to_owned(), ring.to_owned())].into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(if held { name.into() } else { String::new() }),
-            lease_duration_seconds: Some(3600),
-            acquire_time: Some(now.clone()),
-            renew_time: Some(now),
-            ..LeaseSpec::default()
-        }),
-    }
-}
-
 /// The MutatingWebhookConfiguration the reconciler keeps per ring (design §6), limited to one
 /// test namespace.
 fn webhook_configuration(
@@ -195,34 +157,6 @@ fn webhook_configuration(
     }
 }
 
-fn secret(name: &str) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Secret::default()
-    }
-}
-
-fn child_of(owner: &Secret, name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Secret".into(),
-                name: owner.name_any(),
-                uid: owner.uid().expect("created object has a uid"),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
-            ..ObjectMeta::default()
-        },
-        ..ConfigMap::default()
-    }
-}
-
 /// Everything one test needs: a namespace, a ring of `shards` held leases (plus `released`
 /// released ones), a running webhook and its configuration registered.
 struct Setup {
@@ -240,13 +174,16 @@ async fn setup(prefix: &str, shards: &[&str], released: &[&str]) -> Setup {
     let ns = cp.namespace(prefix).await.expect("namespace");
     let ring = ns.clone();
     Api::<ClusterRing>::all(client.clone())
-        .create(&PostParams::default(), &secrets_ring(&ring))
+        .create(&PostParams::default(), &secrets_ring(&ring, None))
         .await
         .expect("ring");
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     for name in shards {
         leases
-            .create(&PostParams::default(), &shard_lease(&ns, &ring, name, true))
+            .create(
+                &PostParams::default(),
+                &shard_lease(&ns, &ring, name, true, 3600),
+            )
             .await
             .expect("lease");
     }
@@ -254,7 +191,7 @@ async fn setup(prefix: &str, shards: &[&str], released: &[&str]) -> Setup {
         leases
             .create(
                 &PostParams::default(),
-                &shard_lease(&ns, &ring, name, false),
+                &shard_lease(&ns, &ring, name, false, 3600),
             )
             .await
             .expect("lease");

@@ -1,0 +1,101 @@
+//! Objects the cluster tests create again and again: a ring sharding Secrets (and the ConfigMaps
+//! they control), shard Leases, Secrets and their controlled ConfigMaps.
+
+use std::net::SocketAddr;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+use sharder_common::labels::RING_LABEL;
+use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingResource};
+
+use crate::control_plane::{NAMESPACE_LABEL, free_port};
+
+/// A free loopback address.
+pub fn loopback_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap_or(0)))
+}
+
+/// A ring sharding `secrets` with the `configmaps` they control. With `namespace`, the ring
+/// selects only that test namespace and carries its [`NAMESPACE_LABEL`] (so a reconciler started
+/// with `--clusterring-selector` manages only it).
+pub fn secrets_ring(name: &str, namespace: Option<&str>) -> ClusterRing {
+    let mut ring = ClusterRing::new(
+        name,
+        ClusterRingSpec {
+            resources: vec![RingResource {
+                group: String::new(),
+                resource: "secrets".into(),
+                controlled_resources: vec![GroupResource::new("", "configmaps")],
+            }],
+            namespace_selector: namespace.map(|ns| LabelSelector {
+                match_labels: Some([(NAMESPACE_LABEL.to_owned(), ns.to_owned())].into()),
+                match_expressions: None,
+            }),
+        },
+    );
+    if let Some(ns) = namespace {
+        ring.metadata.labels = Some([(NAMESPACE_LABEL.to_owned(), ns.to_owned())].into());
+    }
+    ring
+}
+
+/// A shard Lease of `ring` renewed now, held by itself (`held`) or released (empty holder).
+pub fn shard_lease(
+    namespace: &str,
+    ring: &str,
+    name: &str,
+    held: bool,
+    duration_seconds: i32,
+) -> Lease {
+    let now = MicroTime(Timestamp::now());
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some([(RING_LABEL.to_owned(), ring.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(if held { name.into() } else { String::new() }),
+            lease_duration_seconds: Some(duration_seconds),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// A Secret named `name` (namespace from the Api it is created with).
+pub fn secret(name: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    }
+}
+
+/// A ConfigMap controlled by the created Secret `owner` (an ownerReference with
+/// `controller: true`).
+pub fn child_of(owner: &Secret, name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Secret".into(),
+                name: owner.name_any(),
+                uid: owner.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
