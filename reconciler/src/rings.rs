@@ -477,7 +477,16 @@ async fn summarize(
             action: "Rebalance".into(),
             secondary: None,
         };
-        if let Err(e) = ctx.recorder.publish(&event, &ring.object_ref(&())).await {
+        let reference = ring.object_ref(&());
+        let mut result = ctx.recorder.publish(&event, &reference).await;
+        if matches!(&result, Err(kube::Error::Api(s)) if s.code == 422) {
+            // kube-apiserver < 1.22 rejects an events.k8s.io/v1 Event in `default` about a
+            // cluster-scoped object unless the reference names that namespace too.
+            let mut in_default = reference;
+            in_default.namespace = Some("default".into());
+            result = ctx.recorder.publish(&event, &in_default).await;
+        }
+        if let Err(e) = result {
             warn!(clusterring = %ring.name_any(), error = %e, "cannot publish the rebalance Event");
         }
     }

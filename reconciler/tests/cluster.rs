@@ -12,6 +12,7 @@ use clap::Parser as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -146,14 +147,15 @@ impl World {
     }
 
     /// Starts a reconciler replica.
-    fn start_reconciler(&mut self) {
+    async fn start_reconciler(&mut self) {
+        let kubeconfig = self.reconciler_kubeconfig().await;
         let admin = loopback_addr();
         let index = self.reconcilers.len();
         let log = std::fs::File::create(self.dir.path().join(format!("reconciler-{index}.log")))
             .expect("log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_sharder-reconciler"));
         command
-            .env("KUBECONFIG", self.cp.kubeconfig())
+            .env("KUBECONFIG", kubeconfig)
             .args(["--namespace", &self.ns])
             .args(["--leader-election-name", "sharder-reconciler"])
             .args(["--identity", &format!("replica-{index}")])
@@ -178,6 +180,66 @@ impl World {
         let process =
             Supervised::spawn(format!("sharder-reconciler-{index}"), command).expect("reconciler");
         self.reconcilers.push((process, admin));
+    }
+
+    /// The user the reconciler runs as: a ServiceAccount of the test namespace.
+    fn reconciler_user(&self) -> String {
+        format!("system:serviceaccount:{}:sharder-reconciler", self.ns)
+    }
+
+    /// A kubeconfig for the reconciler's ServiceAccount, bound to cluster-admin (the chart's
+    /// least-privilege RBAC is tested with the chart), so its writes can be told apart in the
+    /// audit log.
+    async fn reconciler_kubeconfig(&self) -> std::path::PathBuf {
+        let token = self
+            .cp
+            .service_account_token(&self.ns, "sharder-reconciler")
+            .await
+            .expect("token");
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("sharder-reconciler-{}", self.ns)),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: "cluster-admin".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: "sharder-reconciler".into(),
+                namespace: Some(self.ns.clone()),
+                ..Subject::default()
+            }]),
+        };
+        match Api::<ClusterRoleBinding>::all(self.client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("binding: {e}"),
+        }
+        self.cp
+            .write_kubeconfig(&format!("reconciler-{}", self.ns), &token)
+            .expect("kubeconfig")
+    }
+
+    /// Successful writes to objects of this namespace by `user`, per (resource, name).
+    fn writes_by(&self, user: &str) -> BTreeMap<(String, String), usize> {
+        let mut writes = BTreeMap::new();
+        for event in self.cp.audited_writes() {
+            let object = &event["objectRef"];
+            if event["user"]["username"] == user && object["namespace"] == self.ns.as_str() {
+                let key = (
+                    object["resource"].as_str().unwrap_or_default().to_owned(),
+                    object["name"].as_str().unwrap_or_default().to_owned(),
+                );
+                *writes.entry(key).or_default() += 1;
+            }
+        }
+        writes
     }
 
     fn reconciler_log(&self, index: usize) -> String {
@@ -312,7 +374,7 @@ async fn lease_states_are_labelled_and_a_silent_shard_is_taken_over_then_deleted
         .and_then(|s| s.renew_time)
         .map(|t| t.0);
     w.add_shard("renewed", 2).await;
-    w.start_reconciler();
+    w.start_reconciler().await;
 
     // A released lease is dead at once.
     w.add_shard("released", 3600).await;
@@ -442,7 +504,7 @@ async fn lease_states_are_labelled_and_a_silent_shard_is_taken_over_then_deleted
 async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
     let mut w = World::new("mwc").await;
     w.add_shard("shard-a", 3600).await;
-    w.start_reconciler();
+    w.start_reconciler().await;
     w.create_ring().await;
     let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
     let name = configuration_name(&w.ring);
@@ -545,7 +607,7 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         w.add_shard(shard, 3600).await;
     }
     let webhook = w.webhook().await;
-    w.start_reconciler();
+    w.start_reconciler().await;
     w.wait_until_webhook_assigns().await;
     w.create_objects(150).await;
 
@@ -648,6 +710,56 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         log.contains("draining") && log.contains("reason=drain"),
         "moves are logged:\n{log}"
     );
+
+    // Writes, from the apiserver's audit log: the reconciler wrote once per drained object and
+    // once per child following its owner, nothing for objects that stay; with the shard's
+    // acknowledgement that is 2 writes per object moved off a live shard.
+    let by_reconciler = w.writes_by(&w.reconciler_user());
+    let by_shards = w.writes_by("admin");
+    for name in before.keys() {
+        let key = ("secrets".to_owned(), name.clone());
+        let (reconciler, shard) = (
+            by_reconciler.get(&key).copied().unwrap_or(0),
+            by_shards.get(&key).copied().unwrap_or(0),
+        );
+        if moving.contains(name) {
+            assert_eq!(
+                (reconciler, shard),
+                (1, 2),
+                "{name}: drain by the reconciler; create + acknowledgement by the test"
+            );
+        } else {
+            assert_eq!((reconciler, shard), (0, 1), "{name}: only its create");
+        }
+    }
+    for (name, child) in w.list_children().await {
+        let owner = &child.owner_references()[0].name;
+        let writes = by_reconciler
+            .get(&("configmaps".to_owned(), name.clone()))
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(writes, usize::from(moving.contains(owner)), "{name}");
+    }
+    let total: usize = by_reconciler.values().sum();
+    println!(
+        "scale-out 3 -> 4: {} of 150 main objects moved (ideal 1/4 = 37.5), reconciler writes {total}, acknowledgements {}",
+        moving.len(),
+        moving.len()
+    );
+
+    // The rebalance is reported as an Event on the ring.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.client.clone());
+    let reported = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("Rebalanced")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.ring.as_str())
+        });
+    assert!(reported, "a Rebalanced Event on the ClusterRing");
     webhook.stop().await;
 }
 
@@ -660,7 +772,7 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
     }
     w.add_shard("mortal", 2).await;
     let webhook = w.webhook().await;
-    w.start_reconciler();
+    w.start_reconciler().await;
     w.wait_until_webhook_assigns().await;
     // Keep "mortal" alive while the objects are created, then let it die.
     let keep_alive = {
@@ -730,6 +842,15 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         );
     }
     assert!(w.reconciler_log(0).contains("reason=dead-shard"));
+    // One write per object moved off the dead shard (audit log), none for the others.
+    let by_reconciler = w.writes_by(&w.reconciler_user());
+    for name in w.list_secrets().await.keys() {
+        let writes = by_reconciler
+            .get(&("secrets".to_owned(), name.clone()))
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(writes, usize::from(on_mortal.contains(name)), "{name}");
+    }
     println!("objects of a shard with a 2 s lease reassigned {took:?} after it stopped renewing");
 
     // Objects created while the webhook is down are assigned by the sweep.
@@ -785,8 +906,8 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
 async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
     let mut w = World::new("failover").await;
     w.add_shard("shard-a", 3600).await;
-    w.start_reconciler();
-    w.start_reconciler();
+    w.start_reconciler().await;
+    w.start_reconciler().await;
     let leader_lease = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
     let leader = eventually("a leader is elected", WAIT, || async {
         let l = leader_lease

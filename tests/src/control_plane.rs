@@ -126,6 +126,15 @@ impl ControlPlane {
             format!("{token},admin,admin,system:masters\n").as_bytes(),
         )?;
 
+        // Writes (not Lease renewals or Events) are audited, so tests can count the writes a
+        // component makes, by user and object.
+        let audit_policy = dir.join("audit-policy.yaml");
+        write(
+            &audit_policy,
+            b"apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+- level: None\n  resources:\n  - group: coordination.k8s.io\n  - group: events.k8s.io\n  - group: \"\"\n    resources: [events]\n\
+- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
+        )?;
         let (etcd_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -151,7 +160,10 @@ impl ControlPlane {
             .args(["--service-account-key-file", &path_str(&sa_pub)])
             .args(["--service-account-signing-key-file", &path_str(&sa_key)])
             .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-            .args(["--service-cluster-ip-range", "10.96.0.0/16"]);
+            .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+            .args(["--audit-policy-file", &path_str(&audit_policy)])
+            .args(["--audit-log-path", &path_str(&dir.join("audit.log"))])
+            .args(["--audit-log-mode", "blocking"]);
         let apiserver_pid = spawn_logged(apiserver, &dir.join("kube-apiserver.log"))?;
 
         let url = format!("https://127.0.0.1:{secure_port}");
@@ -242,6 +254,22 @@ impl ControlPlane {
     /// Process ids of etcd and kube-apiserver.
     pub fn pids(&self) -> [u32; 2] {
         [self.etcd_pid, self.apiserver_pid]
+    }
+
+    /// The audit events of successful writes (create, update, patch, delete; not Leases or
+    /// Events) so far, one JSON object each.
+    pub fn audited_writes(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|event| {
+                event["stage"] == "ResponseComplete"
+                    && event["responseStatus"]["code"]
+                        .as_u64()
+                        .is_some_and(|c| c < 300)
+            })
+            .collect()
     }
 
     /// The apiserver's URL, `https://127.0.0.1:<port>`.
