@@ -900,6 +900,171 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         w.shard_of(&swept).as_deref(),
         two.shard_for(&w.key(&generated.name_any()))
     );
+
+    // With the webhook still down, a scale-out's acknowledged drains get their new shard from
+    // the follow-up sweeps.
+    w.add_shard("shard-c", 3600).await;
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let acknowledged = eventually("drains to acknowledge", WAIT, || async {
+        let n = w.acknowledge_drains().await;
+        if n > 0 { Ok(n) } else { Err("no drain yet") }
+    })
+    .await;
+    assert!(acknowledged > 0);
+    eventually(
+        "acknowledged objects are swept onto their new shard",
+        WAIT,
+        || async {
+            let now = w.list_secrets().await;
+            let wrong = now
+                .iter()
+                .filter(|(n, s)| {
+                    w.shard_of(*s).as_deref() != three.shard_for(&w.key(n)) || w.draining(*s)
+                })
+                .count();
+            // Drains issued after the first acknowledgement round are acknowledged here too.
+            w.acknowledge_drains().await;
+            if wrong == 0 {
+                Ok(())
+            } else {
+                Err(format!("{wrong} objects not on their shard"))
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_alone() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::core::{ApiResource, DynamicObject};
+    use kube::runtime::wait::{await_condition, conditions};
+    use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
+
+    let mut w = World::new("scope").await;
+    let crds = Api::<CustomResourceDefinition>::all(w.client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.test.sharder.dev"},
+        "spec": {
+            "group": "test.sharder.dev",
+            "scope": "Cluster",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .expect("crd");
+    crds.patch(
+        "widgets.test.sharder.dev",
+        &PatchParams::apply("sharder-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("install widgets");
+    tokio::time::timeout(
+        WAIT,
+        await_condition(
+            crds,
+            "widgets.test.sharder.dev",
+            conditions::is_crd_established(),
+        ),
+    )
+    .await
+    .expect("established in time")
+    .expect("established");
+
+    let mut ring = secrets_ring(&w.ring, Some(&w.ns));
+    ring.spec = ClusterRingSpec {
+        resources: vec![
+            RingResource {
+                group: "test.sharder.dev".into(),
+                resource: "widgets".into(),
+                controlled_resources: vec![],
+            },
+            RingResource {
+                group: String::new(),
+                resource: "secrets".into(),
+                controlled_resources: vec![GroupResource::new("", "configmaps")],
+            },
+        ],
+        namespace_selector: ring.spec.namespace_selector.clone(),
+    };
+    Api::<ClusterRing>::all(w.client.clone())
+        .create(&PostParams::default(), &ring)
+        .await
+        .expect("ring");
+    w.add_shard("shard-a", 3600).await;
+    w.add_shard("shard-b", 3600).await;
+    let shards = Ring::new(["shard-a", "shard-b"]);
+
+    // No webhook runs here: everything is assigned by the reconciler's sweeps.
+    let widget_api = ApiResource {
+        group: "test.sharder.dev".into(),
+        version: "v1".into(),
+        api_version: "test.sharder.dev/v1".into(),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets = Api::<DynamicObject>::all_with(w.client.clone(), &widget_api);
+    let names: Vec<String> = (0..10).map(|i| format!("{}-widget-{i}", w.ns)).collect();
+    for name in &names {
+        widgets
+            .create(
+                &PostParams::default(),
+                &DynamicObject::new(name, &widget_api),
+            )
+            .await
+            .expect("widget");
+    }
+    w.secrets()
+        .create(&PostParams::default(), &secret("object-0"))
+        .await
+        .expect("secret");
+    let other = w.cp.namespace("unselected").await.expect("namespace");
+    let elsewhere = Api::<Secret>::namespaced(w.client.clone(), &other);
+    elsewhere
+        .create(&PostParams::default(), &secret("not-mine"))
+        .await
+        .expect("secret");
+
+    w.start_reconciler().await;
+    eventually(
+        "cluster-scoped widgets are assigned by key group/Kind//name",
+        WAIT,
+        || async {
+            for name in &names {
+                let widget = widgets.get(name).await.map_err(|e| e.to_string())?;
+                let want = shards.shard_for(&format!("test.sharder.dev/Widget//{name}"));
+                if w.shard_of(&widget).as_deref() != want {
+                    return Err(format!("{name}: {:?} != {want:?}", w.shard_of(&widget)));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+    eventually(
+        "the selected namespace's secret is assigned",
+        WAIT,
+        || async {
+            let s = w
+                .secrets()
+                .get("object-0")
+                .await
+                .map_err(|e| e.to_string())?;
+            w.shard_of(&s).ok_or_else(|| "unassigned".to_owned())
+        },
+    )
+    .await;
+    // Two more sweeps later, the secret in the unselected namespace is still untouched.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let untouched = elsewhere.get("not-mine").await.expect("get");
+    assert_eq!(w.shard_of(&untouched), None);
+    for name in &names {
+        let _ = widgets.delete(name, &DeleteParams::default()).await;
+    }
 }
 
 #[tokio::test]
