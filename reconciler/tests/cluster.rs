@@ -1117,6 +1117,54 @@ async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
     assert!(w.reconciler_log(1 - index).contains("leading"));
 }
 
+#[tokio::test]
+async fn sigterm_releases_leadership_and_the_standby_takes_over() {
+    let mut w = World::new("handover").await;
+    w.start_reconciler().await;
+    let leases = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
+    let holder = |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    eventually("replica-0 leads", WAIT, || async {
+        let l = leases
+            .get("sharder-reconciler")
+            .await
+            .map_err(|e| e.to_string())?;
+        (holder(&l) == "replica-0")
+            .then_some(())
+            .ok_or_else(|| holder(&l))
+    })
+    .await;
+    w.start_reconciler().await;
+    w.reconcilers[0]
+        .0
+        .signal(nix::sys::signal::Signal::SIGTERM)
+        .expect("SIGTERM");
+    let status = w.reconcilers[0]
+        .0
+        .wait_timeout(Duration::from_secs(20))
+        .expect("exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(w.reconciler_log(0).contains("lease released"));
+    eventually(
+        "replica-1 leads without waiting for expiry",
+        Duration::from_secs(10),
+        || async {
+            let l = leases
+                .get("sharder-reconciler")
+                .await
+                .map_err(|e| e.to_string())?;
+            (holder(&l) == "replica-1")
+                .then_some(())
+                .ok_or_else(|| holder(&l))
+        },
+    )
+    .await;
+}
+
 impl Drop for World {
     fn drop(&mut self) {
         if std::thread::panicking() {

@@ -54,6 +54,9 @@ impl Webhook {
         cert: &str,
         key: &str,
     ) -> Self {
+        // The webhook is ready only once it can watch ClusterRings.
+        let client = cp.client().await.expect("client");
+        install_cluster_ring_crd(&client).await.expect("CRD");
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port().expect("port"))
             .parse()
             .expect("addr");
@@ -567,6 +570,27 @@ async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
     );
     assert!(
         webhook.log().contains("do not load yet"),
+        "{}",
+        webhook.log()
+    );
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_webhook_gracefully() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let ca = TestCa::new("sigterm-ca").expect("ca");
+    let mut webhook = Webhook::start(cp, &ca).await;
+    webhook
+        .process
+        .signal(nix::sys::signal::Signal::SIGTERM)
+        .expect("SIGTERM");
+    let status = webhook
+        .process
+        .wait_timeout(Duration::from_secs(20))
+        .expect("exits after SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", webhook.log());
+    assert!(
+        webhook.log().contains("webhook stopped"),
         "{}",
         webhook.log()
     );
