@@ -19,7 +19,6 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use rustls_pki_types::pem::PemObject;
 use serde_json::json;
-use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
 use sharder_webhook::admission::RingSnapshot;
 use sharder_webhook::floor::floor_router;
 use sharder_webhook::metrics::Metrics;
@@ -102,14 +101,7 @@ fn start_servers() -> (SocketAddr, SocketAddr, String) {
             .build()
             .expect("runtime");
         runtime.block_on(async move {
-            let spec = ClusterRingSpec {
-                resources: vec![RingResource {
-                    group: String::new(),
-                    resource: "secrets".into(),
-                    controlled_resources: vec![GroupResource::new("", "configmaps")],
-                }],
-                namespace_selector: None,
-            };
+            let spec = sharder_tests::fixtures::secrets_ring("example", None).spec;
             let rings = Arc::new(Rings::default());
             rings.publish(
                 [(

@@ -7,7 +7,6 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
-use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
 use sharder_webhook::admission::{RingSnapshot, review};
 use sharder_webhook::floor::floor_review;
 
@@ -47,14 +46,7 @@ fn body(controlled: bool) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    let spec = ClusterRingSpec {
-        resources: vec![RingResource {
-            group: String::new(),
-            resource: "secrets".into(),
-            controlled_resources: vec![GroupResource::new("", "configmaps")],
-        }],
-        namespace_selector: None,
-    };
+    let spec = sharder_tests::fixtures::secrets_ring("example", None).spec;
     let ring = RingSnapshot::new("example", &spec, (0..10).map(|i| format!("shard-{i}")));
     let main = body(false);
     let controlled = body(true);
