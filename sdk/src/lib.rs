@@ -1,6 +1,7 @@
-//! Runtime pieces shared by Sharder's components and by sharded kube-rs controllers: the admin
-//! server (probes and Prometheus metrics), logging setup, graceful shutdown on signals, and the
-//! Lease keeper used for leader election and shard membership.
+//! The shard SDK for kube-rs controllers ([`shard`]: shard Lease, a watch of the assigned objects,
+//! drain acknowledgement) and the runtime pieces shared by Sharder's components and sharded
+//! controllers: the admin server (probes and Prometheus metrics), logging setup, graceful shutdown
+//! on signals, and the Lease keeper used for leader election and shard membership.
 
 use std::net::SocketAddr;
 
@@ -8,6 +9,7 @@ pub mod admin;
 pub mod duration;
 pub mod lease;
 pub mod logging;
+pub mod shard;
 
 pub use admin::{AdminArgs, Readiness};
 pub use duration::parse_duration;

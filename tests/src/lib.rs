@@ -8,11 +8,15 @@
 //! # Ok(()) }
 //! ```
 
+pub mod binaries;
 pub mod certs;
 pub mod control_plane;
 pub mod crd;
 pub mod fixtures;
+pub mod ownership;
+pub mod proxy;
 pub mod supervisor;
+pub mod system;
 pub mod wait;
 
 pub use control_plane::ControlPlane;
@@ -37,6 +41,10 @@ pub enum Error {
     /// A request to the apiserver failed.
     #[error("apiserver request failed: {0}")]
     Kube(#[source] kube::Error),
+
+    /// The product's binaries could not be built; the message carries cargo's output.
+    #[error("cannot build the binaries under test: {0}")]
+    Build(String),
 
     /// A file or process operation failed; the first field says which.
     #[error("cannot {0}: {1}")]

@@ -1,0 +1,356 @@
+//! An example sharded controller built on the shard SDK (`sharder_sdk::shard`): for every Secret
+//! assigned to this shard it keeps a ConfigMap `checksums-<secret>` (controlled by the Secret)
+//! holding an XXH64 checksum of each data key, like the reference project's checksum controller.
+//!
+//! It holds its own shard Lease while it runs, releases it on SIGTERM (after in-flight reconciles
+//! finished) and does not on SIGKILL (a crash). With `--record-file` it appends one JSON line per
+//! reconcile start and end ([`record`]), which the end-to-end tests use to prove that no object is
+//! ever reconciled by two shards at once.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::{Api, Client, Resource, ResourceExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use sharder_sdk::shard::{Shard, ShardError, ShardReconcileError};
+use sharder_sdk::{AdminArgs, LogArgs, Readiness, parse_duration};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub mod record;
+
+use record::Recorder;
+
+/// Flags of the example shard.
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "checksum-controller", version, about)]
+pub struct Args {
+    /// The ClusterRing this shard belongs to.
+    #[arg(long, env = "SHARD_CLUSTERRING")]
+    pub clusterring: String,
+
+    /// The shard's name: its Lease's name and holder identity (defaults to the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub shard_name: Option<String>,
+
+    /// Namespace of the shard Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+
+    /// `leaseDurationSeconds` of the shard Lease.
+    #[arg(long, env = "SHARD_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// How often the shard Lease is renewed.
+    #[arg(long, env = "SHARD_LEASE_RENEW", default_value = "2s", value_parser = parse_duration)]
+    pub lease_renew: Duration,
+
+    /// Only this namespace's Secrets (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Simulated work per reconcile.
+    #[arg(long, env = "RECONCILE_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub reconcile_delay: Duration,
+
+    /// Append a JSON line per reconcile start and end to this file.
+    #[arg(long, env = "RECORD_FILE")]
+    pub record_file: Option<PathBuf>,
+
+    /// Admin server flags.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// Logging flags.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// Errors of the example shard.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No Kubernetes client could be configured.
+    #[error("cannot configure a Kubernetes client (KUBECONFIG or in-cluster): {0}")]
+    Client(#[source] kube::Error),
+
+    /// A request to the apiserver failed while reconciling `object`.
+    #[error("reconciling {object}: {source}")]
+    Kube {
+        /// `namespace/name` of the Secret.
+        object: String,
+        /// The failure.
+        #[source]
+        source: kube::Error,
+    },
+
+    /// The record file cannot be opened.
+    #[error("--record-file {path}: {source}")]
+    RecordFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The shard stopped: its Lease was lost or could not be kept.
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+
+    /// A runtime piece (admin server, logging) failed.
+    #[error(transparent)]
+    Runtime(#[from] sharder_sdk::Error),
+}
+
+const LEASE_HELD: &str = "shard-lease";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+struct Context {
+    client: Client,
+    shard: String,
+    delay: Duration,
+    recorder: Option<Recorder>,
+    reconciles: Family<ResultLabels, Counter>,
+}
+
+/// The ConfigMap name for a Secret.
+pub fn configmap_name(secret: &str) -> String {
+    format!("checksums-{secret}")
+}
+
+/// The checksums of a Secret's data: key -> XXH64 of the value, 16 hex digits.
+pub fn checksums(secret: &Secret) -> BTreeMap<String, String> {
+    secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, value)| {
+            (
+                key.clone(),
+                format!("{:016x}", xxhash_rust::xxh64::xxh64(&value.0, 0)),
+            )
+        })
+        .collect()
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "checksum-controller".to_owned())
+}
+
+/// Runs the shard until SIGTERM/SIGINT (graceful: Lease released) or until its Lease is lost.
+pub async fn run(args: Args) -> Result<(), Error> {
+    args.log.init()?;
+    let client = Client::try_default().await.map_err(Error::Client)?;
+    run_with_client(args, client, sharder_sdk::shutdown_on_signal()).await
+}
+
+/// Runs the shard with `client` until `shutdown` (see [`run`]).
+pub async fn run_with_client(
+    args: Args,
+    client: Client,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let name = args.shard_name.clone().unwrap_or_else(host_name);
+    let recorder = match &args.record_file {
+        Some(path) => Some(
+            Recorder::open(path, &name).map_err(|source| Error::RecordFile {
+                path: path.clone(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    let mut registry = Registry::default();
+    let reconciles = Family::<ResultLabels, Counter>::default();
+    registry.register(
+        "checksum_reconciles",
+        "Reconciles of Secrets by this shard, by result",
+        reconciles.clone(),
+    );
+    let readiness = Readiness::new([LEASE_HELD]);
+    let (admin_addr, admin) = sharder_sdk::admin::spawn(
+        args.admin.admin_addr,
+        registry,
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .await?;
+    info!(shard = %name, ring = %args.clusterring, %admin_addr, "checksum controller started, acquiring the shard lease");
+
+    let shard = Shard::new(client.clone(), &args.clusterring, &name);
+    let lease = shard.lease(&args.lease_namespace, args.lease_duration, args.lease_renew);
+    let context = Arc::new(Context {
+        client: client.clone(),
+        shard: name.clone(),
+        delay: args.reconcile_delay,
+        recorder,
+        reconciles,
+    });
+    let (secrets, configmaps): (Api<Secret>, Api<ConfigMap>) = match &args.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let config = shard.watcher_config();
+    let reconciler = shard.reconciler(reconcile);
+    let result = shard
+        .run(lease, &shutdown, |stop| {
+            readiness.set(LEASE_HELD, true);
+            Controller::new(secrets, config.clone())
+                .owns(configmaps, config)
+                .graceful_shutdown_on(stop.cancelled_owned())
+                .run(reconciler, error_policy, context)
+                .for_each(|result| async move {
+                    if let Err(e) = result {
+                        warn!(error = %e, "reconcile failed");
+                    }
+                })
+        })
+        .await;
+    readiness.set(LEASE_HELD, false);
+    shutdown.cancel();
+    let _ = admin.await;
+    result?;
+    info!(shard = %name, "checksum controller stopped");
+    Ok(())
+}
+
+fn error_policy(_: Arc<Secret>, _: &ShardReconcileError<Error>, _: Arc<Context>) -> Action {
+    Action::requeue(Duration::from_secs(1))
+}
+
+async fn reconcile(secret: Arc<Secret>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = secret.namespace().unwrap_or_default();
+    let object = format!("{namespace}/{}", secret.name_any());
+    let _record = ctx.recorder.as_ref().map(|r| r.reconcile(&object));
+    let result = apply_checksums(&secret, &ctx, &namespace, &object).await;
+    ctx.reconciles
+        .get_or_create(&ResultLabels {
+            result: if result.is_ok() { "ok" } else { "error" },
+        })
+        .inc();
+    result
+}
+
+async fn apply_checksums(
+    secret: &Secret,
+    ctx: &Context,
+    namespace: &str,
+    object: &str,
+) -> Result<Action, Error> {
+    if !ctx.delay.is_zero() {
+        tokio::time::sleep(ctx.delay).await;
+    }
+    let kube_err = |source| Error::Kube {
+        object: object.to_owned(),
+        source,
+    };
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = configmap_name(&secret.name_any());
+    let want = checksums(secret);
+    match api.get_opt(&name).await.map_err(kube_err)? {
+        Some(existing) if existing.data.clone().unwrap_or_default() == want => {}
+        Some(mut existing) => {
+            existing.data = Some(want);
+            api.replace(&name, &PostParams::default(), &existing)
+                .await
+                .map_err(kube_err)?;
+            info!(object = %object, shard = %ctx.shard, "checksums updated");
+        }
+        None => {
+            let configmap = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    namespace: Some(namespace.to_owned()),
+                    owner_references: Some(vec![controller_reference(secret)]),
+                    ..ObjectMeta::default()
+                },
+                data: Some(want),
+                ..ConfigMap::default()
+            };
+            api.create(&PostParams::default(), &configmap)
+                .await
+                .map_err(kube_err)?;
+            info!(object = %object, shard = %ctx.shard, "checksums created");
+        }
+    }
+    Ok(Action::await_change())
+}
+
+fn controller_reference(secret: &Secret) -> OwnerReference {
+    OwnerReference {
+        api_version: Secret::api_version(&()).into_owned(),
+        kind: Secret::kind(&()).into_owned(),
+        name: secret.name_any(),
+        uid: secret.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    #[test]
+    fn checksums_are_xxh64_per_key() {
+        let secret = Secret {
+            data: Some(BTreeMap::from([
+                ("a".to_owned(), ByteString(b"".to_vec())),
+                ("b".to_owned(), ByteString(b"hello".to_vec())),
+            ])),
+            ..Secret::default()
+        };
+        let sums = checksums(&secret);
+        // XXH64 golden values (seed 0).
+        assert_eq!(sums["a"], "ef46db3751d8e999");
+        assert_eq!(sums["b"], "26c7827d889f6da3");
+        assert!(checksums(&Secret::default()).is_empty());
+    }
+
+    #[test]
+    fn only_the_ring_is_required() {
+        use clap::Parser as _;
+        let args =
+            Args::try_parse_from(["checksum-controller", "--clusterring", "r"]).expect("args");
+        assert_eq!(args.lease_duration, Duration::from_secs(15));
+        assert_eq!(args.lease_renew, Duration::from_secs(2));
+        assert!(args.record_file.is_none());
+    }
+
+    #[test]
+    fn bad_durations_name_the_flag() {
+        use clap::Parser as _;
+        let err = Args::try_parse_from([
+            "checksum-controller",
+            "--clusterring",
+            "r",
+            "--lease-duration",
+            "soon",
+        ])
+        .expect_err("invalid");
+        assert!(err.to_string().contains("--lease-duration"), "{err}");
+    }
+}

@@ -1,0 +1,452 @@
+//! What a sharded kube-rs controller needs, by the protocol of
+//! `implement-sharding.md`: keep its own shard Lease (and stop at once when it is lost), watch only
+//! the objects assigned to it, and acknowledge drains.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use futures::StreamExt;
+//! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+//! use kube::runtime::controller::{Action, Controller};
+//! use kube::{Api, Client};
+//! use sharder_sdk::shard::{Shard, ShardReconcileError};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! #[error("reconcile failed")]
+//! struct MyError;
+//!
+//! async fn reconcile(secret: Arc<Secret>, _ctx: Arc<()>) -> Result<Action, MyError> {
+//!     // The business logic: only ever called for Secrets assigned to this shard and not
+//!     // being drained.
+//!     Ok(Action::await_change())
+//! }
+//!
+//! # async fn example() -> Result<(), sharder_sdk::shard::ShardError> {
+//! let client = Client::try_default().await.expect("kubeconfig");
+//! // The shard's name is its Lease's name and holder identity (usually the pod name).
+//! let shard = Shard::new(client.clone(), "my-clusterring", "my-operator-0");
+//! let lease = shard.lease("my-operator-system", Duration::from_secs(15), Duration::from_secs(2));
+//! let shutdown = CancellationToken::new(); // e.g. sharder_sdk::shutdown_on_signal()
+//! let reconciler = shard.reconciler(reconcile);
+//! let config = shard.watcher_config();
+//! shard
+//!     .run(lease, &shutdown, |stop| async move {
+//!         Controller::new(Api::<Secret>::all(client.clone()), config.clone())
+//!             .owns(Api::<ConfigMap>::all(client.clone()), config)
+//!             .graceful_shutdown_on(stop.cancelled_owned())
+//!             .run(reconciler, |_, _: &ShardReconcileError<MyError>, _| {
+//!                 Action::requeue(Duration::from_secs(5))
+//!             }, Arc::new(()))
+//!             .for_each(|_| async {})
+//!             .await;
+//!     })
+//!     .await
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::Predicate;
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use sharder_common::RingLabels;
+use sharder_common::labels::RING_LABEL;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info};
+
+use crate::lease::{LeaseConfig, LeaseError, LeaseKeeper};
+
+/// Why a shard stopped other than by a requested shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    /// The shard Lease could not be acquired or released.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// The shard Lease was lost (not renewed in time, or taken over): the controllers were
+    /// stopped at once. Exit and let the process be restarted.
+    #[error("shard lease {0} lost: controllers stopped")]
+    LeaseLost(String),
+}
+
+/// The error of a reconcile wrapped by [`Shard::reconciler`].
+#[derive(Debug, thiserror::Error)]
+pub enum ShardReconcileError<E> {
+    /// The wrapped reconcile function failed.
+    #[error(transparent)]
+    Reconcile(E),
+    /// Acknowledging a drain failed (a conflict means the object changed: it is retried).
+    #[error("cannot acknowledge the drain of {object}: {source}")]
+    Acknowledge {
+        /// `namespace/name` of the object.
+        object: String,
+        /// The failure.
+        #[source]
+        source: kube::Error,
+    },
+    /// The shard Lease was lost while reconciling: the reconcile was abandoned.
+    #[error("shard lease lost, reconcile of {0} abandoned")]
+    LeaseLost(String),
+}
+
+/// One shard of one ClusterRing: its name (= Lease name = holder identity) and label keys.
+#[derive(Clone)]
+pub struct Shard {
+    client: Client,
+    ring: String,
+    name: String,
+    labels: RingLabels,
+    halted: CancellationToken,
+}
+
+/// What the wrapper does with an object handed to it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Assigned here and not draining: reconcile it.
+    Reconcile,
+    /// Assigned here and draining: acknowledge, do not reconcile.
+    Acknowledge,
+    /// Not assigned here (a stale event): leave it alone.
+    Skip,
+}
+
+impl Shard {
+    /// The shard `name` of the ClusterRing `ring`.
+    pub fn new(client: Client, ring: &str, name: &str) -> Self {
+        Self {
+            client,
+            ring: ring.to_owned(),
+            name: name.to_owned(),
+            labels: RingLabels::new(ring),
+            halted: CancellationToken::new(),
+        }
+    }
+
+    /// The shard's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ring's shard and drain label keys.
+    pub fn labels(&self) -> &RingLabels {
+        &self.labels
+    }
+
+    /// The label selector of this shard's objects: `<shard label>=<name>`.
+    pub fn selector(&self) -> String {
+        format!("{}={}", self.labels.shard, self.name)
+    }
+
+    /// A watcher configuration that lists and watches only this shard's objects. Use it for
+    /// every watch of a sharded resource (main and controlled).
+    pub fn watcher_config(&self) -> watcher::Config {
+        watcher::Config::default().labels(&self.selector())
+    }
+
+    /// The keeper of this shard's Lease in `namespace`: named after the shard, held by the
+    /// shard's name, labelled with the ring.
+    pub fn lease(
+        &self,
+        namespace: &str,
+        duration: Duration,
+        renew_interval: Duration,
+    ) -> LeaseKeeper {
+        LeaseKeeper::new(
+            self.client.clone(),
+            LeaseConfig {
+                namespace: namespace.to_owned(),
+                name: self.name.clone(),
+                identity: self.name.clone(),
+                duration,
+                renew_interval,
+                labels: BTreeMap::from([(RING_LABEL.to_owned(), self.ring.clone())]),
+            },
+        )
+    }
+
+    /// What to do with `object`: reconcile, acknowledge its drain, or skip it.
+    pub fn verdict<K: Resource>(&self, object: &K) -> Verdict {
+        let labels = object.labels();
+        if labels.get(&self.labels.shard) != Some(&self.name) {
+            Verdict::Skip
+        } else if labels.contains_key(&self.labels.drain) {
+            Verdict::Acknowledge
+        } else {
+            Verdict::Reconcile
+        }
+    }
+
+    /// Wraps a predicate (for `predicate_filter`) so that an object's drain label passes
+    /// whatever the predicate says: a drain must always reach the reconciler.
+    pub fn predicate<K: Resource, P: Predicate<K>>(
+        &self,
+        inner: P,
+    ) -> impl Predicate<K> + use<K, P> {
+        let drain = self.labels.drain.clone();
+        move |object: &K| {
+            let draining = object.labels().contains_key(&drain);
+            let mut hasher = DefaultHasher::new();
+            (inner.hash_property(object), draining).hash(&mut hasher);
+            Some(hasher.finish())
+        }
+    }
+
+    /// Wraps a kube-runtime reconcile function: objects not assigned to this shard are skipped,
+    /// a drain is acknowledged (both labels removed, guarded by the object's resourceVersion)
+    /// instead of reconciling, and a reconcile in flight is abandoned when the Lease is lost.
+    pub fn reconciler<K, C, E, F, Fut>(
+        &self,
+        reconcile: F,
+    ) -> impl FnMut(Arc<K>, Arc<C>) -> BoxFuture<'static, Result<Action, ShardReconcileError<E>>>
+    + use<K, C, E, F, Fut>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        C: Send + Sync + 'static,
+        E: Send + 'static,
+        F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let shard = self.clone();
+        let reconcile = Arc::new(reconcile);
+        move |object: Arc<K>, ctx: Arc<C>| {
+            let shard = shard.clone();
+            let reconcile = Arc::clone(&reconcile);
+            Box::pin(async move {
+                let key = object_name(object.as_ref());
+                if shard.halted.is_cancelled() {
+                    return Err(ShardReconcileError::LeaseLost(key));
+                }
+                match shard.verdict(object.as_ref()) {
+                    Verdict::Skip => {
+                        debug!(object = %key, shard = %shard.name, "not assigned to this shard, skipped");
+                        Ok(Action::await_change())
+                    }
+                    Verdict::Acknowledge => shard.acknowledge(object.as_ref()).await,
+                    Verdict::Reconcile => {
+                        tokio::select! {
+                            biased;
+                            () = shard.halted.cancelled() => Err(ShardReconcileError::LeaseLost(key)),
+                            result = reconcile(object, ctx) => result.map_err(ShardReconcileError::Reconcile),
+                        }
+                    }
+                }
+            })
+        }
+    }
+
+    async fn acknowledge<K, E>(&self, object: &K) -> Result<Action, ShardReconcileError<E>>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    {
+        let key = object_name(object);
+        let resource = ApiResource::erase::<K>(&());
+        let api: Api<DynamicObject> = match object.namespace() {
+            Some(ns) => Api::namespaced_with(self.client.clone(), &ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
+        };
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": object.resource_version(),
+                "labels": { self.labels.shard.as_str(): null, self.labels.drain.as_str(): null },
+            }
+        });
+        api.patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| ShardReconcileError::Acknowledge {
+            object: key.clone(),
+            source,
+        })?;
+        info!(object = %key, shard = %self.name, "drain acknowledged");
+        Ok(Action::await_change())
+    }
+
+    /// Runs the shard: waits for its Lease, then runs `controllers` (given a token that asks
+    /// them to stop gracefully) while renewing the Lease.
+    ///
+    /// On `shutdown` the controllers are asked to stop; once they finished the Lease is released
+    /// so the shard's objects are reassigned at once. When the Lease is lost the controllers are
+    /// dropped at once (in-flight reconciles abandoned) and [`ShardError::LeaseLost`] returned.
+    pub async fn run<F, Fut>(
+        &self,
+        lease: LeaseKeeper,
+        shutdown: &CancellationToken,
+        controllers: F,
+    ) -> Result<(), ShardError>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let held = match lease.acquire(shutdown).await {
+            Ok(held) => held,
+            Err(LeaseError::Cancelled) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        info!(shard = %self.name, ring = %self.ring, "shard lease held, starting controllers");
+        let lost = held.lost();
+        let stop = CancellationToken::new();
+        let running = controllers(stop.clone());
+        tokio::pin!(running);
+        loop {
+            tokio::select! {
+                () = &mut running => break,
+                () = lost.cancelled() => {
+                    self.halted.cancel();
+                    error!(shard = %self.name, "shard lease lost, controllers stopped");
+                    return Err(ShardError::LeaseLost(self.name.clone()));
+                }
+                () = shutdown.cancelled(), if !stop.is_cancelled() => {
+                    info!(shard = %self.name, "stopping controllers");
+                    stop.cancel();
+                }
+            }
+        }
+        held.release().await?;
+        info!(shard = %self.name, "controllers stopped, shard lease released");
+        Ok(())
+    }
+}
+
+fn object_name<K: Resource>(object: &K) -> String {
+    match object.namespace() {
+        Some(ns) => format!("{ns}/{}", object.name_any()),
+        None => object.name_any(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::ObjectMeta;
+    use kube::runtime::predicates;
+
+    use super::*;
+
+    fn shard() -> Shard {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let client = Client::try_from(config).expect("client");
+        Shard::new(client, "example", "shard-0")
+    }
+
+    fn secret(labels: &[(&str, &str)], generation: i64) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("ns".into()),
+                generation: Some(generation),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_selector_is_the_seed_shard_label() {
+        let shard = shard();
+        assert_eq!(
+            shard.selector(),
+            "shard.alpha.sharding.timebertt.dev/clusterring-50d858e0-example=shard-0"
+        );
+        assert_eq!(
+            shard.watcher_config().label_selector,
+            Some(shard.selector())
+        );
+    }
+
+    #[tokio::test]
+    async fn verdicts_follow_the_labels() {
+        let shard = shard();
+        let l = shard.labels().clone();
+        let table = [
+            (vec![], Verdict::Skip),
+            (vec![(l.shard.as_str(), "shard-1")], Verdict::Skip),
+            (
+                vec![(l.shard.as_str(), "shard-1"), (l.drain.as_str(), "true")],
+                Verdict::Skip,
+            ),
+            (vec![(l.drain.as_str(), "true")], Verdict::Skip),
+            (vec![(l.shard.as_str(), "shard-0")], Verdict::Reconcile),
+            (
+                vec![(l.shard.as_str(), "shard-0"), (l.drain.as_str(), "")],
+                Verdict::Acknowledge,
+            ),
+            (
+                vec![(l.shard.as_str(), "shard-0"), (l.drain.as_str(), "true")],
+                Verdict::Acknowledge,
+            ),
+        ];
+        for (labels, want) in table {
+            assert_eq!(shard.verdict(&secret(&labels, 1)), want, "{labels:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_drain_label_passes_a_predicate_that_would_filter_it() {
+        let shard = shard();
+        let drain = shard.labels().drain.clone();
+        let predicate = shard.predicate(predicates::generation);
+        let before = secret(&[], 1);
+        let label_only = secret(&[("other", "x")], 1);
+        let draining = secret(&[(drain.as_str(), "true")], 1);
+        let newer = secret(&[], 2);
+        let p = |s: &Secret| predicate.hash_property(s);
+        assert_eq!(
+            p(&before),
+            p(&label_only),
+            "unrelated label changes stay filtered"
+        );
+        assert_ne!(p(&before), p(&draining), "the drain label always passes");
+        assert_ne!(
+            p(&before),
+            p(&newer),
+            "the inner predicate still passes its own changes"
+        );
+    }
+
+    #[tokio::test]
+    async fn objects_of_other_shards_are_skipped_without_calling_the_reconcile() {
+        let shard = shard();
+        let called = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&called);
+        let mut wrapped = shard.reconciler(move |_: Arc<Secret>, _: Arc<()>| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { Ok::<_, std::convert::Infallible>(Action::await_change()) }
+        });
+        let other = secret(&[(shard.labels().shard.as_str(), "shard-1")], 1);
+        assert!(wrapped(Arc::new(other), Arc::new(())).await.is_ok());
+        assert_eq!(called.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let mine = secret(&[(shard.labels().shard.as_str(), "shard-0")], 1);
+        assert!(wrapped(Arc::new(mine.clone()), Arc::new(())).await.is_ok());
+        assert_eq!(called.load(std::sync::atomic::Ordering::SeqCst), 1);
+        shard.halted.cancel();
+        assert!(matches!(
+            wrapped(Arc::new(mine), Arc::new(())).await,
+            Err(ShardReconcileError::LeaseLost(_))
+        ));
+        assert_eq!(
+            called.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "no reconcile after the lease is lost"
+        );
+    }
+}

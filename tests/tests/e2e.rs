@@ -1,0 +1,282 @@
+//! End-to-end scenarios, every part a real process on the real control plane: webhook,
+//! reconciler, example shards. Each scenario ends with the ownership invariant: no object
+//! reconciled by two shards at overlapping times, none unassigned longer than the stated bound.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use sharder_common::lease::expiry;
+use sharder_tests::system::{Options, System, WAIT};
+use sharder_tests::wait::eventually;
+
+fn assignment(
+    system: &System,
+    secrets: &BTreeMap<String, k8s_openapi::api::core::v1::Secret>,
+) -> BTreeMap<String, String> {
+    secrets
+        .iter()
+        .map(|(name, s)| (name.clone(), system.shard_of(s).unwrap_or_default()))
+        .collect()
+}
+
+fn count_lines(system: &System, process: &str, needle: &str) -> usize {
+    system
+        .log(process)
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn objects_spread_over_shards_and_follow_scale_out_and_graceful_scale_in() {
+    let mut system = System::start(
+        "e2e-scale",
+        Options {
+            lease_seconds: 20,
+            ..Options::default()
+        },
+    )
+    .await;
+
+    // 1. 120 objects: all assigned, children on their owner's shard, every shard used.
+    system.create_secrets(0..120).await;
+    system
+        .wait_converged("120 objects assigned and reconciled")
+        .await;
+    let holdings = system.holdings().await;
+    eprintln!("3 shards: {holdings:?}");
+    assert!(!holdings.contains_key("-"));
+    for shard in ["shard-0", "shard-1", "shard-2"] {
+        assert!(
+            holdings.get(shard).copied().unwrap_or(0) > 0,
+            "{shard} unused: {holdings:?}"
+        );
+    }
+    let before = assignment(&system, &system.list_secrets().await);
+
+    // 2a. Scale out 3 -> 4: the moving objects are drained, acknowledged by their old shard and
+    // reconciled by the new one; nothing else moves.
+    system.start_shard("shard-3").await;
+    system
+        .wait_converged("objects rebalanced onto shard-3")
+        .await;
+    let after = assignment(&system, &system.list_secrets().await);
+    let moved: Vec<&String> = before.keys().filter(|n| before[*n] != after[*n]).collect();
+    eprintln!(
+        "3 -> 4: {} of 120 moved: {:?}",
+        moved.len(),
+        system.holdings().await
+    );
+    assert!(!moved.is_empty());
+    assert!(
+        moved.iter().all(|n| after[*n] == "shard-3"),
+        "objects only move to the new shard"
+    );
+    let acks: usize = ["shard-0", "shard-1", "shard-2"]
+        .iter()
+        .map(|s| count_lines(&system, s, "drain acknowledged"))
+        .sum();
+    assert_eq!(acks, moved.len(), "one acknowledged drain per moved object");
+    let report = system.ownership();
+    for name in &moved {
+        let shards = system.reconcilers_of(&report, name);
+        assert!(
+            shards.contains("shard-3") && shards.contains(&before[*name]),
+            "{name}: {shards:?}"
+        );
+    }
+
+    // 2b + 3. Scale in 4 -> 2 by graceful stops: the Leases are released and the objects
+    // reassigned without waiting for the Leases to expire.
+    let leases = system.shard_leases().await;
+    let expires = ["shard-2", "shard-3"]
+        .iter()
+        .filter_map(|s| expiry(&leases[*s]).map(|(at, _)| at))
+        .min()
+        .expect("expiry");
+    assert!(
+        system.stop_shard("shard-3"),
+        "shard-3 exits cleanly on SIGTERM"
+    );
+    assert!(
+        system.stop_shard("shard-2"),
+        "shard-2 exits cleanly on SIGTERM"
+    );
+    let leases = system.shard_leases().await;
+    for shard in ["shard-2", "shard-3"] {
+        let holder = leases[shard]
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone());
+        assert!(
+            holder
+                .as_deref()
+                .is_none_or(|h| h.is_empty() || h == "shardlease-controller"),
+            "{shard} released its lease: {holder:?}"
+        );
+        assert!(
+            count_lines(&system, shard, "shard lease released") == 1,
+            "{shard} logs the release"
+        );
+    }
+    system
+        .wait_converged("objects of the stopped shards reassigned")
+        .await;
+    let converged_at = Timestamp::now();
+    assert!(
+        converged_at < expires,
+        "reassigned at {converged_at}, before the released leases would have expired at {expires}"
+    );
+    let holdings = system.holdings().await;
+    eprintln!("4 -> 2: {holdings:?}");
+    assert_eq!(holdings.keys().collect::<Vec<_>>(), ["shard-0", "shard-1"]);
+    let acks_after: usize = ["shard-0", "shard-1", "shard-2", "shard-3"]
+        .iter()
+        .map(|s| count_lines(&system, s, "drain acknowledged"))
+        .sum();
+    assert_eq!(
+        acks_after, acks,
+        "objects of released shards move without drains"
+    );
+
+    system.assert_single_ownership();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crashed_shards_objects_are_reassigned_once_its_lease_expires() {
+    let mut system = System::start("e2e-crash", Options::default()).await;
+    system.create_secrets(0..60).await;
+    system
+        .wait_converged("60 objects assigned and reconciled")
+        .await;
+    let victims: Vec<String> = system
+        .list_secrets()
+        .await
+        .iter()
+        .filter(|(_, s)| system.shard_of(*s).as_deref() == Some("shard-1"))
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(!victims.is_empty());
+
+    // 4. SIGKILL: no release. The objects stay until the Lease expires, then move.
+    system.kill_shard("shard-1");
+    let killed = Instant::now();
+    let lease = system
+        .shard_leases()
+        .await
+        .remove("shard-1")
+        .expect("lease");
+    let (expires, duration) = expiry(&lease).expect("expiry");
+    let first_move: std::sync::Mutex<Option<Timestamp>> = std::sync::Mutex::new(None);
+    let done = eventually("the crashed shard's objects reassigned", WAIT, || async {
+        let secrets = system.list_secrets().await;
+        let left = victims
+            .iter()
+            .filter(|n| {
+                secrets.get(*n).and_then(|s| system.shard_of(s)).as_deref() == Some("shard-1")
+            })
+            .count();
+        if left < victims.len() {
+            first_move
+                .lock()
+                .expect("lock")
+                .get_or_insert_with(Timestamp::now);
+        }
+        if left == 0 {
+            Ok(Instant::now())
+        } else {
+            Err(format!("{left} left"))
+        }
+    })
+    .await;
+    let first_move = first_move.into_inner().expect("lock").expect("moved");
+    let took = done - killed;
+    eprintln!(
+        "crash: {} objects reassigned {took:?} after the kill (lease {duration}), first move {:?} after expiry",
+        victims.len(),
+        first_move.duration_since(expires)
+    );
+    // The Lease's times come from the shard's clock: the same machine as this one.
+    assert!(
+        first_move >= expires - SignedDuration::from_millis(100),
+        "no object moved before the lease expired ({first_move} < {expires})"
+    );
+    let bound = Duration::from_secs(2 * system.options.lease_seconds + 5);
+    assert!(
+        took <= bound,
+        "reassigned within 2 x lease + 5 s ({took:?} > {bound:?})"
+    );
+
+    system
+        .wait_converged("converged without the crashed shard")
+        .await;
+    let report = system.assert_single_ownership();
+    for name in &victims {
+        assert!(
+            system.reconcilers_of(&report, name).len() >= 2,
+            "{name} reconciled by its new shard"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_standby_reconciler_handles_the_next_change_after_the_leader_is_killed() {
+    let mut system = System::start(
+        "e2e-failover",
+        Options {
+            reconcilers: 2,
+            ..Options::default()
+        },
+    )
+    .await;
+    system.create_secrets(0..40).await;
+    system
+        .wait_converged("40 objects assigned and reconciled")
+        .await;
+
+    // 5. Kill the leader; the standby takes over and handles the next change (a new shard).
+    let leader = system.leader().await;
+    system.kill_reconciler(leader);
+    let standby = system.leader().await;
+    assert_ne!(standby, leader);
+    system.start_shard("shard-3").await;
+    system
+        .wait_converged("the standby rebalanced onto shard-3")
+        .await;
+    let holdings = system.holdings().await;
+    eprintln!("after failover and scale-out: {holdings:?}");
+    assert!(holdings.get("shard-3").copied().unwrap_or(0) > 0);
+    assert!(
+        count_lines(&system, &format!("reconciler-{standby}"), "draining") > 0,
+        "the standby logged the moves"
+    );
+    system.assert_single_ownership();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_succeed_with_the_webhook_down_and_the_sweep_assigns_them() {
+    let mut system = System::start("e2e-nowebhook", Options::default()).await;
+    system.create_secrets(0..20).await;
+    system
+        .wait_converged("20 objects assigned and reconciled")
+        .await;
+
+    // 6. Webhook down: creates succeed unassigned; the sweep assigns them, the shards reconcile.
+    system.kill_webhook(0);
+    for i in 20..40 {
+        let created = system
+            .create_secret(&format!("object-{i}"), &format!("{i}-0"))
+            .await
+            .expect("create succeeds with the webhook down");
+        assert_eq!(system.shard_of(&created), None, "not assigned at creation");
+    }
+    system
+        .wait_converged("objects created without the webhook swept and reconciled")
+        .await;
+    assert_eq!(system.holdings().await.values().sum::<usize>(), 40);
+
+    system.start_webhook(0).await;
+    system.wait_until_webhook_assigns().await;
+    system.assert_single_ownership();
+}
