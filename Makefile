@@ -3,7 +3,14 @@
 
 CARGO ?= cargo
 
-.PHONY: test lint crd control-plane
+.PHONY: demo test lint crd control-plane
+
+## The demo: a local control plane, the webhook, the reconciler and three example shards as
+## processes; 100 objects assigned, a fourth shard added (drains and moves shown from the logs),
+## a shard crashed and its objects reassigned. Ctrl-C stops everything.
+demo: control-plane
+	$(CARGO) build --locked --quiet --bins -p sharder-webhook -p sharder-reconciler -p sharder-example -p sharder-tests
+	$(CARGO) run --locked --quiet -p sharder-tests --bin demo
 
 ## Runs every test: the pure unit and property tests and the tests against a real local
 ## kube-apiserver + etcd (provisioned first if needed).

@@ -12,12 +12,14 @@ const PACKAGES: [&str; 3] = ["sharder-webhook", "sharder-reconciler", "sharder-e
 
 fn build() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
-    // <target>/<profile>/deps/<test binary>
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .ok_or("the test binary is not in <target>/<profile>/deps")?
-        .to_path_buf();
+    // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<binary> (`cargo run`).
+    let dir = exe.parent().ok_or("the binary has no folder")?;
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().ok_or("no profile folder")?
+    } else {
+        dir
+    }
+    .to_path_buf();
     let target_dir = profile_dir
         .parent()
         .ok_or("no target directory")?

@@ -237,10 +237,16 @@ impl System {
         command
             .env("KUBECONFIG", self.cp.kubeconfig())
             .env("NO_COLOR", "1")
+            .args(["--log-format", "json"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
         Supervised::spawn(name, command).expect("spawn")
+    }
+
+    /// The folder holding the logs (`<process>.log`) and reconcile records.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     /// The log of process `name` (`webhook-0`, `reconciler-1`, `shard-2`, ...).
