@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test lint crd control-plane
+.PHONY: demo test lint crd control-plane helm
 
 ## The demo: a local control plane, the webhook, the reconciler and three example shards as
 ## processes; 100 objects assigned, a fourth shard added (drains and moves shown from the logs),
@@ -14,7 +14,7 @@ demo: control-plane
 
 ## Runs every test: the pure unit and property tests and the tests against a real local
 ## kube-apiserver + etcd (provisioned first if needed).
-test: control-plane
+test: control-plane helm
 	$(CARGO) test --workspace --locked
 
 ## Formatting and lints, as CI runs them.
@@ -29,3 +29,8 @@ crd:
 ## Provisions etcd and kube-apiserver (built once per machine, cached under ~/.cache/sharder).
 control-plane:
 	bash tests/control-plane/provision.sh
+
+## Installs Helm for the chart tests (the Helm v4 SDK from PyPI's helm-python-sdk, cached under
+## ~/.cache/sharder).
+helm:
+	bash tests/helm/provision.sh

@@ -13,6 +13,7 @@ pub mod certs;
 pub mod control_plane;
 pub mod crd;
 pub mod fixtures;
+pub mod helm;
 pub mod ownership;
 pub mod proxy;
 pub mod supervisor;

@@ -52,6 +52,17 @@ pub struct Options {
     pub sweep_seconds: u64,
     /// Simulated work per reconcile, in milliseconds.
     pub reconcile_delay_ms: u64,
+    /// Use this existing namespace (default: a new one).
+    pub namespace: Option<String>,
+    /// Create the ClusterRing (named after the namespace, selecting it); `false` when something
+    /// else (the Helm chart) created it.
+    pub create_ring: bool,
+    /// The webhook's kubeconfig (default: the admin's).
+    pub webhook_kubeconfig: Option<PathBuf>,
+    /// The reconciler's kubeconfig (default: the admin's).
+    pub reconciler_kubeconfig: Option<PathBuf>,
+    /// The reconciler's `--namespace` (its leader election Lease; default: the test namespace).
+    pub reconciler_namespace: Option<String>,
 }
 
 impl Default for Options {
@@ -63,6 +74,11 @@ impl Default for Options {
             reconcilers: 1,
             sweep_seconds: 1,
             reconcile_delay_ms: 20,
+            namespace: None,
+            create_ring: true,
+            webhook_kubeconfig: None,
+            reconciler_kubeconfig: None,
+            reconciler_namespace: None,
         }
     }
 }
@@ -168,7 +184,10 @@ impl System {
         let cp = ControlPlane::shared().await.expect("control plane");
         let client = cp.client().await.expect("client");
         install_cluster_ring_crd(&client).await.expect("CRD");
-        let ns = cp.namespace(prefix).await.expect("namespace");
+        let ns = match &options.namespace {
+            Some(ns) => ns.clone(),
+            None => cp.namespace(prefix).await.expect("namespace"),
+        };
         let dir = tempfile::tempdir().expect("dir");
         let ca = TestCa::new("e2e-ca").expect("ca");
         let cert = ca.serving_cert("webhook").expect("cert");
@@ -206,13 +225,15 @@ impl System {
             system.webhooks.push(None);
             system.start_webhook(i).await;
         }
-        Api::<ClusterRing>::all(system.client.clone())
-            .create(
-                &PostParams::default(),
-                &secrets_ring(&system.ring, Some(&system.ns)),
-            )
-            .await
-            .expect("ring");
+        if system.options.create_ring {
+            Api::<ClusterRing>::all(system.client.clone())
+                .create(
+                    &PostParams::default(),
+                    &secrets_ring(&system.ring, Some(&system.ns)),
+                )
+                .await
+                .expect("ring");
+        }
         for i in 0..system.options.reconcilers {
             system.reconcilers.push(None);
             system.start_reconciler(i);
@@ -232,10 +253,13 @@ impl System {
             .expect("log file")
     }
 
-    fn spawn(&self, name: &str, mut command: Command) -> Supervised {
+    fn spawn(&self, name: &str, kubeconfig: Option<&PathBuf>, mut command: Command) -> Supervised {
         let log = self.log_file(name);
         command
-            .env("KUBECONFIG", self.cp.kubeconfig())
+            .env(
+                "KUBECONFIG",
+                kubeconfig.map_or_else(|| self.cp.kubeconfig(), PathBuf::as_path),
+            )
             .env("NO_COLOR", "1")
             .args(["--log-format", "json"])
             .stdin(Stdio::null())
@@ -265,7 +289,8 @@ impl System {
             .arg(self.dir.path().join("tls.crt"))
             .arg("--tls-key-file")
             .arg(self.dir.path().join("tls.key"));
-        self.webhooks[i] = Some(self.spawn(&format!("webhook-{i}"), command));
+        let kubeconfig = self.options.webhook_kubeconfig.as_ref();
+        self.webhooks[i] = Some(self.spawn(&format!("webhook-{i}"), kubeconfig, command));
         eventually("webhook ready", WAIT, || async {
             match http_get(admin, "/readyz").await {
                 Ok((200, _)) => Ok(()),
@@ -290,8 +315,9 @@ impl System {
     /// Starts (or restarts) reconciler replica `i` (identity `replica-<i>`).
     pub fn start_reconciler(&mut self, i: usize) {
         let mut command = Command::new(binary("sharder-reconciler").expect("binary"));
+        let namespace = self.reconciler_namespace().to_owned();
         command
-            .args(["--namespace", &self.ns])
+            .args(["--namespace", &namespace])
             .args(["--identity", &format!("replica-{i}")])
             .args([
                 "--leader-election-duration",
@@ -313,7 +339,8 @@ impl System {
                 &format!("{NAMESPACE_LABEL}={}", self.ns),
             ])
             .args(["--admin-addr", &loopback_addr().to_string()]);
-        self.reconcilers[i] = Some(self.spawn(&format!("reconciler-{i}"), command));
+        let kubeconfig = self.options.reconciler_kubeconfig.as_ref();
+        self.reconcilers[i] = Some(self.spawn(&format!("reconciler-{i}"), kubeconfig, command));
     }
 
     /// Kills reconciler replica `i` (SIGKILL).
@@ -328,9 +355,16 @@ impl System {
         self.reconcilers[i].is_some()
     }
 
+    fn reconciler_namespace(&self) -> &str {
+        self.options
+            .reconciler_namespace
+            .as_deref()
+            .unwrap_or(&self.ns)
+    }
+
     /// The replica index holding the reconciler's leader Lease, once one does.
     pub async fn leader(&self) -> usize {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), self.reconciler_namespace());
         eventually("a reconciler leads", WAIT, || async {
             let lease = leases
                 .get("sharder-reconciler")
@@ -373,7 +407,7 @@ impl System {
             .arg("--record-file")
             .arg(self.record_file(name))
             .args(["--admin-addr", &loopback_addr().to_string()]);
-        let process = self.spawn(name, command);
+        let process = self.spawn(name, None, command);
         self.shards.insert(name.to_owned(), process);
         self.ended.remove(name);
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);

@@ -1,0 +1,438 @@
+//! The Helm chart with real Helm (the Helm v4 SDK from PyPI): lint, renders of the main value
+//! combinations, an install into the real apiserver (every object accepted, the CRD established,
+//! the generated certificate kept across an upgrade), then the webhook and the reconciler run as
+//! local processes authenticated as the chart's own ServiceAccounts, with RBAC on, through the
+//! happy path: assignment, scale-out, a shard crash.
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::DynamicObject;
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use serde_json::{Value, json};
+use sharder_common::ClusterRing;
+use sharder_tests::ControlPlane;
+use sharder_tests::control_plane::NAMESPACE_LABEL;
+use sharder_tests::helm::{Helm, documents};
+use sharder_tests::system::{Options, System, WAIT};
+use sharder_tests::wait::eventually;
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    let mut kinds: Vec<String> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+fn args(deployment: &Value) -> Vec<String> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn ring_values(name: &str, namespace: &str) -> Value {
+    json!({
+        "name": name,
+        "labels": { NAMESPACE_LABEL: namespace },
+        "resources": [{
+            "group": "",
+            "resource": "secrets",
+            "controlledResources": [{ "group": "", "resource": "configmaps" }]
+        }],
+        "namespaceSelector": { "matchLabels": { NAMESPACE_LABEL: namespace } }
+    })
+}
+
+#[test]
+fn the_chart_lints_clean_and_bad_values_are_named() {
+    let helm = Helm::get().expect("helm");
+    for kube_version in [None, Some("v1.20.0"), Some("v1.33.0")] {
+        let report = helm.lint(&json!({}), kube_version).expect("lint");
+        let findings: Vec<&Value> = report["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["severity"].as_i64().unwrap_or(0) >= 2)
+            .collect();
+        assert!(findings.is_empty(), "{kube_version:?}: {findings:?}");
+        assert_eq!(report["errors"], json!([]), "{kube_version:?}");
+    }
+    for (values, named) in [
+        (json!({ "webhook": { "replica": 2 } }), "replica"),
+        (json!({ "tls": { "mode": "bogus" } }), "/tls/mode"),
+        (json!({ "tls": { "mode": "secret" } }), "/tls/secretName"),
+        (
+            json!({ "reconciler": { "sweepInterval": "soon" } }),
+            "/reconciler/sweepInterval",
+        ),
+        (
+            json!({ "clusterRings": [{ "name": "Bad Name", "resources": [{ "resource": "secrets" }] }] }),
+            "/clusterRings/0/name",
+        ),
+    ] {
+        let report = helm.lint(&values, None).expect("lint");
+        let errors = report["errors"].to_string();
+        assert!(errors.contains(named), "{values}: {errors}");
+        assert!(
+            helm.render(&values, "sharder", "sharder-system").is_err(),
+            "{values} renders"
+        );
+    }
+}
+
+#[test]
+fn the_defaults_render_a_hardened_webhook_and_reconciler() {
+    let helm = Helm::get().expect("helm");
+    let docs = helm
+        .render(&json!({}), "sharder", "sharder-system")
+        .expect("render");
+    assert_eq!(
+        kinds(&docs),
+        [
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Deployment",
+            "PodDisruptionBudget",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Secret",
+            "Service",
+            "Service",
+            "ServiceAccount",
+            "ServiceAccount"
+        ]
+    );
+    let webhook = find(&docs, "Deployment", "sharder-webhook").expect("webhook");
+    let reconciler = find(&docs, "Deployment", "sharder-reconciler").expect("reconciler");
+    for deployment in [webhook, reconciler] {
+        assert_eq!(deployment["spec"]["replicas"], 2);
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        let container = &pod["containers"][0];
+        let sc = &container["securityContext"];
+        assert_eq!(sc["readOnlyRootFilesystem"], true);
+        assert_eq!(sc["allowPrivilegeEscalation"], false);
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert!(container["resources"]["requests"]["memory"].is_string());
+    }
+    // The webhook serves the generated certificate; the reconciler gets only its CA.
+    let secret = find(&docs, "Secret", "sharder-webhook-tls").expect("tls secret");
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        assert!(
+            secret["data"][key].as_str().is_some_and(|v| !v.is_empty()),
+            "{key}"
+        );
+    }
+    let ca_volume = &reconciler["spec"]["template"]["spec"]["volumes"][0]["secret"];
+    assert_eq!(ca_volume["secretName"], "sharder-webhook-tls");
+    assert_eq!(
+        ca_volume["items"],
+        json!([{ "key": "ca.crt", "path": "ca.crt" }])
+    );
+    let reconciler_args = args(reconciler);
+    for flag in [
+        "--webhook-ca-file=/etc/sharder/ca/ca.crt",
+        "--webhook-service-name=sharder-webhook",
+        "--leader-election-name=sharder-reconciler",
+        "--namespace=$(POD_NAMESPACE)",
+    ] {
+        assert!(
+            reconciler_args.iter().any(|a| a == flag),
+            "{flag} in {reconciler_args:?}"
+        );
+    }
+    let service = find(&docs, "Service", "sharder-webhook").expect("service");
+    assert_eq!(service["spec"]["ports"][0]["port"], 443);
+    // On the 1.20 default of offline rendering: policy/v1beta1; policy/v1 from 1.21 on.
+    let pdb = find(&docs, "PodDisruptionBudget", "sharder-webhook").expect("pdb");
+    assert!(
+        pdb["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("policy/"))
+    );
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    // Without rings, the reconciler may touch no sharded object at all.
+    let role = find(&docs, "ClusterRole", "sharder-reconciler").expect("role");
+    let rules = role["rules"].as_array().expect("rules");
+    assert!(
+        !rules.iter().any(|r| r["verbs"] == json!(["list", "patch"])),
+        "{rules:?}"
+    );
+    assert!(
+        helm.notes(&json!({}), "sharder", "sharder-system")
+            .expect("notes")
+            .contains("Next steps")
+    );
+}
+
+#[test]
+fn rings_from_values_grant_exactly_their_resources() {
+    let helm = Helm::get().expect("helm");
+    let values = json!({
+        "clusterRings": [ring_values("my-operator", "team-a")],
+        "shardedResources": [{ "group": "apps", "resources": ["deployments"] }],
+        "serviceMonitor": { "enabled": true },
+    });
+    let docs = helm
+        .render(&values, "sharder", "sharder-system")
+        .expect("render");
+    let ring = find(&docs, "ClusterRing", "my-operator").expect("ring");
+    let typed: ClusterRing = serde_json::from_value(ring.clone()).expect("a valid ClusterRing");
+    assert_eq!(
+        typed.spec.resources[0].controlled_resources[0].resource,
+        "configmaps"
+    );
+    typed.spec.validate().expect("valid");
+    let role = find(&docs, "ClusterRole", "sharder-reconciler").expect("role");
+    let sharded: Vec<&Value> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["verbs"] == json!(["list", "patch"]))
+        .collect();
+    assert_eq!(
+        sharded,
+        [
+            &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["list", "patch"] }),
+            &json!({ "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "patch"] }),
+        ]
+    );
+    assert!(find(&docs, "ServiceMonitor", "sharder").is_some());
+    let notes = helm
+        .notes(&values, "sharder", "sharder-system")
+        .expect("notes");
+    assert!(
+        notes.contains("ClusterRings created: my-operator"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn tls_comes_from_cert_manager_or_an_existing_secret_when_chosen() {
+    let helm = Helm::get().expect("helm");
+    let docs = helm
+        .render(
+            &json!({ "tls": { "mode": "certManager" } }),
+            "sharder",
+            "sharder-system",
+        )
+        .expect("render");
+    assert!(find(&docs, "Secret", "sharder-webhook-tls").is_none());
+    let cert = find(&docs, "Certificate", "sharder-webhook").expect("certificate");
+    assert_eq!(cert["spec"]["secretName"], "sharder-webhook-tls");
+    assert_eq!(cert["spec"]["issuerRef"]["name"], "sharder-webhook-ca");
+    assert!(
+        cert["spec"]["dnsNames"]
+            .as_array()
+            .expect("names")
+            .contains(&json!("sharder-webhook.sharder-system.svc"))
+    );
+    assert!(find(&docs, "Issuer", "sharder-webhook-selfsigned").is_some());
+    assert!(find(&docs, "Certificate", "sharder-webhook-ca").is_some());
+
+    let docs = helm
+        .render(
+            &json!({ "tls": { "mode": "certManager", "certManager": { "issuerRef": { "name": "corp", "kind": "ClusterIssuer" } } } }),
+            "sharder",
+            "sharder-system",
+        )
+        .expect("render");
+    assert_eq!(
+        kinds(&docs).iter().filter(|k| *k == "Certificate").count(),
+        1
+    );
+    assert!(!kinds(&docs).contains(&"Issuer".to_owned()));
+    let cert = find(&docs, "Certificate", "sharder-webhook").expect("certificate");
+    assert_eq!(
+        cert["spec"]["issuerRef"],
+        json!({ "name": "corp", "kind": "ClusterIssuer" })
+    );
+
+    let docs = helm
+        .render(
+            &json!({ "tls": { "mode": "secret", "secretName": "mine" } }),
+            "sharder",
+            "sharder-system",
+        )
+        .expect("render");
+    assert!(
+        !kinds(&docs)
+            .iter()
+            .any(|k| k == "Secret" || k == "Certificate")
+    );
+    let webhook = find(&docs, "Deployment", "sharder-webhook").expect("webhook");
+    assert_eq!(
+        webhook["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "mine"
+    );
+}
+
+/// Every object Helm rendered exists in the cluster.
+async fn assert_installed(cp: &ControlPlane, docs: &[Value], namespace: &str) {
+    let client = cp.client().await.expect("client");
+    for doc in docs {
+        let api_version = doc["apiVersion"].as_str().expect("apiVersion");
+        let kind = doc["kind"].as_str().expect("kind");
+        let name = doc["metadata"]["name"].as_str().expect("name");
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, caps) = pinned_kind(&client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("{api_version} {kind} not served: {e}"));
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(client.clone(), namespace, &resource),
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+        };
+        api.get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn installed_chart_rbac_is_enough_for_assignment_scale_out_and_a_crash() {
+    let helm = Helm::get().expect("helm");
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let release_ns = cp.namespace("sharder-system").await.expect("namespace");
+    let ns = cp.namespace("chart").await.expect("namespace");
+    let values = json!({ "clusterRings": [ring_values(&ns, &ns)] });
+
+    let release = helm
+        .deploy("install", &values, "sharder", &release_ns, cp.kubeconfig())
+        .expect("helm install");
+    assert_eq!(release["status"], "deployed");
+    let client = cp.client().await.expect("client");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually("the ClusterRing CRD is established", WAIT, || async {
+        let crd = crds
+            .get("clusterrings.sharding.timebertt.dev")
+            .await
+            .map_err(|e| e.to_string())?;
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        established
+            .then_some(())
+            .ok_or_else(|| "not established".to_owned())
+    })
+    .await;
+    let docs = documents(release["manifest"].as_str().expect("manifest")).expect("manifest");
+    assert!(docs.len() >= 15, "{} objects", docs.len());
+    assert_installed(cp, &docs, &release_ns).await;
+    let pdb = find(&docs, "PodDisruptionBudget", "sharder-webhook").expect("pdb");
+    assert_eq!(
+        pdb["apiVersion"], "policy/v1beta1",
+        "what a 1.20 apiserver serves"
+    );
+    Api::<ClusterRing>::all(client.clone())
+        .get(&ns)
+        .await
+        .expect("the ring from values");
+
+    // The generated certificate survives an upgrade.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &release_ns);
+    let before = secrets.get("sharder-webhook-tls").await.expect("tls").data;
+    helm.deploy("upgrade", &values, "sharder", &release_ns, cp.kubeconfig())
+        .expect("helm upgrade");
+    let after = secrets.get("sharder-webhook-tls").await.expect("tls").data;
+    assert_eq!(before, after, "the certificate is kept across upgrades");
+
+    // The webhook and the reconciler as the chart's ServiceAccounts (RBAC on).
+    let mut kubeconfigs = Vec::new();
+    for account in ["sharder-webhook", "sharder-reconciler"] {
+        let token = cp
+            .service_account_token(&release_ns, account)
+            .await
+            .expect("token");
+        kubeconfigs.push(
+            cp.write_kubeconfig(&format!("{release_ns}-{account}"), &token)
+                .expect("kubeconfig"),
+        );
+    }
+    let mut system = System::start(
+        "chart",
+        Options {
+            namespace: Some(ns.clone()),
+            create_ring: false,
+            webhook_kubeconfig: Some(kubeconfigs[0].clone()),
+            reconciler_kubeconfig: Some(kubeconfigs[1].clone()),
+            reconciler_namespace: Some(release_ns.clone()),
+            ..Options::default()
+        },
+    )
+    .await;
+    system.create_secrets(0..30).await;
+    system
+        .wait_converged("objects assigned under the chart's RBAC")
+        .await;
+    system.start_shard("shard-3").await;
+    system
+        .wait_converged("rebalanced onto shard-3 under the chart's RBAC")
+        .await;
+    system.kill_shard("shard-1");
+    system
+        .wait_converged("the crashed shard's objects reassigned under the chart's RBAC")
+        .await;
+    eprintln!("under the chart's RBAC: {:?}", system.holdings().await);
+    let ring = Api::<ClusterRing>::all(client.clone())
+        .get(&ns)
+        .await
+        .expect("ring");
+    let ready = ring.status.as_ref().map(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    });
+    assert_eq!(ready, Some(true), "the reconciler wrote the ring's status");
+    for process in ["webhook-0", "reconciler-0"] {
+        let log = system.log(process);
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "{process} was denied something:\n{log}"
+        );
+    }
+    system.assert_single_ownership();
+    drop(system);
+
+    helm.run(&[
+        "uninstall",
+        "--name",
+        "sharder",
+        "--namespace",
+        &release_ns,
+        "--kubeconfig",
+        cp.kubeconfig().to_str().expect("path"),
+    ])
+    .expect("helm uninstall");
+    assert!(
+        secrets
+            .get_opt("sharder-webhook-tls")
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
