@@ -188,7 +188,7 @@ impl LeaseKeeper {
             keeper: self,
             lost,
             stop,
-            task,
+            task: Some(task),
         })
     }
 
@@ -252,12 +252,13 @@ async fn renew(keeper: LeaseKeeper, lost: CancellationToken, stop: CancellationT
     }
 }
 
-/// A held Lease, renewed in the background until released or lost.
+/// A held Lease, renewed in the background until released, abandoned, dropped (renewal stops,
+/// like a crash) or lost.
 pub struct Held {
     keeper: LeaseKeeper,
     lost: CancellationToken,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
 }
 
 impl Held {
@@ -267,9 +268,8 @@ impl Held {
     }
 
     /// Stops renewing and releases the Lease (graceful shutdown).
-    pub async fn release(self) -> Result<(), LeaseError> {
-        self.stop.cancel();
-        let _ = self.task.await;
+    pub async fn release(mut self) -> Result<(), LeaseError> {
+        self.stop_renewing().await;
         if self.lost.is_cancelled() {
             return Ok(());
         }
@@ -277,8 +277,21 @@ impl Held {
     }
 
     /// Stops renewing without releasing (a crash, as seen by others).
-    pub async fn abandon(self) {
+    pub async fn abandon(mut self) {
+        self.stop_renewing().await;
+    }
+
+    async fn stop_renewing(&mut self) {
         self.stop.cancel();
-        let _ = self.task.await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Held {
+    /// Dropped without release (e.g. its task aborted): renewal stops, the Lease expires.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }

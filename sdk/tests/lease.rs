@@ -105,3 +105,26 @@ async fn a_holder_whose_lease_is_taken_loses_it() {
         .await
         .expect("the holder learns it lost the lease");
 }
+
+#[tokio::test]
+async fn a_dropped_holder_stops_renewing_like_a_crash() {
+    let (a, _, api) = keepers("shard-dropped", ["shard-dropped", "other"]).await;
+    let held = a.acquire(&CancellationToken::new()).await.expect("acquire");
+    drop(held);
+    // A renewal already in flight may still land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = api.get("shard-dropped").await.expect("get");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = api.get("shard-dropped").await.expect("get");
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    assert_eq!(renewed(&before), renewed(&after), "no renewal after the drop");
+    assert_eq!(
+        after.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("shard-dropped"),
+        "not released either"
+    );
+    assert_ne!(
+        shard_state(&api.get("shard-dropped").await.expect("get"), Timestamp::now()).state,
+        ShardState::Ready
+    );
+}
