@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test lint crd control-plane helm
+.PHONY: demo test bench lint crd control-plane helm
 
 ## The demo: a local control plane, the webhook, the reconciler and three example shards as
 ## processes; 100 objects assigned, a fourth shard added (drains and moves shown from the logs),
@@ -16,6 +16,13 @@ demo: control-plane
 ## kube-apiserver + etcd (provisioned first if needed).
 test: control-plane helm
 	$(CARGO) test --workspace --locked
+
+## The benchmarks (release build): webhook latency through the apiserver and under load,
+## reconciler memory against object count, rebalancing, a shard crash, the ring; writes
+## docs/benchmarks.md. Smaller runs: make bench BENCH_ARGS="--sizes 1000,10000 --rounds 3".
+BENCH_ARGS ?=
+bench: control-plane
+	$(CARGO) run --release --locked --quiet -p sharder-bench --bin sharder-bench -- $(BENCH_ARGS)
 
 ## Formatting and lints, as CI runs them.
 lint:

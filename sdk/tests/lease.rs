@@ -117,14 +117,22 @@ async fn a_dropped_holder_stops_renewing_like_a_crash() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = api.get("shard-dropped").await.expect("get");
     let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
-    assert_eq!(renewed(&before), renewed(&after), "no renewal after the drop");
+    assert_eq!(
+        renewed(&before),
+        renewed(&after),
+        "no renewal after the drop"
+    );
     assert_eq!(
         after.spec.and_then(|s| s.holder_identity).as_deref(),
         Some("shard-dropped"),
         "not released either"
     );
     assert_ne!(
-        shard_state(&api.get("shard-dropped").await.expect("get"), Timestamp::now()).state,
+        shard_state(
+            &api.get("shard-dropped").await.expect("get"),
+            Timestamp::now()
+        )
+        .state,
         ShardState::Ready
     );
 }

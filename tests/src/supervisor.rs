@@ -132,6 +132,11 @@ impl Supervised {
         })
     }
 
+    /// The process's stdout, if it was piped (once).
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.as_mut()?.stdout.take()
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)

@@ -12,14 +12,24 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
-/// The floor's answer to a review body: a fixed patch adding one label, or `None` when the body
-/// is not a review.
+/// The floor's answer to a review body: a patch adding one fixed label (with the label map when
+/// the object has none), or `None` when the body is not a review.
 pub fn floor_review(body: &[u8]) -> Option<Vec<u8>> {
     let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).ok()?;
     let request: AdmissionRequest<DynamicObject> = review.try_into().ok()?;
+    // Like any correct webhook: add the label map when the object has none.
+    let has_labels = request
+        .object
+        .as_ref()
+        .is_some_and(|o| o.metadata.labels.is_some());
+    let (path, value) = if has_labels {
+        ("/metadata/labels/floor", serde_json::json!("shard"))
+    } else {
+        ("/metadata/labels", serde_json::json!({ "floor": "shard" }))
+    };
     let patch = Patch(vec![PatchOperation::Add(AddOperation {
-        path: PointerBuf::parse("/metadata/labels/floor").unwrap_or_default(),
-        value: serde_json::Value::String("shard".into()),
+        path: PointerBuf::parse(path).unwrap_or_default(),
+        value,
     })]);
     let response = AdmissionResponse::from(&request).with_patch(patch).ok()?;
     serde_json::to_vec(&response.into_review()).ok()

@@ -1,0 +1,47 @@
+//! The memory baseline: what a controller that caches every object's metadata holds. A kube-rs
+//! reflector over the metadata of the Secrets of one namespace; prints `synced <n>` once it
+//! holds `--expect` objects, then keeps watching until killed.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
+    let mut args = std::env::args().skip(1);
+    let namespace = args
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("usage: metadata-cache NAMESPACE EXPECTED"))?;
+    let expected: usize = args
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("usage: metadata-cache NAMESPACE EXPECTED"))?
+        .parse()?;
+    let client = Client::try_default().await?;
+    let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(client, &namespace);
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default().page_size(500))
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+    });
+    loop {
+        let n = reader.state().len();
+        if n >= expected {
+            println!("synced {n}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::future::pending::<()>().await;
+    Ok(())
+}

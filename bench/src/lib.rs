@@ -1,0 +1,372 @@
+//! The benchmark command (`make bench`): on the local control plane, measures side by side in
+//! one run the CREATE latency the webhook adds (against no webhook and a floor webhook), the
+//! webhook alone under load, the reconciler's memory against object count (against a
+//! metadata-cache baseline), the cost of rebalancing and of a shard crash, and the ring's
+//! lookup cost and balance; then writes a markdown report (`docs/benchmarks.md`).
+//!
+//! Numbers are printed and written, never asserted: the goals are stated beside them.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::Value;
+use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
+use sharder_tests::control_plane::NAMESPACE_LABEL;
+use sharder_tests::fixtures::{loopback_addr, secrets_ring, shard_lease};
+use sharder_tests::{ControlPlane, Supervised};
+
+pub mod create_latency;
+pub mod memory;
+pub mod rebalance;
+pub mod report;
+pub mod ring_balance;
+pub mod stats;
+pub mod webhooks;
+
+/// Flags of the benchmark command.
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "sharder-bench", about)]
+pub struct Args {
+    /// Where to write the markdown report.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_OUTPUT",
+        default_value = "docs/benchmarks.md"
+    )]
+    pub output: PathBuf,
+
+    /// Creates per round of the CREATE latency benchmark.
+    #[arg(long, env = "SHARDER_BENCH_CREATES", default_value_t = 500)]
+    pub creates: usize,
+
+    /// Creates per second in the CREATE latency benchmark.
+    #[arg(long, env = "SHARDER_BENCH_RATE", default_value_t = 150.0)]
+    pub rate: f64,
+
+    /// Rounds of each mode (no webhook, floor, sharder) in the CREATE latency benchmark.
+    #[arg(long, env = "SHARDER_BENCH_ROUNDS", default_value_t = 3)]
+    pub rounds: usize,
+
+    /// Object counts of the memory benchmark, comma-separated.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_SIZES",
+        value_delimiter = ',',
+        default_value = "1000,10000,100000"
+    )]
+    pub sizes: Vec<usize>,
+
+    /// Objects of the rebalancing and crash benchmarks.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_REBALANCE_OBJECTS",
+        default_value_t = 10_000
+    )]
+    pub rebalance_objects: usize,
+
+    /// Shard Lease duration in the crash benchmark, in seconds.
+    #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10)]
+    pub lease_seconds: u64,
+
+    /// Arguments for the webhook load bench (`cargo bench -p sharder-webhook --bench load`);
+    /// `none` skips it.
+    #[arg(long, default_value = "--connections 32 --seconds 4 --rounds 5")]
+    pub load_args: String,
+
+    /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub criterion: bool,
+}
+
+/// Errors of the benchmark command.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The control plane or a test-support piece failed.
+    #[error(transparent)]
+    Support(#[from] sharder_tests::Error),
+    /// A request to the apiserver failed.
+    #[error("apiserver request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// A file or process operation failed; the first field says which.
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, #[source] std::io::Error),
+    /// A benchmark could not be set up or did not reach the state it waits for.
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl Error {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |e| Self::Io(what, e)
+    }
+}
+
+/// One ring over Secrets of its own namespace, with shard Leases held for an hour.
+pub struct RingSetup {
+    /// Admin client.
+    pub client: Client,
+    /// The namespace (also the ring's name).
+    pub ns: String,
+    /// The ring's label keys.
+    pub labels: RingLabels,
+}
+
+impl RingSetup {
+    /// A new namespace and ring; `controlled` adds ConfigMaps as controlled resources;
+    /// `leases` shard Leases `shard-<i>` held for an hour.
+    pub async fn new(
+        cp: &ControlPlane,
+        prefix: &str,
+        controlled: bool,
+        leases: usize,
+    ) -> Result<Self, Error> {
+        let client = cp.client().await?;
+        sharder_tests::crd::install_cluster_ring_crd(&client).await?;
+        let ns = cp.namespace(prefix).await?;
+        let mut ring = secrets_ring(&ns, Some(&ns));
+        if !controlled {
+            ring.spec.resources[0].controlled_resources.clear();
+        }
+        Api::<ClusterRing>::all(client.clone())
+            .create(&PostParams::default(), &ring)
+            .await?;
+        let setup = Self {
+            labels: RingLabels::new(&ns),
+            client,
+            ns,
+        };
+        for i in 0..leases {
+            setup.add_lease(&format!("shard-{i}")).await?;
+        }
+        Ok(setup)
+    }
+
+    /// Adds a shard Lease held for an hour.
+    pub async fn add_lease(&self, name: &str) -> Result<(), Error> {
+        Api::<Lease>::namespaced(self.client.clone(), &self.ns)
+            .create(
+                &PostParams::default(),
+                &shard_lease(&self.ns, &self.ns, name, true, 3600),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The Secrets Api of the namespace.
+    pub fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The object key of Secret `name`.
+    pub fn key(&self, name: &str) -> String {
+        ObjectKey::main("", "Secret", Some(&self.ns), name)
+            .map(|k| k.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Creates Secrets `object-<i>` for `range`, each already labelled with its shard on
+    /// `ring` (so no write is needed to assign them), 64 in flight; returns creates per second.
+    pub async fn create_assigned(
+        &self,
+        range: std::ops::Range<usize>,
+        ring: &Ring,
+    ) -> Result<f64, Error> {
+        let started = Instant::now();
+        let n = range.len();
+        let api = self.secrets();
+        futures::stream::iter(range)
+            .map(|i| {
+                let name = format!("object-{i}");
+                let shard = ring
+                    .shard_for(&self.key(&name))
+                    .unwrap_or_default()
+                    .to_owned();
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(name),
+                        labels: Some([(self.labels.shard.clone(), shard)].into()),
+                        ..ObjectMeta::default()
+                    },
+                    data: Some([("value".to_owned(), ByteString(vec![b'x'; 16]))].into()),
+                    ..Secret::default()
+                };
+                let api = api.clone();
+                async move {
+                    api.create(&PostParams::default(), &secret)
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .buffer_unordered(64)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(n as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// Name -> shard label of every Secret (metadata list, paginated).
+    pub async fn assignment(&self) -> Result<Vec<(String, Option<String>, bool)>, Error> {
+        let mut all = Vec::new();
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = self.secrets().list_metadata(&params).await?;
+            for object in &page.items {
+                let labels = object.labels();
+                all.push((
+                    object.name_any(),
+                    labels.get(&self.labels.shard).cloned(),
+                    labels.contains_key(&self.labels.drain),
+                ));
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// A reconciler process with JSON logs in a file.
+pub struct Reconciler {
+    /// The process.
+    pub process: Supervised,
+    log: PathBuf,
+}
+
+impl Reconciler {
+    /// Starts `sharder-reconciler` for the ring of `setup` (leader election in its namespace),
+    /// with `kubeconfig`, webhook URL and CA file, plus `extra` flags.
+    pub fn start(
+        setup: &RingSetup,
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        webhook_url: &str,
+        ca_file: &std::path::Path,
+        extra: &[&str],
+    ) -> Result<Self, Error> {
+        let log = dir.join(format!("reconciler-{}.log", setup.ns));
+        let file = std::fs::File::create(&log).map_err(Error::io("create the reconciler log"))?;
+        let mut command = Command::new(sharder_tests::binaries::binary("sharder-reconciler")?);
+        command
+            .env("KUBECONFIG", kubeconfig)
+            .args(["--namespace", &setup.ns, "--identity", "bench"])
+            .args(["--webhook-url", webhook_url])
+            .arg("--webhook-ca-file")
+            .arg(ca_file)
+            .args([
+                "--clusterring-selector",
+                &format!("{NAMESPACE_LABEL}={}", setup.ns),
+            ])
+            .args([
+                "--admin-addr",
+                &loopback_addr().to_string(),
+                "--log-format",
+                "json",
+            ])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(
+                file.try_clone()
+                    .map_err(Error::io("open the reconciler log"))?,
+            )
+            .stderr(file);
+        let process = Supervised::spawn("sharder-reconciler", command)
+            .map_err(Error::io("start the reconciler"))?;
+        Ok(Self { process, log })
+    }
+
+    /// The JSON log lines so far.
+    pub fn lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Waits until a log line after the first `skip` satisfies `check`; returns it.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        skip: usize,
+        timeout: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Error> {
+        let started = Instant::now();
+        loop {
+            if let Some(line) = self.lines().into_iter().skip(skip).find(|l| check(l)) {
+                return Ok(line);
+            }
+            if started.elapsed() > timeout {
+                return Err(Error::Setup(format!(
+                    "reconciler: {what} not logged within {timeout:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Whether `line` is a rebalance summary that listed at least `n` objects.
+pub fn rebalanced(line: &Value, n: usize) -> bool {
+    line["message"] == "rebalance" && line["listed"].as_u64().unwrap_or(0) >= n as u64
+}
+
+/// Runs every benchmark and writes the report.
+pub async fn run(args: Args) -> Result<(), Error> {
+    let started = Instant::now();
+    let cp = ControlPlane::shared().await?;
+    sharder_tests::crd::install_cluster_ring_crd(&cp.client().await?).await?;
+    eprintln!("[bench] control plane up; starting the webhooks");
+    let webhooks = webhooks::start().await?;
+    let mut report = report::Report::new(&args, cp);
+    eprintln!("[bench] 1/6 CREATE latency through the apiserver");
+    report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
+    eprintln!("[bench] 2/6 webhook alone under load");
+    report.load = load_bench(&args);
+    eprintln!("[bench] 3/6 reconciler memory");
+    report.memory = memory::run(cp, &webhooks, &args).await?;
+    eprintln!("[bench] 4-5/6 rebalancing and a shard crash");
+    report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
+    eprintln!("[bench] 6/6 ring");
+    report.ring = Some(ring_balance::run(args.criterion));
+    report.duration = started.elapsed();
+    let text = report.render();
+    if let Some(parent) = args.output.parent() {
+        std::fs::create_dir_all(parent).map_err(Error::io("create the report folder"))?;
+    }
+    std::fs::write(&args.output, &text).map_err(Error::io("write the report"))?;
+    println!("{text}");
+    eprintln!("[bench] report written to {}", args.output.display());
+    Ok(())
+}
+
+/// Runs `cargo bench -p <package> --bench <bench> -- <args>`; its stdout, or why not.
+pub fn cargo_bench(package: &str, bench: &str, args: &str) -> Result<String, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let output = Command::new(cargo)
+        .args(["bench", "--locked", "--manifest-path"])
+        .arg(manifest)
+        .args(["-p", package, "--bench", bench, "--"])
+        .args(args.split_whitespace())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo bench: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo bench -p {package} --bench {bench} failed"));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn load_bench(args: &Args) -> Option<Result<String, String>> {
+    (args.load_args != "none").then(|| cargo_bench("sharder-webhook", "load", &args.load_args))
+}

@@ -1,0 +1,161 @@
+//! Reconciler memory against object count: for each size, a fresh ring with that many Secrets
+//! (already assigned), a reconciler process through its first full rebalance and a scale-out
+//! 3 -> 4 shards; beside it, a baseline process that caches every object's metadata (a kube-rs
+//! reflector over metadata), what not caching saves.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sharder_common::Ring;
+use sharder_tests::{ControlPlane, Supervised};
+
+use crate::stats::rss_kib;
+use crate::webhooks::Webhooks;
+use crate::{Args, Error, Reconciler, RingSetup, rebalanced};
+
+/// One size's readings, in KiB.
+#[derive(Clone, Debug)]
+pub struct MemoryRow {
+    /// Sharded objects.
+    pub objects: usize,
+    /// Creates per second while preparing (informational).
+    pub create_rate: f64,
+    /// Reconciler RSS after the first full rebalance.
+    pub reconciler_steady: u64,
+    /// Reconciler peak RSS through the rebalance and the scale-out.
+    pub reconciler_peak: u64,
+    /// Reconciler RSS after the scale-out's drains.
+    pub reconciler_after_scale_out: u64,
+    /// Objects the scale-out drained.
+    pub drained: u64,
+    /// Baseline RSS once its cache holds every object.
+    pub baseline_steady: u64,
+    /// Baseline peak RSS.
+    pub baseline_peak: u64,
+}
+
+fn baseline_binary() -> Result<std::path::PathBuf, Error> {
+    let exe = std::env::current_exe().map_err(Error::io("find this executable"))?;
+    // <target>/<profile>/sharder-bench, or <target>/<profile>/deps/<test> in tests.
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join("metadata-cache");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    Err(Error::Setup(
+        "the metadata-cache binary is not built (cargo build -p sharder-bench --bins)".into(),
+    ))
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+/// Measures every size of `args.sizes`.
+pub async fn run(
+    cp: &ControlPlane,
+    webhooks: &Webhooks,
+    args: &Args,
+) -> Result<Vec<MemoryRow>, Error> {
+    let mut rows = Vec::new();
+    for &n in &args.sizes {
+        let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
+        let setup = RingSetup::new(cp, &format!("bench-mem-{n}"), false, 3).await?;
+        let ring = Ring::new((0..3).map(|i| format!("shard-{i}")));
+        let create_rate = setup.create_assigned(0..n, &ring).await?;
+        eprintln!("[bench]   {n} objects created ({create_rate:.0}/s)");
+
+        let reconciler = Reconciler::start(
+            &setup,
+            dir.path(),
+            cp.kubeconfig(),
+            &format!("https://{}", webhooks.sharder),
+            &webhooks.ca_file,
+            &[
+                "--max-writes-per-second",
+                "0",
+                "--resync-interval",
+                "1h",
+                "--sweep-interval",
+                "1h",
+            ],
+        )?;
+        let pid = reconciler.process.pid();
+        reconciler
+            .wait_for(
+                "the first full rebalance",
+                0,
+                Duration::from_secs(600),
+                |l| rebalanced(l, n),
+            )
+            .await?;
+        settle().await;
+        let (steady, _) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
+        let skip = reconciler.lines().len();
+        setup.add_lease("shard-3").await?;
+        let line = reconciler
+            .wait_for(
+                "the scale-out's drains",
+                skip,
+                Duration::from_secs(600),
+                |l| rebalanced(l, n) && l["drained"].as_u64().unwrap_or(0) > 0,
+            )
+            .await?;
+        settle().await;
+        let (after, peak) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
+        drop(reconciler);
+
+        let mut command = Command::new(baseline_binary()?);
+        command
+            .env("KUBECONFIG", cp.kubeconfig())
+            .args([setup.ns.as_str(), &n.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let started = Instant::now();
+        let mut baseline = Supervised::spawn("metadata-cache", command)
+            .map_err(Error::io("start the baseline"))?;
+        let baseline_pid = baseline.pid();
+        let stdout = baseline
+            .take_stdout()
+            .ok_or_else(|| Error::Setup("baseline stdout".into()))?;
+        let synced = tokio::task::spawn_blocking(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .any(|l| l.starts_with("synced"))
+        })
+        .await
+        .unwrap_or(false);
+        if !synced {
+            return Err(Error::Setup("the baseline never synced".into()));
+        }
+        settle().await;
+        let (baseline_steady, baseline_peak) =
+            rss_kib(baseline_pid).ok_or_else(|| Error::Setup("no baseline RSS".into()))?;
+        baseline.kill();
+        eprintln!(
+            "[bench]   {n}: reconciler {:.1} MiB steady, {:.1} MiB peak; baseline {:.1} MiB (synced in {:?})",
+            steady as f64 / 1024.0,
+            peak as f64 / 1024.0,
+            baseline_steady as f64 / 1024.0,
+            started.elapsed()
+        );
+        rows.push(MemoryRow {
+            objects: n,
+            create_rate,
+            reconciler_steady: steady,
+            reconciler_peak: peak,
+            reconciler_after_scale_out: after,
+            drained: line["drained"].as_u64().unwrap_or(0),
+            baseline_steady,
+            baseline_peak,
+        });
+        let _ = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(setup.client.clone())
+            .delete(&setup.ns, &Default::default())
+            .await;
+    }
+    Ok(rows)
+}

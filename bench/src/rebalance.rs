@@ -1,0 +1,291 @@
+//! Rebalancing and a shard crash with real acknowledgements: shards run in-process on the shard
+//! SDK (the same drain acknowledgement as any SDK shard, a no-op business reconcile), the
+//! reconciler as a process, the sharder webhook assigning acknowledged objects. Writes are
+//! counted per user in the apiserver's audit log; the raw PATCH throughput of the same
+//! apiserver is measured in the same run.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::{Api, Client};
+use serde_json::json;
+use sharder_common::lease::shard_state;
+use sharder_common::{Ring, ShardState};
+use sharder_sdk::shard::Shard;
+use sharder_tests::ControlPlane;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::webhooks::Webhooks;
+use crate::{Args, Error, Reconciler, RingSetup, rebalanced};
+
+/// What the rebalancing and crash benchmarks measured.
+#[derive(Clone, Debug)]
+pub struct RebalanceResult {
+    /// Objects.
+    pub objects: usize,
+    /// Objects moved by the scale-out 3 -> 4.
+    pub moved: usize,
+    /// Reconciler writes to the objects during the scale-out.
+    pub reconciler_writes: usize,
+    /// Shard writes (acknowledgements) during the scale-out.
+    pub shard_writes: usize,
+    /// From the new shard's start until every object was on its desired shard, nothing draining.
+    pub wall: Duration,
+    /// Raw merge PATCHes per second of the same apiserver, same concurrency.
+    pub raw_patches_per_second: f64,
+    /// The reconciler's `--max-concurrent-writes`.
+    pub concurrency: usize,
+    /// Objects of the crashed shard.
+    pub crashed_objects: usize,
+    /// Reconciler writes to them.
+    pub crash_writes: usize,
+    /// Shard Lease duration.
+    pub lease: Duration,
+    /// From the crash until every object of the crashed shard was reassigned.
+    pub crash_recovery: Duration,
+}
+
+struct BenchShard {
+    task: JoinHandle<()>,
+}
+
+fn start_shard(client: Client, ns: &str, name: &str, lease: Duration) -> BenchShard {
+    let shard = Shard::new(client.clone(), ns, name);
+    let keeper = shard.lease(ns, lease, Duration::from_secs(1));
+    let api: Api<Secret> = Api::namespaced(client, ns);
+    let task = tokio::spawn(async move {
+        let config = shard.watcher_config();
+        let reconciler = shard.reconciler(|_: Arc<Secret>, _: Arc<()>| async {
+            Ok::<_, Infallible>(Action::await_change())
+        });
+        let shutdown = CancellationToken::new();
+        let _ = shard
+            .run(keeper, &shutdown, |stop| {
+                Controller::new(api, config)
+                    .graceful_shutdown_on(stop.cancelled_owned())
+                    .run(
+                        reconciler,
+                        |_, _, _| Action::requeue(Duration::from_millis(200)),
+                        Arc::new(()),
+                    )
+                    .for_each(|_| async {})
+            })
+            .await;
+    });
+    BenchShard { task }
+}
+
+async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Error> {
+    let api: Api<Lease> = Api::namespaced(setup.client.clone(), &setup.ns);
+    for _ in 0..600 {
+        if let Ok(lease) = api.get(name).await
+            && shard_state(&lease, Timestamp::now()).state == ShardState::Ready
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(Error::Setup(format!("{name} never held its lease")))
+}
+
+/// A ServiceAccount bound to cluster-admin, so its writes are told apart in the audit log.
+async fn account(cp: &ControlPlane, setup: &RingSetup, name: &str) -> Result<String, Error> {
+    let token = cp.service_account_token(&setup.ns, name).await?;
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}-{}", setup.ns)),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(setup.ns.clone()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(setup.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(token)
+}
+
+/// Writes to the namespace's Secrets by `user` among `events`.
+fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| {
+            e["user"]["username"] == user
+                && e["objectRef"]["namespace"] == ns
+                && e["objectRef"]["resource"] == "secrets"
+        })
+        .count()
+}
+
+/// Waits until every object is on its shard of `ring` and none is draining.
+async fn converge(setup: &RingSetup, ring: &Ring) -> Result<BTreeMap<String, String>, Error> {
+    for _ in 0..2400 {
+        let all = setup.assignment().await?;
+        let done = all.iter().all(|(name, shard, draining)| {
+            !draining && shard.as_deref() == ring.shard_for(&setup.key(name))
+        });
+        if done {
+            return Ok(all
+                .into_iter()
+                .map(|(name, shard, _)| (name, shard.unwrap_or_default()))
+                .collect());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(Error::Setup("the objects never converged".into()))
+}
+
+/// Runs the scale-out 3 -> 4 and then the crash of one shard.
+pub async fn run(
+    cp: &ControlPlane,
+    webhooks: &Webhooks,
+    args: &Args,
+) -> Result<RebalanceResult, Error> {
+    let n = args.rebalance_objects;
+    let lease = Duration::from_secs(args.lease_seconds);
+    let concurrency = 16;
+    let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
+    let setup = RingSetup::new(cp, "bench-rebalance", false, 0).await?;
+    let reconciler_token = account(cp, &setup, "bench-reconciler").await?;
+    let shard_token = account(cp, &setup, "bench-shard").await?;
+    let reconciler_user = format!("system:serviceaccount:{}:bench-reconciler", setup.ns);
+    let shard_user = format!("system:serviceaccount:{}:bench-shard", setup.ns);
+    let shard_client = cp.client_with_token(&shard_token).await?;
+
+    let mut shards: BTreeMap<String, BenchShard> = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("shard-{i}");
+        shards.insert(
+            name.clone(),
+            start_shard(shard_client.clone(), &setup.ns, &name, lease),
+        );
+        wait_ready(&setup, &name).await?;
+    }
+    let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
+    let rate = setup.create_assigned(0..n, &three).await?;
+    eprintln!("[bench]   {n} objects created ({rate:.0}/s)");
+    let kubeconfig =
+        cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &reconciler_token)?;
+    let reconciler = Reconciler::start(
+        &setup,
+        dir.path(),
+        &kubeconfig,
+        &format!("https://{}", webhooks.sharder),
+        &webhooks.ca_file,
+        &[
+            "--max-writes-per-second",
+            "0",
+            "--max-concurrent-writes",
+            &concurrency.to_string(),
+            "--drain-check-interval",
+            "500ms",
+            "--sweep-interval",
+            "1h",
+        ],
+    )?;
+    reconciler
+        .wait_for(
+            "the first full rebalance",
+            0,
+            Duration::from_secs(600),
+            |l| rebalanced(l, n),
+        )
+        .await?;
+    let before = converge(&setup, &three).await?;
+
+    // Scale-out 3 -> 4.
+    let audit_start = cp.audited_writes().len();
+    let started = Instant::now();
+    shards.insert(
+        "shard-3".into(),
+        start_shard(shard_client.clone(), &setup.ns, "shard-3", lease),
+    );
+    let four = Ring::new((0..4).map(|i| format!("shard-{i}")));
+    let after = converge(&setup, &four).await?;
+    let wall = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let events: Vec<_> = cp.audited_writes().into_iter().skip(audit_start).collect();
+    let moved: Vec<&String> = before.keys().filter(|k| before[*k] != after[*k]).collect();
+    let reconciler_writes = writes_by(&events, &setup.ns, &reconciler_user);
+    let shard_writes = writes_by(&events, &setup.ns, &shard_user);
+    eprintln!(
+        "[bench]   scale-out: {} of {n} moved in {wall:?}; {reconciler_writes} reconciler + {shard_writes} shard writes",
+        moved.len()
+    );
+
+    // Raw PATCH throughput of the same apiserver, same concurrency, as many objects.
+    let api = setup.secrets();
+    let raw_started = Instant::now();
+    futures::stream::iter(moved.iter().map(|name| (*name).clone()))
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let patch = json!({ "metadata": { "labels": { "bench/raw": "1" } } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let raw_patches_per_second = moved.len() as f64 / raw_started.elapsed().as_secs_f64();
+
+    // Crash shard-1: no release; its objects move once its Lease expired and was taken over.
+    let victims: Vec<String> = after
+        .iter()
+        .filter(|(_, s)| s.as_str() == "shard-1")
+        .map(|(n, _)| n.clone())
+        .collect();
+    let audit_start = cp.audited_writes().len();
+    let crashed = Instant::now();
+    if let Some(shard) = shards.remove("shard-1") {
+        shard.task.abort();
+    }
+    let survivors = Ring::new(["shard-0", "shard-2", "shard-3"]);
+    converge(&setup, &survivors).await?;
+    let crash_recovery = crashed.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let events: Vec<_> = cp.audited_writes().into_iter().skip(audit_start).collect();
+    let crash_writes = writes_by(&events, &setup.ns, &reconciler_user);
+    eprintln!(
+        "[bench]   crash: {} objects reassigned {crash_recovery:?} after the crash (lease {lease:?}), {crash_writes} writes",
+        victims.len()
+    );
+    for shard in shards.values() {
+        shard.task.abort();
+    }
+    drop(reconciler);
+    Ok(RebalanceResult {
+        objects: n,
+        moved: moved.len(),
+        reconciler_writes,
+        shard_writes,
+        wall,
+        raw_patches_per_second,
+        concurrency,
+        crashed_objects: victims.len(),
+        crash_writes,
+        lease,
+        crash_recovery,
+    })
+}
