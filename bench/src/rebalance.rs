@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::{Api, Client};
 use serde_json::json;
@@ -98,32 +97,6 @@ async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Error> {
     Err(Error::Setup(format!("{name} never held its lease")))
 }
 
-/// A ServiceAccount bound to cluster-admin, so its writes are told apart in the audit log.
-async fn account(cp: &ControlPlane, setup: &RingSetup, name: &str) -> Result<String, Error> {
-    let token = cp.service_account_token(&setup.ns, name).await?;
-    let binding = ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}-{}", setup.ns)),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: name.into(),
-            namespace: Some(setup.ns.clone()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(setup.client.clone())
-        .create(&PostParams::default(), &binding)
-        .await?;
-    Ok(token)
-}
-
 /// Writes to the namespace's Secrets by `user` among `events`.
 fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
     events
@@ -165,8 +138,10 @@ pub async fn run(
     let concurrency = 16;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
     let setup = RingSetup::new(cp, "bench-rebalance", false, 0).await?;
-    let reconciler_token = account(cp, &setup, "bench-reconciler").await?;
-    let shard_token = account(cp, &setup, "bench-shard").await?;
+    let reconciler_token = cp
+        .cluster_admin_token(&setup.ns, "bench-reconciler")
+        .await?;
+    let shard_token = cp.cluster_admin_token(&setup.ns, "bench-shard").await?;
     let reconciler_user = format!("system:serviceaccount:{}:bench-reconciler", setup.ns);
     let shard_user = format!("system:serviceaccount:{}:bench-shard", setup.ns);
     let shard_client = cp.client_with_token(&shard_token).await?;

@@ -12,7 +12,6 @@ use clap::Parser as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -193,34 +192,9 @@ impl World {
     async fn reconciler_kubeconfig(&self) -> std::path::PathBuf {
         let token = self
             .cp
-            .service_account_token(&self.ns, "sharder-reconciler")
+            .cluster_admin_token(&self.ns, "sharder-reconciler")
             .await
             .expect("token");
-        let binding = ClusterRoleBinding {
-            metadata: ObjectMeta {
-                name: Some(format!("sharder-reconciler-{}", self.ns)),
-                ..ObjectMeta::default()
-            },
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: "cluster-admin".into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: "sharder-reconciler".into(),
-                namespace: Some(self.ns.clone()),
-                ..Subject::default()
-            }]),
-        };
-        match Api::<ClusterRoleBinding>::all(self.client.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("binding: {e}"),
-        }
         self.cp
             .write_kubeconfig(&format!("reconciler-{}", self.ns), &token)
             .expect("kubeconfig")

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -350,6 +351,37 @@ impl ControlPlane {
             .await
             .map_err(Error::Kube)?;
         Ok(name)
+    }
+
+    /// A token of ServiceAccount `namespace/name` bound to cluster-admin (so tests and
+    /// benchmarks can tell its writes apart in the audit log without restricting it).
+    pub async fn cluster_admin_token(&self, namespace: &str, name: &str) -> Result<String, Error> {
+        let token = self.service_account_token(namespace, name).await?;
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}-{namespace}")),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: "cluster-admin".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                namespace: Some(namespace.into()),
+                ..Subject::default()
+            }]),
+        };
+        match Api::<ClusterRoleBinding>::all(self.client().await?)
+            .create(&PostParams::default(), &binding)
+            .await
+        {
+            Ok(_) => Ok(token),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(token),
+            Err(e) => Err(Error::Kube(e)),
+        }
     }
 
     /// Creates the ServiceAccount `namespace/name` if absent and mints a token for it through

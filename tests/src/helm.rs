@@ -94,13 +94,13 @@ impl Helm {
         self.run(&args)
     }
 
-    /// `helm template`: the rendered manifests, as documents (kind, name, object).
-    pub fn render(
+    /// `helm template`: every rendered file by path (NOTES.txt included).
+    pub fn render_files(
         &self,
         values: &Value,
         release: &str,
         namespace: &str,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<BTreeMap<String, String>, String> {
         let chart = chart_dir();
         let values = values.to_string();
         let files = self.run(&[
@@ -113,10 +113,18 @@ impl Helm {
             "--namespace",
             namespace,
         ])?;
-        let files: BTreeMap<String, String> =
-            serde_json::from_value(files).map_err(|e| e.to_string())?;
+        serde_json::from_value(files).map_err(|e| e.to_string())
+    }
+
+    /// `helm template`: the rendered manifests, as documents.
+    pub fn render(
+        &self,
+        values: &Value,
+        release: &str,
+        namespace: &str,
+    ) -> Result<Vec<Value>, String> {
         let mut all = Vec::new();
-        for (file, text) in files {
+        for (file, text) in self.render_files(values, release, namespace)? {
             if !file.ends_with("NOTES.txt") {
                 all.extend(documents(&text).map_err(|e| format!("{file}: {e}"))?);
             }
@@ -126,24 +134,12 @@ impl Helm {
 
     /// The rendered NOTES.txt.
     pub fn notes(&self, values: &Value, release: &str, namespace: &str) -> Result<String, String> {
-        let chart = chart_dir();
-        let values = values.to_string();
-        let files = self.run(&[
-            "render",
-            chart.to_str().unwrap_or_default(),
-            "--values",
-            &values,
-            "--name",
-            release,
-            "--namespace",
-            namespace,
-        ])?;
-        Ok(files
-            .as_object()
-            .and_then(|f| f.iter().find(|(k, _)| k.ends_with("NOTES.txt")))
-            .and_then(|(_, v)| v.as_str())
-            .unwrap_or_default()
-            .to_owned())
+        Ok(self
+            .render_files(values, release, namespace)?
+            .into_iter()
+            .find(|(file, _)| file.ends_with("NOTES.txt"))
+            .map(|(_, text)| text)
+            .unwrap_or_default())
     }
 
     /// `helm install` or `helm upgrade` (`command`) of the chart into the cluster of `kubeconfig`.

@@ -1,0 +1,54 @@
+//! The benchmark command end to end with tiny sizes: every section is measured and written.
+//! (Numbers are not asserted: they are the report's business.)
+
+use clap::Parser as _;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_small_run_writes_every_section_of_the_report() {
+    let dir = tempfile::tempdir().expect("dir");
+    let output = dir.path().join("benchmarks.md");
+    let args = sharder_bench::Args::parse_from([
+        "sharder-bench",
+        "--output",
+        output.to_str().expect("path"),
+        "--creates",
+        "40",
+        "--rounds",
+        "1",
+        "--sizes",
+        "100,200",
+        "--rebalance-objects",
+        "200",
+        "--lease-seconds",
+        "2",
+        "--load-args",
+        "none",
+        "--criterion",
+        "false",
+    ]);
+    sharder_bench::run(args).await.expect("the benchmarks run");
+    let report = std::fs::read_to_string(&output).expect("report");
+    for heading in [
+        "## Machine and versions",
+        "## 1. CREATE latency added by the webhook",
+        "## 2. The webhook alone under load",
+        "## 3. Reconciler memory against object count",
+        "## 4. Rebalancing 3 -> 4 shards",
+        "## 5. Shard crash",
+        "## 6. Ring",
+    ] {
+        assert!(report.contains(heading), "{heading} missing:\n{report}");
+    }
+    for row in [
+        "| 1 | no webhook |",
+        "| 1 | floor webhook |",
+        "| 1 | sharder webhook |",
+        "| 100 | ",
+        "| 200 | ",
+        "| objects moved | ",
+        "| writes per dead-shard move | ",
+        "| 50 | ",
+    ] {
+        assert!(report.contains(row), "{row} missing:\n{report}");
+    }
+}
