@@ -22,6 +22,7 @@ test: control-plane helm
 ## docs/benchmarks.md. Smaller runs: make bench BENCH_ARGS="--sizes 1000,10000 --rounds 3".
 BENCH_ARGS ?=
 bench: control-plane
+	$(CARGO) build --release --locked --quiet -p sharder-bench --bins
 	$(CARGO) run --release --locked --quiet -p sharder-bench --bin sharder-bench -- $(BENCH_ARGS)
 
 ## Formatting and lints, as CI runs them.

@@ -51,7 +51,7 @@ pub struct Args {
     pub rate: f64,
 
     /// Rounds of each mode (no webhook, floor, sharder) in the CREATE latency benchmark.
-    #[arg(long, env = "SHARDER_BENCH_ROUNDS", default_value_t = 3)]
+    #[arg(long, env = "SHARDER_BENCH_ROUNDS", default_value_t = 5)]
     pub rounds: usize,
 
     /// Object counts of the memory benchmark, comma-separated.
