@@ -80,6 +80,11 @@ pub struct Args {
     #[arg(long, default_value = "--connections 32 --seconds 4 --rounds 5")]
     pub load_args: String,
 
+    /// `MALLOC_ARENA_MAX` for the reconciler processes (the chart sets 2); 0 leaves glibc's
+    /// default (8 arenas per core).
+    #[arg(long, env = "SHARDER_BENCH_MALLOC_ARENA_MAX", default_value_t = 2)]
+    pub malloc_arena_max: u32,
+
     /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub criterion: bool,
@@ -251,10 +256,14 @@ impl Reconciler {
         webhook_url: &str,
         ca_file: &std::path::Path,
         extra: &[&str],
+        malloc_arena_max: u32,
     ) -> Result<Self, Error> {
         let log = dir.join(format!("reconciler-{}.log", setup.ns));
         let file = std::fs::File::create(&log).map_err(Error::io("create the reconciler log"))?;
         let mut command = Command::new(sharder_tests::binaries::binary("sharder-reconciler")?);
+        if malloc_arena_max > 0 {
+            command.env("MALLOC_ARENA_MAX", malloc_arena_max.to_string());
+        }
         command
             .env("KUBECONFIG", kubeconfig)
             .args(["--namespace", &setup.ns, "--identity", "bench"])

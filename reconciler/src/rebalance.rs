@@ -214,8 +214,6 @@ impl Rebalancer {
         Ok(list.items.len())
     }
 
-    /// Lists the objects of `target` in `scope` page by page and writes the moves each page
-    /// needs; the next page is fetched while the current page's writes run.
     async fn rebalance(&self, view: &RingView<'_>, target: &Target, scope: &Scope) -> Outcome {
         let mut outcome = Outcome::default();
         let api = Api::<DynamicObject>::all_with(self.client.clone(), &target.api);
@@ -223,13 +221,8 @@ impl Rebalancer {
         if let Some(selector) = scope.selector(view.labels) {
             params = params.labels(&selector);
         }
-        let fetch = |params: ListParams| {
-            let api = api.clone();
-            async move { api.list_metadata(&params).await }
-        };
-        let mut fetched = fetch(params.clone()).await;
         loop {
-            let page = match fetched {
+            let page = match api.list_metadata(&params).await {
                 Ok(page) => page,
                 Err(e) => {
                     warn!(clusterring = %view.name, resource = %target.resource, error = %e, "cannot list objects");
@@ -238,10 +231,6 @@ impl Rebalancer {
                 }
             };
             outcome.listed += page.items.len();
-            let next = match &page.metadata.continue_ {
-                Some(token) if !token.is_empty() => Some(params.clone().continue_token(token)),
-                _ => None,
-            };
             let moves: Vec<(ObjectMeta, Move)> = page
                 .items
                 .into_iter()
@@ -270,17 +259,11 @@ impl Rebalancer {
                     Some((o.metadata, mv))
                 })
                 .collect();
-            let writes = futures::stream::iter(moves)
+            let results: Vec<Written> = futures::stream::iter(moves)
                 .map(|(meta, mv)| self.write(view, target, meta, mv))
                 .buffer_unordered(self.settings.max_concurrent_writes.max(1))
-                .collect::<Vec<Written>>();
-            let prefetch = async {
-                match next {
-                    Some(params) => Some(fetch(params).await),
-                    None => None,
-                }
-            };
-            let (results, next_page) = futures::join!(writes, prefetch);
+                .collect()
+                .await;
             for result in results {
                 match result {
                     Written::Moved(Move::Drain { .. }) => outcome.drained += 1,
@@ -291,9 +274,9 @@ impl Rebalancer {
                     Written::Failed => outcome.errors += 1,
                 }
             }
-            match next_page {
-                Some(page) => fetched = page,
-                None => return outcome,
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return outcome,
             }
         }
     }
