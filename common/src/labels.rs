@@ -1,6 +1,8 @@
 //! Label keys of the wire contract (design §2), bit-exact with the reference implementation so
 //! that shards written in any language interoperate.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
 
 /// Label on shard Leases naming the ClusterRing the shard belongs to.
@@ -58,11 +60,37 @@ impl RingLabels {
             drain: drain_label(ring),
         }
     }
+
+    /// The shard an object carrying `labels` is assigned to, if any.
+    pub fn shard_of<'a>(&self, labels: &'a BTreeMap<String, String>) -> Option<&'a str> {
+        labels.get(&self.shard).map(String::as_str)
+    }
+
+    /// Whether an object carrying `labels` is being drained (the value does not matter).
+    pub fn is_draining(&self, labels: &BTreeMap<String, String>) -> bool {
+        labels.contains_key(&self.drain)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shard_and_drain_are_read_from_an_objects_labels() {
+        let l = RingLabels::new("example");
+        let mut labels = BTreeMap::from([("other".to_owned(), "x".to_owned())]);
+        assert_eq!(l.shard_of(&labels), None);
+        assert!(!l.is_draining(&labels));
+        labels.insert(l.shard.clone(), "shard-1".to_owned());
+        labels.insert(l.drain.clone(), String::new());
+        assert_eq!(l.shard_of(&labels), Some("shard-1"));
+        assert!(l.is_draining(&labels), "presence counts, not the value");
+        assert!(
+            !RingLabels::new("other").is_draining(&labels),
+            "keys are per ring"
+        );
+    }
 
     #[test]
     fn example_ring_matches_the_seed_golden_value() {

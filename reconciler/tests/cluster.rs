@@ -222,20 +222,13 @@ impl World {
     }
 
     fn shard_of<K: kube::Resource>(&self, object: &K) -> Option<String> {
-        object
-            .meta()
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(&self.labels.shard))
-            .cloned()
+        self.labels
+            .shard_of(kube::ResourceExt::labels(object))
+            .map(str::to_owned)
     }
 
     fn draining<K: kube::Resource>(&self, object: &K) -> bool {
-        object
-            .meta()
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(&self.labels.drain))
+        self.labels.is_draining(kube::ResourceExt::labels(object))
     }
 
     fn key(&self, name: &str) -> String {

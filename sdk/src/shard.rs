@@ -178,9 +178,9 @@ impl Shard {
     /// What to do with `object`: reconcile, acknowledge its drain, or skip it.
     pub fn verdict<K: Resource>(&self, object: &K) -> Verdict {
         let labels = object.labels();
-        if labels.get(&self.labels.shard) != Some(&self.name) {
+        if self.labels.shard_of(labels) != Some(self.name.as_str()) {
             Verdict::Skip
-        } else if labels.contains_key(&self.labels.drain) {
+        } else if self.labels.is_draining(labels) {
             Verdict::Acknowledge
         } else {
             Verdict::Reconcile
@@ -193,9 +193,9 @@ impl Shard {
         &self,
         inner: P,
     ) -> impl Predicate<K> + use<K, P> {
-        let drain = self.labels.drain.clone();
+        let labels = self.labels.clone();
         move |object: &K| {
-            let draining = object.labels().contains_key(&drain);
+            let draining = labels.is_draining(object.labels());
             let mut hasher = DefaultHasher::new();
             (inner.hash_property(object), draining).hash(&mut hasher);
             Some(hasher.finish())

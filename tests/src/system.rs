@@ -517,21 +517,14 @@ impl System {
 
     /// The shard label of `object`.
     pub fn shard_of<K: kube::Resource>(&self, object: &K) -> Option<String> {
-        object
-            .meta()
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(&self.labels.shard))
-            .cloned()
+        self.labels
+            .shard_of(kube::ResourceExt::labels(object))
+            .map(str::to_owned)
     }
 
     /// Whether `object` carries the drain label.
     pub fn draining<K: kube::Resource>(&self, object: &K) -> bool {
-        object
-            .meta()
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(&self.labels.drain))
+        self.labels.is_draining(kube::ResourceExt::labels(object))
     }
 
     /// How many Secrets each shard holds (`-` for unassigned).

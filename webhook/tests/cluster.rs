@@ -271,12 +271,9 @@ impl Setup {
     }
 
     fn shard_of<K: kube::Resource>(&self, object: &K) -> Option<String> {
-        object
-            .meta()
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(&self.labels.shard))
-            .cloned()
+        self.labels
+            .shard_of(kube::ResourceExt::labels(object))
+            .map(str::to_owned)
     }
 }
 
