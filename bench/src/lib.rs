@@ -301,6 +301,18 @@ impl Reconciler {
             .collect()
     }
 
+    /// Waits for the first full rebalance of the ring's `n` objects.
+    pub async fn wait_first_rebalance(&self, n: usize) -> Result<(), Error> {
+        self.wait_for(
+            "the first full rebalance",
+            0,
+            Duration::from_secs(600),
+            |l| rebalanced(l, n),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Waits until a log line after the first `skip` satisfies `check`; returns it.
     pub async fn wait_for(
         &self,

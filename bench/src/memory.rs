@@ -84,14 +84,7 @@ pub async fn run(
             args.malloc_arena_max,
         )?;
         let pid = reconciler.process.pid();
-        reconciler
-            .wait_for(
-                "the first full rebalance",
-                0,
-                Duration::from_secs(600),
-                |l| rebalanced(l, n),
-            )
-            .await?;
+        reconciler.wait_first_rebalance(n).await?;
         settle().await;
         let (steady, _) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
         let skip = reconciler.lines().len();

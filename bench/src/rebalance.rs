@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::webhooks::Webhooks;
-use crate::{Args, Error, Reconciler, RingSetup, rebalanced};
+use crate::{Args, Error, Reconciler, RingSetup};
 
 /// What the rebalancing and crash benchmarks measured.
 #[derive(Clone, Debug)]
@@ -178,14 +178,7 @@ pub async fn run(
         ],
         args.malloc_arena_max,
     )?;
-    reconciler
-        .wait_for(
-            "the first full rebalance",
-            0,
-            Duration::from_secs(600),
-            |l| rebalanced(l, n),
-        )
-        .await?;
+    reconciler.wait_first_rebalance(n).await?;
     let before = converge(&setup, &three).await?;
 
     // Scale-out 3 -> 4.

@@ -78,6 +78,32 @@ impl Helm {
         serde_json::from_slice(&output.stdout).map_err(|e| format!("helm.py output: {e}"))
     }
 
+    /// `command` on this repository's chart with `values` as release `release` in `namespace`,
+    /// plus `extra` arguments.
+    fn run_chart(
+        &self,
+        command: &str,
+        values: &Value,
+        release: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> Result<Value, String> {
+        let chart = chart_dir();
+        let values = values.to_string();
+        let mut args = vec![
+            command,
+            chart.to_str().unwrap_or_default(),
+            "--values",
+            &values,
+            "--name",
+            release,
+            "--namespace",
+            namespace,
+        ];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+
     /// `helm lint` of the chart with `values` (for `kube_version`, e.g. `v1.33.0`).
     pub fn lint(&self, values: &Value, kube_version: Option<&str>) -> Result<Value, String> {
         let chart = chart_dir();
@@ -101,18 +127,7 @@ impl Helm {
         release: &str,
         namespace: &str,
     ) -> Result<BTreeMap<String, String>, String> {
-        let chart = chart_dir();
-        let values = values.to_string();
-        let files = self.run(&[
-            "render",
-            chart.to_str().unwrap_or_default(),
-            "--values",
-            &values,
-            "--name",
-            release,
-            "--namespace",
-            namespace,
-        ])?;
+        let files = self.run_chart("render", values, release, namespace, &[])?;
         serde_json::from_value(files).map_err(|e| e.to_string())
     }
 
@@ -151,19 +166,13 @@ impl Helm {
         namespace: &str,
         kubeconfig: &Path,
     ) -> Result<Value, String> {
-        let chart = chart_dir();
-        let values = values.to_string();
-        self.run(&[
+        let kubeconfig = kubeconfig.to_str().unwrap_or_default();
+        self.run_chart(
             command,
-            chart.to_str().unwrap_or_default(),
-            "--values",
-            &values,
-            "--name",
+            values,
             release,
-            "--namespace",
             namespace,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap_or_default(),
-        ])
+            &["--kubeconfig", kubeconfig],
+        )
     }
 }
