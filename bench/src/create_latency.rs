@@ -92,13 +92,15 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<
             return Ok(());
         }
         Mode::Floor => format!("https://{}", webhooks.floor),
-        Mode::Sharder => format!("https://{}", webhooks.sharder),
+        Mode::Sharder => format!("https://{}", webhooks.sharder.addr),
     };
     let ring = Api::<ClusterRing>::all(setup.client.clone())
         .get(&setup.ns)
         .await?;
+    let roles = ring.spec.roles().map_err(|e| Error::Setup(e.to_string()))?;
     let mut mwc = webhook_configuration(
         &ring,
+        &roles,
         &WebhookSettings {
             target: WebhookTarget::Url(url),
             ca_bundle: webhooks.ca_pem.as_bytes().to_vec(),

@@ -18,11 +18,13 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
+use sharder_tests::ControlPlane;
 use sharder_tests::control_plane::NAMESPACE_LABEL;
-use sharder_tests::fixtures::{loopback_addr, secrets_ring, shard_lease};
-use sharder_tests::{ControlPlane, Supervised};
+use sharder_tests::fixtures::{secrets_ring, shard_lease};
+use sharder_tests::launch::{Env, Reconciler, ReconcilerFlags};
 
 pub mod create_latency;
+pub mod floor;
 pub mod memory;
 pub mod rebalance;
 pub mod report;
@@ -75,7 +77,7 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10)]
     pub lease_seconds: u64,
 
-    /// Arguments for the webhook load bench (`cargo bench -p sharder-webhook --bench load`);
+    /// Arguments for the webhook load bench (`cargo bench -p sharder-bench --bench load`);
     /// `none` skips it.
     #[arg(long, default_value = "--connections 32 --seconds 4 --rounds 5")]
     pub load_args: String,
@@ -88,6 +90,17 @@ pub struct Args {
     /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub criterion: bool,
+}
+
+/// The prologue of the bench's helper binaries: installs the rustls crypto provider and returns
+/// exactly `N` positional arguments, or a usage error naming them.
+pub fn helper_args<const N: usize>(usage: &str) -> anyhow::Result<[String; N]> {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    args.try_into()
+        .map_err(|_| anyhow::anyhow!("usage: {usage}"))
 }
 
 /// Errors of the benchmark command.
@@ -239,101 +252,44 @@ impl RingSetup {
     }
 }
 
-/// A reconciler process with JSON logs in a file.
-pub struct Reconciler {
-    /// The process.
-    pub process: Supervised,
-    log: PathBuf,
+/// Starts a reconciler (`name`, logs in `dir`) for the ring of `setup` (leader election in its
+/// namespace) with `kubeconfig`, calling `webhooks`' sharder webhook, plus `extra` flags;
+/// `MALLOC_ARENA_MAX` as given (0: glibc's default).
+pub async fn start_reconciler(
+    setup: &RingSetup,
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    webhooks: &webhooks::Webhooks,
+    extra: &[&str],
+    malloc_arena_max: u32,
+) -> Result<Reconciler, Error> {
+    let mut env = Env::new(dir, kubeconfig);
+    if malloc_arena_max > 0 {
+        env = env.var("MALLOC_ARENA_MAX", &malloc_arena_max.to_string());
+    }
+    let flags = ReconcilerFlags {
+        namespace: setup.ns.clone(),
+        identity: "bench".into(),
+        webhook_url: format!("https://{}", webhooks.sharder.addr),
+        ca_file: webhooks.ca_file.clone(),
+        ring_selector: format!("{NAMESPACE_LABEL}={}", setup.ns),
+        extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    Ok(Reconciler::start(&format!("reconciler-{}", setup.ns), &env, &flags).await?)
 }
 
-impl Reconciler {
-    /// Starts `sharder-reconciler` for the ring of `setup` (leader election in its namespace),
-    /// with `kubeconfig`, webhook URL and CA file, plus `extra` flags.
-    pub fn start(
-        setup: &RingSetup,
-        dir: &std::path::Path,
-        kubeconfig: &std::path::Path,
-        webhook_url: &str,
-        ca_file: &std::path::Path,
-        extra: &[&str],
-        malloc_arena_max: u32,
-    ) -> Result<Self, Error> {
-        let log = dir.join(format!("reconciler-{}.log", setup.ns));
-        let file = std::fs::File::create(&log).map_err(Error::io("create the reconciler log"))?;
-        let mut command = Command::new(sharder_tests::binaries::binary("sharder-reconciler")?);
-        if malloc_arena_max > 0 {
-            command.env("MALLOC_ARENA_MAX", malloc_arena_max.to_string());
-        }
-        command
-            .env("KUBECONFIG", kubeconfig)
-            .args(["--namespace", &setup.ns, "--identity", "bench"])
-            .args(["--webhook-url", webhook_url])
-            .arg("--webhook-ca-file")
-            .arg(ca_file)
-            .args([
-                "--clusterring-selector",
-                &format!("{NAMESPACE_LABEL}={}", setup.ns),
-            ])
-            .args([
-                "--admin-addr",
-                &loopback_addr().to_string(),
-                "--log-format",
-                "json",
-            ])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(
-                file.try_clone()
-                    .map_err(Error::io("open the reconciler log"))?,
-            )
-            .stderr(file);
-        let process = Supervised::spawn("sharder-reconciler", command)
-            .map_err(Error::io("start the reconciler"))?;
-        Ok(Self { process, log })
-    }
-
-    /// The JSON log lines so far.
-    pub fn lines(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// Waits for the first full rebalance of the ring's `n` objects.
-    pub async fn wait_first_rebalance(&self, n: usize) -> Result<(), Error> {
-        self.wait_for(
+/// Waits for the reconciler's first full rebalance of the ring's `n` objects.
+pub async fn wait_first_rebalance(reconciler: &mut Reconciler, n: usize) -> Result<(), Error> {
+    reconciler
+        .process
+        .wait_for(
             "the first full rebalance",
             0,
             Duration::from_secs(600),
             |l| rebalanced(l, n),
         )
-        .await
-        .map(|_| ())
-    }
-
-    /// Waits until a log line after the first `skip` satisfies `check`; returns it.
-    pub async fn wait_for(
-        &self,
-        what: &str,
-        skip: usize,
-        timeout: Duration,
-        check: impl Fn(&Value) -> bool,
-    ) -> Result<Value, Error> {
-        let started = Instant::now();
-        loop {
-            if let Some(line) = self.lines().into_iter().skip(skip).find(|l| check(l)) {
-                return Ok(line);
-            }
-            if started.elapsed() > timeout {
-                return Err(Error::Setup(format!(
-                    "reconciler: {what} not logged within {timeout:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+        .await?;
+    Ok(())
 }
 
 /// Whether `line` is a rebalance summary that listed at least `n` objects.
@@ -347,7 +303,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let cp = ControlPlane::shared().await?;
     sharder_tests::crd::install_cluster_ring_crd(&cp.client().await?).await?;
     eprintln!("[bench] control plane up; starting the webhooks");
-    let webhooks = webhooks::start().await?;
+    let webhooks = webhooks::start(cp).await?;
     let mut report = report::Report::new(&args, cp);
     eprintln!("[bench] 1/6 CREATE latency through the apiserver");
     report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
@@ -389,5 +345,5 @@ pub fn cargo_bench(package: &str, bench: &str, args: &str) -> Result<String, Str
 }
 
 fn load_bench(args: &Args) -> Option<Result<String, String>> {
-    (args.load_args != "none").then(|| cargo_bench("sharder-webhook", "load", &args.load_args))
+    (args.load_args != "none").then(|| cargo_bench("sharder-bench", "load", &args.load_args))
 }

@@ -3,16 +3,15 @@
 //! 3 -> 4 shards; beside it, a baseline process that caches every object's metadata (a kube-rs
 //! reflector over metadata), what not caching saves.
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sharder_common::Ring;
-use sharder_tests::{ControlPlane, Supervised};
+use sharder_tests::ControlPlane;
 
 use crate::stats::rss_kib;
-use crate::webhooks::Webhooks;
-use crate::{Args, Error, Reconciler, RingSetup, rebalanced};
+use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
+use crate::{Args, Error, RingSetup, rebalanced, start_reconciler, wait_first_rebalance};
 
 /// One size's readings, in KiB.
 #[derive(Clone, Debug)]
@@ -35,20 +34,6 @@ pub struct MemoryRow {
     pub baseline_peak: u64,
 }
 
-fn baseline_binary() -> Result<std::path::PathBuf, Error> {
-    let exe = std::env::current_exe().map_err(Error::io("find this executable"))?;
-    // <target>/<profile>/sharder-bench, or <target>/<profile>/deps/<test> in tests.
-    for dir in exe.ancestors().skip(1).take(2) {
-        let candidate = dir.join("metadata-cache");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    Err(Error::Setup(
-        "the metadata-cache binary is not built (cargo build -p sharder-bench --bins)".into(),
-    ))
-}
-
 async fn settle() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 }
@@ -67,12 +52,11 @@ pub async fn run(
         let create_rate = setup.create_assigned(0..n, &ring).await?;
         eprintln!("[bench]   {n} objects created ({create_rate:.0}/s)");
 
-        let reconciler = Reconciler::start(
+        let mut reconciler = start_reconciler(
             &setup,
             dir.path(),
             cp.kubeconfig(),
-            &format!("https://{}", webhooks.sharder),
-            &webhooks.ca_file,
+            webhooks,
             &[
                 "--max-writes-per-second",
                 "0",
@@ -82,14 +66,16 @@ pub async fn run(
                 "1h",
             ],
             args.malloc_arena_max,
-        )?;
+        )
+        .await?;
         let pid = reconciler.process.pid();
-        reconciler.wait_first_rebalance(n).await?;
+        wait_first_rebalance(&mut reconciler, n).await?;
         settle().await;
         let (steady, _) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
-        let skip = reconciler.lines().len();
+        let skip = reconciler.process.lines().len();
         setup.add_lease("shard-3").await?;
         let line = reconciler
+            .process
             .wait_for(
                 "the scale-out's drains",
                 skip,
@@ -101,31 +87,13 @@ pub async fn run(
         let (after, peak) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
         drop(reconciler);
 
-        let mut command = Command::new(baseline_binary()?);
+        let mut command = Command::new(bench_binary("metadata-cache")?);
         command
             .env("KUBECONFIG", cp.kubeconfig())
-            .args([setup.ns.as_str(), &n.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .args([setup.ns.as_str(), &n.to_string()]);
         let started = Instant::now();
-        let mut baseline = Supervised::spawn("metadata-cache", command)
-            .map_err(Error::io("start the baseline"))?;
+        let (mut baseline, _) = spawn_until_line("metadata-cache", command, "synced").await?;
         let baseline_pid = baseline.pid();
-        let stdout = baseline
-            .take_stdout()
-            .ok_or_else(|| Error::Setup("baseline stdout".into()))?;
-        let synced = tokio::task::spawn_blocking(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .any(|l| l.starts_with("synced"))
-        })
-        .await
-        .unwrap_or(false);
-        if !synced {
-            return Err(Error::Setup("the baseline never synced".into()));
-        }
         settle().await;
         let (baseline_steady, baseline_peak) =
             rss_kib(baseline_pid).ok_or_else(|| Error::Setup("no baseline RSS".into()))?;

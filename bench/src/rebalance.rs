@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::webhooks::Webhooks;
-use crate::{Args, Error, Reconciler, RingSetup};
+use crate::{Args, Error, RingSetup, start_reconciler, wait_first_rebalance};
 
 /// What the rebalancing and crash benchmarks measured.
 #[derive(Clone, Debug)]
@@ -160,12 +160,11 @@ pub async fn run(
     eprintln!("[bench]   {n} objects created ({rate:.0}/s)");
     let kubeconfig =
         cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &reconciler_token)?;
-    let reconciler = Reconciler::start(
+    let mut reconciler = start_reconciler(
         &setup,
         dir.path(),
         &kubeconfig,
-        &format!("https://{}", webhooks.sharder),
-        &webhooks.ca_file,
+        webhooks,
         &[
             "--max-writes-per-second",
             "0",
@@ -177,8 +176,9 @@ pub async fn run(
             "1h",
         ],
         args.malloc_arena_max,
-    )?;
-    reconciler.wait_first_rebalance(n).await?;
+    )
+    .await?;
+    wait_first_rebalance(&mut reconciler, n).await?;
     let before = converge(&setup, &three).await?;
 
     // Scale-out 3 -> 4.

@@ -1,19 +1,16 @@
-//! The two webhooks of the latency comparison, served over TLS on loopback from one dedicated
-//! runtime (2 threads) so both pay the same: the floor webhook (a fixed one-label patch) and
-//! the sharder webhook (`sharder_webhook::run_with_client`, watching the real rings and Leases).
+//! The two webhooks of the latency comparison, each a process serving TLS on loopback: the
+//! floor webhook (`floor-webhook`, a fixed one-label patch) and the sharder webhook (started by
+//! the shared launcher, watching the real rings and Leases). Both bind a port of their own
+//! choosing and report it.
 
+use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-use clap::Parser as _;
-use sharder_tests::ControlPlane;
 use sharder_tests::certs::TestCa;
-use sharder_tests::fixtures::loopback_addr;
-use sharder_tests::wait::http_get;
-use sharder_webhook::floor::floor_router;
-use sharder_webhook::tls::TlsFiles;
-use tokio_util::sync::CancellationToken;
+use sharder_tests::launch::{Env, Webhook};
+use sharder_tests::{ControlPlane, Supervised};
 
 use crate::Error;
 
@@ -21,86 +18,88 @@ use crate::Error;
 pub struct Webhooks {
     /// The floor webhook's address.
     pub floor: SocketAddr,
-    /// The sharder webhook's address.
-    pub sharder: SocketAddr,
+    /// The sharder webhook.
+    pub sharder: Webhook,
     /// The PEM CA both certificates are signed by.
     pub ca_pem: String,
     /// A file holding `ca_pem` (the reconciler's `--webhook-ca-file`).
     pub ca_file: PathBuf,
+    _floor_process: Supervised,
     _dir: tempfile::TempDir,
-    stop: CancellationToken,
 }
 
-impl Drop for Webhooks {
-    fn drop(&mut self) {
-        self.stop.cancel();
+/// The path of one of this crate's binaries, next to the running one (built by
+/// `cargo build -p sharder-bench --bins`, or by cargo for this crate's tests).
+pub fn bench_binary(name: &str) -> Result<PathBuf, Error> {
+    let exe = std::env::current_exe().map_err(Error::io("find this executable"))?;
+    // <target>/<profile>/sharder-bench, or <target>/<profile>/deps/<test> in tests.
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
     }
+    Err(Error::Setup(format!(
+        "the {name} binary is not built (cargo build -p sharder-bench --bins)"
+    )))
 }
 
-/// Starts both webhooks; returns once the sharder webhook is ready.
-pub async fn start() -> Result<Webhooks, Error> {
-    let ca = TestCa::new("bench-ca").map_err(|e| Error::Setup(e.to_string()))?;
-    let cert = ca
-        .serving_cert("bench-webhook")
-        .map_err(|e| Error::Setup(e.to_string()))?;
+/// Spawns `command` as `name` with its stdout piped and waits for the first line starting with
+/// `prefix` (how the bench's own helper binaries report that they are ready); returns the
+/// process and that line.
+pub async fn spawn_until_line(
+    name: &str,
+    mut command: Command,
+    prefix: &'static str,
+) -> Result<(Supervised, String), Error> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut process = Supervised::spawn(name, command).map_err(Error::io("start a helper"))?;
+    let stdout = process
+        .take_stdout()
+        .ok_or_else(|| Error::Setup(format!("{name} has no stdout")))?;
+    let line = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with(prefix))
+    })
+    .await
+    .ok()
+    .flatten()
+    .ok_or_else(|| Error::Setup(format!("{name} exited before printing {prefix:?}")))?;
+    Ok((process, line))
+}
+
+/// Starts both webhooks; returns once both serve (the sharder webhook ready).
+pub async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {
+    let ca = TestCa::new("bench-ca")?;
+    let cert = ca.serving_cert("bench-webhook")?;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
-    let files = TlsFiles {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
-    std::fs::write(&files.cert, &cert.cert_pem).map_err(Error::io("write the certificate"))?;
-    std::fs::write(&files.key, &cert.key_pem).map_err(Error::io("write the key"))?;
+    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_file, &cert.cert_pem).map_err(Error::io("write the certificate"))?;
+    std::fs::write(&key_file, &cert.key_pem).map_err(Error::io("write the key"))?;
     let ca_file = dir.path().join("ca.crt");
     std::fs::write(&ca_file, ca.pem()).map_err(Error::io("write the CA"))?;
-    let floor = loopback_addr();
-    let sharder = loopback_addr();
-    let admin = loopback_addr();
-    let stop = CancellationToken::new();
-    let token = stop.clone();
-    let args = sharder_webhook::Args::parse_from([
-        "sharder-webhook",
-        "--listen-addr",
-        &sharder.to_string(),
-        "--admin-addr",
-        &admin.to_string(),
-        "--tls-cert-file",
-        &files.cert.to_string_lossy(),
-        "--tls-key-file",
-        &files.key.to_string_lossy(),
-    ]);
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("webhook runtime");
-        runtime.block_on(async move {
-            let cp = ControlPlane::shared().await.expect("control plane");
-            let client = cp.client().await.expect("client");
-            let (config, _) = files.load().expect("tls");
-            let listener = std::net::TcpListener::bind(floor).expect("bind the floor webhook");
-            listener.set_nonblocking(true).expect("nonblocking");
-            let server = axum_server::from_tcp_rustls(listener, config).expect("floor server");
-            tokio::spawn(server.serve(floor_router().into_make_service()));
-            if let Err(e) = sharder_webhook::run_with_client(args, client, token).await {
-                eprintln!("[bench] the sharder webhook stopped: {e}");
-            }
-        });
-    });
-    for _ in 0..300 {
-        if let Ok((200, _)) = http_get(admin, "/readyz").await {
-            return Ok(Webhooks {
-                floor,
-                sharder,
-                ca_pem: ca.pem(),
-                ca_file,
-                _dir: dir,
-                stop,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(Error::Setup(
-        "the sharder webhook did not become ready".into(),
-    ))
+
+    let mut command = Command::new(bench_binary("floor-webhook")?);
+    command.arg(&cert_file).arg(&key_file);
+    let (floor_process, line) = spawn_until_line("floor-webhook", command, "serving ").await?;
+    let floor = line
+        .strip_prefix("serving ")
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| Error::Setup(format!("the floor webhook reported {line:?}")))?;
+
+    let env = Env::new(dir.path(), cp.kubeconfig());
+    let sharder = Webhook::start("webhook", &env, &cert_file, &key_file, &[]).await?;
+    Ok(Webhooks {
+        floor,
+        sharder,
+        ca_pem: ca.pem(),
+        ca_file,
+        _floor_process: floor_process,
+        _dir: dir,
+    })
 }

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::core::Selector;
 use kube::{CustomResource, CustomResourceExt, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -155,38 +156,119 @@ pub struct ClusterRingStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// How a resource takes part in a ring (docs/design.md §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// A main resource: its objects are keyed by themselves and moved off a live shard by
+    /// draining.
+    Main,
+    /// A controlled resource: its objects are keyed by their controller owner and follow it.
+    Controlled,
+}
+
+/// The resources of a valid ring with their roles, in spec order (each main resource, then the
+/// resources it controls that were not listed before). Built by [`ClusterRingSpec::roles`], the
+/// one place that turns a spec into roles for the webhook, the reconciler and the webhook
+/// configuration alike.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Roles(Vec<(GroupResource, Role)>);
+
+impl Roles {
+    /// The role of `group`/`resource` in the ring, if the ring shards it. Allocates nothing.
+    pub fn get(&self, group: &str, resource: &str) -> Option<Role> {
+        self.0
+            .iter()
+            .find(|(gr, _)| gr.group == group && gr.resource == resource)
+            .map(|(_, role)| *role)
+    }
+
+    /// Every sharded resource with its role, in spec order.
+    pub fn iter(&self) -> impl Iterator<Item = (&GroupResource, Role)> {
+        self.0.iter().map(|(gr, role)| (gr, *role))
+    }
+
+    /// How many resources the ring shards.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the ring shards no resource.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl ClusterRingSpec {
-    /// Checks what the CRD schema cannot: names present and no resource listed twice, as main
-    /// resource or controlled resource. Errors name the offending entry.
+    /// Checks what the CRD schema cannot: names present, no resource listed twice as a main
+    /// resource or twice under one main resource, no resource both main and controlled (it
+    /// would be keyed two ways), and a namespaceSelector the apiserver can evaluate. Errors name
+    /// the field to fix.
     pub fn validate(&self) -> Result<(), Error> {
-        let mut main = BTreeSet::new();
+        self.roles().map(|_| ())
+    }
+
+    /// The ring's resources with their roles, after [`validate`](Self::validate)'s checks. A
+    /// resource controlled by several main resources is listed once.
+    pub fn roles(&self) -> Result<Roles, Error> {
+        let invalid = |message: String| Err(Error::InvalidRing(message));
+        let mut main: Vec<(GroupResource, usize)> = Vec::new();
         for (i, resource) in self.resources.iter().enumerate() {
             if resource.resource.is_empty() {
-                return Err(Error::InvalidRing(format!(
-                    "spec.resources[{i}].resource must not be empty"
-                )));
+                return invalid(format!("spec.resources[{i}].resource must not be empty"));
             }
-            if !main.insert(resource.main()) {
-                return Err(Error::InvalidRing(format!(
+            if main.iter().any(|(gr, _)| *gr == resource.main()) {
+                return invalid(format!(
                     "spec.resources[{i}] lists {} twice",
                     resource.main()
-                )));
+                ));
             }
-            let mut controlled = BTreeSet::new();
+            main.push((resource.main(), i));
+        }
+        let mut roles: Vec<(GroupResource, Role)> = Vec::new();
+        for (i, resource) in self.resources.iter().enumerate() {
+            roles.push((resource.main(), Role::Main));
+            let mut seen = BTreeSet::new();
             for (j, child) in resource.controlled_resources.iter().enumerate() {
                 if child.resource.is_empty() {
-                    return Err(Error::InvalidRing(format!(
+                    return invalid(format!(
                         "spec.resources[{i}].controlledResources[{j}].resource must not be empty"
-                    )));
+                    ));
                 }
-                if !controlled.insert(child) {
-                    return Err(Error::InvalidRing(format!(
+                if !seen.insert(child) {
+                    return invalid(format!(
                         "spec.resources[{i}].controlledResources lists {child} twice"
-                    )));
+                    ));
+                }
+                if let Some((_, k)) = main.iter().find(|(gr, _)| gr == child) {
+                    return invalid(format!(
+                        "spec.resources[{i}].controlledResources[{j}] lists {child}, which \
+                         spec.resources[{k}] lists as a main resource: a resource is either \
+                         sharded by its own key or follows its controller, not both"
+                    ));
+                }
+                if !roles.iter().any(|(gr, _)| gr == child) {
+                    roles.push((child.clone(), Role::Controlled));
                 }
             }
         }
-        Ok(())
+        self.parse_namespace_selector()?;
+        Ok(Roles(roles))
+    }
+
+    /// The ring's namespaceSelector as a [`Selector`] (`None`: the default, every namespace but
+    /// the excluded ones). Errors name the field to fix.
+    pub fn parse_namespace_selector(&self) -> Result<Option<Selector>, Error> {
+        let Some(selector) = &self.namespace_selector else {
+            return Ok(None);
+        };
+        Selector::try_from(selector.clone())
+            .map(Some)
+            .map_err(|e| {
+                Error::InvalidRing(format!(
+                    "spec.namespaceSelector: {} (operators: In and NotIn with values, Exists, DoesNotExist)",
+                    e.0
+                ))
+            })
     }
 }
 
@@ -313,14 +395,6 @@ spec:
 
     #[test]
     fn invalid_specs_are_rejected_with_the_path_to_fix() {
-        let resource = |group: &str, name: &str, children: &[(&str, &str)]| RingResource {
-            group: group.into(),
-            resource: name.into(),
-            controlled_resources: children
-                .iter()
-                .map(|(g, r)| GroupResource::new(*g, *r))
-                .collect(),
-        };
         let table = [
             (
                 vec![resource("", "", &[])],
@@ -342,6 +416,32 @@ spec:
                 )],
                 "spec.resources[0].controlledResources lists configmaps twice",
             ),
+            (
+                // [A{controlledResources:[B]}, B]: B would be keyed by its owner and by itself.
+                vec![
+                    resource("", "secrets", &[("", "configmaps")]),
+                    resource("", "configmaps", &[]),
+                ],
+                "spec.resources[0].controlledResources[0] lists configmaps, which \
+                 spec.resources[1] lists as a main resource: a resource is either sharded by \
+                 its own key or follows its controller, not both",
+            ),
+            (
+                // The same the other way round, and a resource controlling itself.
+                vec![
+                    resource("", "configmaps", &[]),
+                    resource("", "secrets", &[("", "configmaps")]),
+                ],
+                "spec.resources[1].controlledResources[0] lists configmaps, which \
+                 spec.resources[0] lists as a main resource: a resource is either sharded by \
+                 its own key or follows its controller, not both",
+            ),
+            (
+                vec![resource("apps", "deployments", &[("apps", "deployments")])],
+                "spec.resources[0].controlledResources[0] lists deployments.apps, which \
+                 spec.resources[0] lists as a main resource: a resource is either sharded by \
+                 its own key or follows its controller, not both",
+            ),
         ];
         for (resources, want) in table {
             let spec = ClusterRingSpec {
@@ -350,6 +450,90 @@ spec:
             };
             let err = spec.validate().expect_err("invalid");
             assert_eq!(err.to_string(), format!("invalid ClusterRing: {want}"));
+            assert!(spec.roles().is_err(), "no roles for an invalid spec");
         }
+    }
+
+    fn resource(group: &str, name: &str, children: &[(&str, &str)]) -> RingResource {
+        RingResource {
+            group: group.into(),
+            resource: name.into(),
+            controlled_resources: children
+                .iter()
+                .map(|(g, r)| GroupResource::new(*g, *r))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn roles_list_main_resources_and_each_controlled_resource_once_in_spec_order() {
+        let spec = ClusterRingSpec {
+            resources: vec![
+                resource(
+                    "apps",
+                    "deployments",
+                    &[("apps", "replicasets"), ("", "configmaps")],
+                ),
+                resource("", "secrets", &[("", "configmaps")]),
+            ],
+            namespace_selector: None,
+        };
+        let roles = spec.roles().expect("valid");
+        let listed: Vec<(String, Role)> = roles.iter().map(|(gr, r)| (gr.to_string(), r)).collect();
+        assert_eq!(
+            listed,
+            [
+                ("deployments.apps".to_owned(), Role::Main),
+                ("replicasets.apps".to_owned(), Role::Controlled),
+                ("configmaps".to_owned(), Role::Controlled),
+                ("secrets".to_owned(), Role::Main),
+            ]
+        );
+        assert_eq!(roles.get("", "configmaps"), Some(Role::Controlled));
+        assert_eq!(roles.get("apps", "deployments"), Some(Role::Main));
+        assert_eq!(roles.get("", "deployments"), None, "the group counts");
+        assert_eq!(roles.get("apps", "statefulsets"), None);
+        assert_eq!(roles.len(), 4);
+    }
+
+    #[test]
+    fn a_namespace_selector_with_an_unknown_operator_is_rejected() {
+        let spec = ClusterRingSpec {
+            resources: vec![resource("", "secrets", &[])],
+            namespace_selector: Some(LabelSelector {
+                match_labels: None,
+                match_expressions: Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                        key: "team".into(),
+                        operator: "Gt".into(),
+                        values: Some(vec!["1".into()]),
+                    },
+                ]),
+            }),
+        };
+        let err = spec.validate().expect_err("invalid");
+        assert!(
+            err.to_string()
+                .starts_with("invalid ClusterRing: spec.namespaceSelector: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_namespace_selector_becomes_a_selector_the_apiserver_understands() {
+        let spec = ClusterRingSpec {
+            resources: vec![resource("", "secrets", &[])],
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([("team".to_owned(), "a".to_owned())].into()),
+                match_expressions: None,
+            }),
+        };
+        let selector = spec
+            .parse_namespace_selector()
+            .expect("valid")
+            .expect("some");
+        assert_eq!(selector.to_string(), "team=a");
+        let none = ClusterRingSpec::default();
+        assert!(none.parse_namespace_selector().expect("valid").is_none());
     }
 }

@@ -1,4 +1,4 @@
-//! Object keys (design §3): the string hashed onto the ring.
+//! Object keys (docs/design.md §3): the string hashed onto the ring.
 //!
 //! A main object's key is `<group>/<Kind>/<namespace>/<name>` (core group empty, cluster-scoped
 //! objects with an empty namespace). A controlled object's key is its controller owner's key,
@@ -7,9 +7,10 @@
 
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::Error;
+use crate::cluster_ring::Role;
 
 /// The key of an object on the ring.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -76,6 +77,31 @@ impl ObjectKey {
         )))
     }
 
+    /// The key of an object of a resource with `role` in a ring (group and kind of the
+    /// object's resource, the object's namespace, its metadata): a main object's own key, a
+    /// controlled object's owner's key. `Ok(None)` when it has none (no name yet, no controller
+    /// reference); errors name a malformed controller reference.
+    pub fn of(
+        role: Role,
+        group: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        meta: &ObjectMeta,
+    ) -> Result<Option<Self>, Error> {
+        match role {
+            Role::Main => Ok(Self::main(
+                group,
+                kind,
+                namespace,
+                meta.name.as_deref().unwrap_or_default(),
+            )),
+            Role::Controlled => Self::controlled(
+                namespace,
+                meta.owner_references.as_deref().unwrap_or_default(),
+            ),
+        }
+    }
+
     fn build(group: &str, kind: &str, namespace: &str, name: &str) -> Self {
         Self(format!("{group}/{kind}/{namespace}/{name}"))
     }
@@ -95,6 +121,15 @@ impl fmt::Display for ObjectKey {
 impl AsRef<str> for ObjectKey {
     fn as_ref(&self) -> &str {
         &self.0
+    }
+}
+
+/// How logs and errors name an object: `namespace/name`, or `name` when cluster-scoped.
+pub fn display_name(meta: &ObjectMeta) -> String {
+    let name = meta.name.as_deref().unwrap_or_default();
+    match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_owned(),
     }
 }
 
@@ -274,6 +309,47 @@ mod tests {
                 .expect("valid")
                 .is_some()
         );
+    }
+
+    #[test]
+    fn keys_by_role_come_from_the_object_or_its_controller() {
+        let meta = ObjectMeta {
+            name: Some("child".into()),
+            owner_references: Some(vec![owner("v1", "Secret", "parent", Some(true))]),
+            ..ObjectMeta::default()
+        };
+        let main = ObjectKey::of(Role::Main, "", "ConfigMap", Some("ns"), &meta);
+        assert_eq!(
+            main.expect("valid").expect("named").as_str(),
+            "/ConfigMap/ns/child"
+        );
+        let controlled = ObjectKey::of(Role::Controlled, "", "ConfigMap", Some("ns"), &meta);
+        assert_eq!(
+            controlled.expect("valid").expect("controlled").as_str(),
+            "/Secret/ns/parent"
+        );
+        let unnamed = ObjectMeta::default();
+        assert_eq!(
+            ObjectKey::of(Role::Main, "", "Secret", Some("ns"), &unnamed).expect("valid"),
+            None
+        );
+        let malformed = ObjectMeta {
+            owner_references: Some(vec![owner("a/b/c", "Secret", "p", Some(true))]),
+            ..ObjectMeta::default()
+        };
+        assert!(ObjectKey::of(Role::Controlled, "", "ConfigMap", Some("ns"), &malformed).is_err());
+    }
+
+    #[test]
+    fn display_names_are_namespace_slash_name_or_the_name_alone() {
+        let named = |namespace: Option<&str>, name: &str| ObjectMeta {
+            name: Some(name.into()),
+            namespace: namespace.map(Into::into),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(display_name(&named(Some("ns"), "a")), "ns/a");
+        assert_eq!(display_name(&named(None, "a")), "a");
+        assert_eq!(display_name(&named(Some(""), "a")), "a");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Label keys of the wire contract (design §2), bit-exact with the reference implementation so
+//! Label keys of the wire contract (docs/design.md §2), bit-exact with the reference implementation so
 //! that shards written in any language interoperate.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! Shard lease states (design §4, seed `thesis-implementation.md`) as a pure function of a Lease
+//! Shard lease states (docs/design.md §4) as a pure function of a Lease
 //! and the current time, plus the Lease spec the reconciler writes when it takes a lease over.
 //!
 //! Expiry is `renewTime + leaseDurationSeconds`. The intervals are half-open, so a boundary
@@ -109,6 +109,14 @@ pub fn is_held_by_shard(lease: &Lease) -> bool {
         .and_then(|spec| spec.holder_identity.as_deref())
         .unwrap_or_default();
     !name.is_empty() && holder == name
+}
+
+/// Whether the shard of this Lease is on the ring (ready, expired or uncertain): the one
+/// availability rule of the webhook and the reconciler. It is exactly "held by its own shard",
+/// so it never changes with time alone: [`shard_state`]'s `is_available()` agrees at every
+/// instant (property-tested).
+pub fn is_available(lease: &Lease) -> bool {
+    is_held_by_shard(lease)
 }
 
 /// The lease's expiry instant and duration, or `None` when renewTime or a positive duration is
@@ -332,6 +340,22 @@ mod tests {
                 ShardState::Uncertain
             ]
         );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn availability_never_depends_on_the_clock(
+            holder in proptest::option::of(proptest::sample::select(vec!["shard-a", "shard-b", "", LEASE_CONTROLLER_HOLDER])),
+            renew in proptest::option::of(-1_000i64..1_000),
+            duration in proptest::option::of(-5i32..100),
+            now in -2_000i64..2_000,
+        ) {
+            let lease = lease("shard-a", holder, renew, duration);
+            proptest::prop_assert_eq!(
+                shard_state(&lease, at(now)).state.is_available(),
+                is_available(&lease)
+            );
+        }
     }
 
     #[test]

@@ -1,22 +1,22 @@
 //! Pure sharding logic shared by the Sharder webhook and reconciler (and usable by shards):
 //! the `ClusterRing` API and its CRD, the label keys of the wire contract, the consistent-hash
-//! ring, object keys, and shard lease states.
+//! ring, object keys, shard lease states, and the webhook endpoint.
 //!
 //! Nothing here does I/O, talks to an apiserver, or needs an async runtime.
 
 pub mod cluster_ring;
+pub mod endpoint;
 pub mod key;
 pub mod labels;
 pub mod lease;
 pub mod ring;
-pub mod selector;
 
 pub use cluster_ring::{
-    ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource,
+    ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource, Role, Roles,
 };
 pub use key::ObjectKey;
 pub use labels::RingLabels;
-pub use lease::{LeaseStatus, ShardState, shard_state};
+pub use lease::{LeaseStatus, ShardState, is_available, shard_state};
 pub use ring::Ring;
 
 /// Errors of the pure sharding logic.

@@ -22,8 +22,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::{Shard, ShardError, ShardReconcileError};
-use sharder_sdk::{AdminArgs, LogArgs, Readiness, parse_duration};
+use sharder_sdk::{CommonArgs, Readiness, parse_duration};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -47,6 +48,13 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
 
+    /// The shard name is stable across restarts (a StatefulSet's pod names): on SIGTERM stop
+    /// renewing the shard Lease but do not release it, so a restart within the lease duration
+    /// keeps the shard's objects where they are. Without it the Lease is released and the
+    /// objects move at once (right for names that never come back, like a Deployment's pods).
+    #[arg(long, env = "SHARD_STABLE_NAME")]
+    pub stable_name: bool,
+
     /// `leaseDurationSeconds` of the shard Lease.
     #[arg(long, env = "SHARD_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
@@ -67,22 +75,14 @@ pub struct Args {
     #[arg(long, env = "RECORD_FILE")]
     pub record_file: Option<PathBuf>,
 
-    /// Admin server flags.
+    /// Admin server and logging flags.
     #[command(flatten)]
-    pub admin: AdminArgs,
-
-    /// Logging flags.
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub common: CommonArgs,
 }
 
 /// Errors of the example shard.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// No Kubernetes client could be configured.
-    #[error("cannot configure a Kubernetes client (KUBECONFIG or in-cluster): {0}")]
-    Client(#[source] kube::Error),
-
     /// A request to the apiserver failed while reconciling `object`.
     #[error("reconciling {object}: {source}")]
     Kube {
@@ -121,7 +121,6 @@ struct ResultLabels {
 
 struct Context {
     client: Client,
-    shard: String,
     delay: Duration,
     recorder: Option<Recorder>,
     reconciles: Family<ResultLabels, Counter>,
@@ -147,19 +146,12 @@ pub fn checksums(secret: &Secret) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "checksum-controller".to_owned())
-}
-
 /// Runs the shard until SIGTERM/SIGINT (graceful: Lease released) or until its Lease is lost.
 pub async fn run(args: Args) -> Result<(), Error> {
-    args.log.init()?;
-    let client = Client::try_default().await.map_err(Error::Client)?;
-    run_with_client(args, client, sharder_sdk::shutdown_on_signal()).await
+    sharder_sdk::start(&args.common.clone(), |client, shutdown| {
+        run_with_client(args, client, shutdown)
+    })
+    .await
 }
 
 /// Runs the shard with `client` until `shutdown` (see [`run`]).
@@ -168,7 +160,11 @@ pub async fn run_with_client(
     client: Client,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let name = args.shard_name.clone().unwrap_or_else(host_name);
+    let name = args
+        .shard_name
+        .clone()
+        .or_else(sharder_sdk::host_name)
+        .unwrap_or_else(|| "checksum-controller".to_owned());
     let recorder = match &args.record_file {
         Some(path) => Some(
             Recorder::open(path, &name).map_err(|source| Error::RecordFile {
@@ -187,7 +183,7 @@ pub async fn run_with_client(
     );
     let readiness = Readiness::new([LEASE_HELD]);
     let (admin_addr, admin) = sharder_sdk::admin::spawn(
-        args.admin.admin_addr,
+        args.common.admin.admin_addr,
         registry,
         readiness.clone(),
         shutdown.clone(),
@@ -195,11 +191,15 @@ pub async fn run_with_client(
     .await?;
     info!(shard = %name, ring = %args.clusterring, %admin_addr, "checksum controller started, acquiring the shard lease");
 
-    let shard = Shard::new(client.clone(), &args.clusterring, &name);
+    let on_stop = if args.stable_name {
+        OnStop::Keep
+    } else {
+        OnStop::Release
+    };
+    let shard = Shard::new(client.clone(), &args.clusterring, &name).with_on_stop(on_stop);
     let lease = shard.lease(&args.lease_namespace, args.lease_duration, args.lease_renew);
     let context = Arc::new(Context {
         client: client.clone(),
-        shard: name.clone(),
         delay: args.reconcile_delay,
         recorder,
         reconciles,
@@ -275,7 +275,7 @@ async fn apply_checksums(
             api.replace(&name, &PostParams::default(), &existing)
                 .await
                 .map_err(kube_err)?;
-            info!(object = %object, shard = %ctx.shard, "checksums updated");
+            info!("checksums updated");
         }
         None => {
             let configmap = ConfigMap {
@@ -291,7 +291,7 @@ async fn apply_checksums(
             api.create(&PostParams::default(), &configmap)
                 .await
                 .map_err(kube_err)?;
-            info!(object = %object, shard = %ctx.shard, "checksums created");
+            info!("checksums created");
         }
     }
     Ok(Action::await_change())

@@ -2,16 +2,26 @@
 //! the state of every shard Lease ([`shard_leases`]), one MutatingWebhookConfiguration and the
 //! status per ClusterRing, and rebalances a ring's objects when its shards change
 //! ([`rings`], [`rebalance`]). Sharded objects are only ever listed, metadata-only, page by page.
+//!
+//! The controllers run only while this replica holds the leader Lease
+//! (`sharder_runtime::lease::hold`), as supervised tasks: if one ends, the leader releases the
+//! Lease (a standby takes over at once) and the process exits with an error.
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use kube::runtime::controller::{Action, Controller};
+use serde::de::DeserializeOwned;
+
 use prometheus_client::registry::Registry;
-use sharder_sdk::lease::{LeaseConfig, LeaseKeeper};
-use sharder_sdk::{AdminArgs, LogArgs, Readiness, parse_duration};
+use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
+use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::info;
 
 pub mod metrics;
 pub mod rebalance;
@@ -107,22 +117,14 @@ pub struct Args {
     #[arg(long, env = "SHARDER_MAX_WRITES_PER_SECOND", default_value_t = 200)]
     pub max_writes_per_second: u32,
 
-    /// Admin server flags.
+    /// Admin server and logging flags.
     #[command(flatten)]
-    pub admin: AdminArgs,
-
-    /// Logging flags.
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub common: CommonArgs,
 }
 
 /// Errors of the reconciler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// No Kubernetes client could be configured.
-    #[error("cannot configure a Kubernetes client (KUBECONFIG or in-cluster): {0}")]
-    Client(#[source] kube::Error),
-
     /// A request to the apiserver failed.
     #[error("apiserver request failed: {0}")]
     Kube(#[source] kube::Error),
@@ -141,40 +143,69 @@ pub enum Error {
     #[error(transparent)]
     Common(#[from] sharder_common::Error),
 
-    /// A runtime piece (admin server, logging) failed.
+    /// A runtime piece (admin server, logging, a supervised task) failed.
     #[error(transparent)]
-    Runtime(#[from] sharder_sdk::Error),
+    Runtime(#[from] sharder_runtime::Error),
 
     /// Leader election failed.
     #[error("leader election: {0}")]
-    Lease(#[from] sharder_sdk::lease::LeaseError),
+    Lease(#[from] sharder_runtime::lease::LeaseError),
 
     /// This replica lost its leadership; it exits so that it restarts as a standby.
     #[error("leadership lost")]
     LeadershipLost,
+
+    /// A controller ended without being asked to stop (its watch ended).
+    #[error("the {0} ended without being asked to stop")]
+    ControllerEnded(&'static str),
 }
 
 fn identity(args: &Args) -> String {
     args.identity.clone().unwrap_or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "sharder-reconciler".to_owned())
+        sharder_runtime::host_name().unwrap_or_else(|| "sharder-reconciler".to_owned())
             + &format!("-{}", std::process::id())
     })
 }
 
+/// Runs `controller` (named `name` in errors) with `reconcile` and `error_policy` until
+/// `shutdown`; its stream ending before that is an error ([`Error::ControllerEnded`]).
+pub(crate) async fn run_controller<K, C, F, Fut>(
+    name: &'static str,
+    controller: Controller<K>,
+    reconcile: F,
+    error_policy: impl Fn(Arc<K>, &Error, Arc<C>) -> Action,
+    ctx: Arc<C>,
+    shutdown: CancellationToken,
+) -> Result<(), Error>
+where
+    K: Clone + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    F: FnMut(Arc<K>, Arc<C>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    controller
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+    if shutdown.is_cancelled() {
+        Ok(())
+    } else {
+        Err(Error::ControllerEnded(name))
+    }
+}
+
 /// Runs the reconciler until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> Result<(), Error> {
-    args.log.init()?;
-    let client = kube::Client::try_default().await.map_err(Error::Client)?;
-    run_with_client(args, client, sharder_sdk::shutdown_on_signal()).await
+    sharder_runtime::start(&args.common.clone(), |client, shutdown| {
+        run_with_client(args, client, shutdown)
+    })
+    .await
 }
 
 /// Runs the reconciler with `client` until `shutdown`: waits for leadership, then runs the
 /// controllers; releases leadership on shutdown and fails with [`Error::LeadershipLost`] if it
-/// is lost.
+/// is lost, or with the controller's error if one ends by itself.
 pub async fn run_with_client(
     args: Args,
     client: kube::Client,
@@ -187,10 +218,9 @@ pub async fn run_with_client(
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let readiness = Readiness::new([STARTED]);
-    let (admin_addr, admin) = sharder_sdk::admin::spawn(
-        args.admin.admin_addr,
-        registry,
-        readiness.clone(),
+    let (admin_addr, admin) = sharder_runtime::admin::bind(
+        args.common.admin.admin_addr,
+        sharder_runtime::admin::router(Arc::new(registry), readiness.clone()),
         shutdown.clone(),
     )
     .await?;
@@ -198,6 +228,8 @@ pub async fn run_with_client(
     let identity = identity(&args);
     info!(%admin_addr, %identity, "reconciler started, waiting for leadership");
 
+    let mut tasks = Tasks::new(shutdown.clone());
+    tasks.spawn("admin server", admin);
     let keeper = LeaseKeeper::new(
         client.clone(),
         LeaseConfig {
@@ -209,18 +241,42 @@ pub async fn run_with_client(
             labels: Default::default(),
         },
     );
-    let held = match keeper.acquire(&shutdown).await {
-        Ok(held) => held,
-        Err(sharder_sdk::lease::LeaseError::Cancelled) => {
-            let _ = admin.await;
-            return Ok(());
-        }
-        Err(e) => return Err(e.into()),
+    let leading = hold(keeper, &shutdown, OnStop::Release, |holding: Holding| {
+        info!(%identity, "leading");
+        lead(
+            args,
+            client,
+            identity.clone(),
+            metrics,
+            ca_bundle,
+            holding.stop,
+        )
+    })
+    .await;
+    let led = match leading {
+        Ok(()) => Ok(()),
+        Err(HoldError::Lost(_)) => Err(Error::LeadershipLost),
+        Err(HoldError::Lease(e)) => Err(e.into()),
+        Err(HoldError::Work(e)) => Err(e),
+        Err(HoldError::Ended(_)) => Err(Error::ControllerEnded("leader")),
     };
-    info!(%identity, "leading");
-    let lost = held.lost();
-    let controllers = CancellationToken::new();
+    shutdown.cancel();
+    let served = tasks.supervise().await;
+    info!("reconciler stopped");
+    led?;
+    Ok(served?)
+}
 
+/// The leader's work: the shard lease controller and the ring controller as supervised tasks
+/// until `stop`.
+async fn lead(
+    args: Args,
+    client: kube::Client,
+    identity: String,
+    metrics: metrics::Metrics,
+    ca_bundle: Vec<u8>,
+    stop: CancellationToken,
+) -> Result<(), Error> {
     let webhook = webhook_config::WebhookSettings {
         target: match &args.webhook_url {
             Some(url) => webhook_config::WebhookTarget::Url(url.clone()),
@@ -242,11 +298,6 @@ pub async fn run_with_client(
         metrics: metrics.clone(),
         rings: (!args.clusterring_selector.is_empty()).then(|| ring_controller.store()),
     });
-    let leases = tokio::spawn(shard_leases::run(
-        lease_controller,
-        lease_ctx,
-        controllers.clone(),
-    ));
     // Both controllers start at once. A ring reconciled before all its shard Leases are in the
     // store sees fewer shards: it moves nothing off them, and each shard appearing later counts
     // as added, which triggers a full resync; no shard is ever taken for dead by it.
@@ -263,7 +314,7 @@ pub async fn run_with_client(
         client.clone(),
         kube::runtime::events::Reporter {
             controller: "sharder-reconciler".into(),
-            instance: Some(identity.clone()),
+            instance: Some(identity),
         },
     );
     let ring_ctx = Arc::new(rings::Context::new(
@@ -279,22 +330,14 @@ pub async fn run_with_client(
         metrics,
         recorder,
     ));
-    let ring_task = tokio::spawn(rings::run(ring_controller, ring_ctx, controllers.clone()));
-
-    let result = tokio::select! {
-        () = lost.cancelled() => {
-            error!(%identity, "leadership lost, stopping at once");
-            Err(Error::LeadershipLost)
-        }
-        () = shutdown.cancelled() => Ok(()),
-    };
-    controllers.cancel();
-    let _ = tokio::join!(leases, ring_task);
-    if result.is_ok() {
-        held.release().await?;
-    }
-    shutdown.cancel();
-    let _ = admin.await;
-    info!("reconciler stopped");
-    result
+    let mut tasks = Tasks::new(stop.clone());
+    tasks.spawn(
+        "shard lease controller",
+        shard_leases::run(lease_controller, lease_ctx, stop.clone()),
+    );
+    tasks.spawn(
+        "ring controller",
+        rings::run(ring_controller, ring_ctx, stop),
+    );
+    Ok(tasks.supervise().await?)
 }

@@ -7,24 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-/// Labels of per-resource counters.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
-    /// API group.
-    pub group: String,
-    /// Resource.
-    pub resource: String,
-}
-
-/// Labels of per-ring metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RingLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
-}
+use sharder_runtime::metrics::{ResourceLabels, RingLabel, register};
 
 /// Labels of the shard state gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,11 +28,11 @@ pub struct Metrics {
     /// Drain labels added.
     pub drains: Family<ResourceLabels, Counter>,
     /// Duration of rebalances.
-    pub resync_duration: Family<RingLabels, Histogram>,
+    pub resync_duration: Family<RingLabel, Histogram>,
     /// Shard Leases per ring.
-    pub shards: Family<RingLabels, Gauge>,
+    pub shards: Family<RingLabel, Gauge>,
     /// Available shards per ring.
-    pub available_shards: Family<RingLabels, Gauge>,
+    pub available_shards: Family<RingLabel, Gauge>,
     /// 1 for the current state of each shard Lease.
     pub shard_state: Family<ShardLabels, Gauge>,
 }
@@ -57,46 +40,45 @@ pub struct Metrics {
 impl Metrics {
     /// Creates and registers the metrics.
     pub fn new(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            movements: Family::default(),
-            drains: Family::default(),
-            resync_duration: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.005, 2.0, 14))
-            }),
-            shards: Family::default(),
-            available_shards: Family::default(),
-            shard_state: Family::default(),
-        };
-        registry.register(
-            "controller_sharding_movements",
-            "Objects assigned directly by the reconciler",
-            metrics.movements.clone(),
-        );
-        registry.register(
-            "controller_sharding_drains",
-            "Drain labels added by the reconciler",
-            metrics.drains.clone(),
-        );
-        registry.register(
-            "sharder_reconciler_resync_duration_seconds",
-            "Duration of rebalances per ClusterRing",
-            metrics.resync_duration.clone(),
-        );
-        registry.register(
-            "sharder_reconciler_ring_shards",
-            "Shard Leases per ClusterRing",
-            metrics.shards.clone(),
-        );
-        registry.register(
-            "sharder_reconciler_ring_available_shards",
-            "Available shards per ClusterRing",
-            metrics.available_shards.clone(),
-        );
-        registry.register(
-            "sharder_reconciler_shard_state",
-            "1 for the current state of each shard Lease",
-            metrics.shard_state.clone(),
-        );
-        metrics
+        Self {
+            movements: register(
+                registry,
+                "controller_sharding_movements",
+                "Objects assigned directly by the reconciler",
+                Family::default(),
+            ),
+            drains: register(
+                registry,
+                "controller_sharding_drains",
+                "Drain labels added by the reconciler",
+                Family::default(),
+            ),
+            resync_duration: register(
+                registry,
+                "sharder_reconciler_resync_duration_seconds",
+                "Duration of rebalances per ClusterRing",
+                Family::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+                }),
+            ),
+            shards: register(
+                registry,
+                "sharder_reconciler_ring_shards",
+                "Shard Leases per ClusterRing",
+                Family::default(),
+            ),
+            available_shards: register(
+                registry,
+                "sharder_reconciler_ring_available_shards",
+                "Available shards per ClusterRing",
+                Family::default(),
+            ),
+            shard_state: register(
+                registry,
+                "sharder_reconciler_shard_state",
+                "1 for the current state of each shard Lease",
+                Family::default(),
+            ),
+        }
     }
 }

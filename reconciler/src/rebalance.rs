@@ -1,4 +1,4 @@
-//! Rebalancing (design §5): lists a ring's objects (metadata only, page by page, label-selected
+//! Rebalancing (docs/design.md §5): lists a ring's objects (metadata only, page by page, label-selected
 //! to what can need work) and drains or assigns those not on their desired shard, each write
 //! with the object's resourceVersion, bounded in concurrency and rate. Every move is logged.
 
@@ -6,19 +6,33 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::{Api, Client};
-use sharder_common::{GroupResource, Ring, RingLabels};
+use sharder_common::key::display_name;
+use sharder_common::{GroupResource, Ring, RingLabels, Role};
+use sharder_runtime::metrics::ResourceLabels;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 pub mod plan;
 
-pub use plan::{Move, Reason, Role};
+pub use plan::{Move, Reason};
 
-use crate::metrics::{Metrics, ResourceLabels};
+use crate::metrics::Metrics;
+
+/// The first wait after a write conflict (409); it doubles (with jitter) up to
+/// [`CONFLICT_BACKOFF_MAX`].
+pub const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+
+/// The longest wait between two attempts of a conflicting write.
+pub const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// How often a conflicting write is re-read, re-planned and retried before it counts as failed
+/// (the next rebalance tries again).
+pub const CONFLICT_RETRIES: usize = 5;
 
 /// One resource of a ring, resolved through discovery.
 #[derive(Clone, Debug)]
@@ -163,13 +177,6 @@ pub struct Rebalancer {
     metrics: Metrics,
 }
 
-fn object_name(meta: &ObjectMeta) -> String {
-    match &meta.namespace {
-        Some(ns) => format!("{ns}/{}", meta.name.as_deref().unwrap_or_default()),
-        None => meta.name.clone().unwrap_or_default(),
-    }
-}
-
 impl Rebalancer {
     /// A rebalancer writing at most `max_writes_per_second` (0: unlimited).
     pub fn new(
@@ -225,7 +232,7 @@ impl Rebalancer {
             let page = match api.list_metadata(&params).await {
                 Ok(page) => page,
                 Err(e) => {
-                    warn!(clusterring = %view.name, resource = %target.resource, error = %e, "cannot list objects");
+                    warn!(resource = %target.resource, error = %e, "cannot list objects");
                     outcome.errors += 1;
                     return outcome;
                 }
@@ -282,7 +289,7 @@ impl Rebalancer {
     }
 
     /// Writes one move with the object's resourceVersion; on a conflict re-reads the object,
-    /// re-plans and retries with backoff.
+    /// re-plans and retries with backoff ([`CONFLICT_RETRIES`] times).
     async fn write(
         &self,
         view: &RingView<'_>,
@@ -297,8 +304,13 @@ impl Rebalancer {
             }
             _ => Api::<DynamicObject>::all_with(self.client.clone(), &target.api),
         };
-        let mut backoff = Duration::from_millis(50);
-        for _ in 0..6 {
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(CONFLICT_BACKOFF_MIN)
+            .with_max_delay(CONFLICT_BACKOFF_MAX)
+            .with_max_times(CONFLICT_RETRIES)
+            .with_jitter()
+            .build();
+        loop {
             self.limiter.wait().await;
             let patch = mv.patch(
                 view.labels,
@@ -314,13 +326,16 @@ impl Rebalancer {
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => return Written::Stayed,
                 Err(kube::Error::Api(s)) if s.code == 409 => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    let Some(delay) = backoff.next() else {
+                        warn!(object = %display_name(&meta), "move still conflicting after retries");
+                        return Written::Failed;
+                    };
+                    tokio::time::sleep(delay).await;
                     let fresh = match api.get_metadata_opt(&name).await {
                         Ok(Some(fresh)) => fresh.metadata,
                         Ok(None) => return Written::Stayed,
                         Err(e) => {
-                            warn!(clusterring = %view.name, object = %object_name(&meta), error = %e, "cannot re-read object after a conflict");
+                            warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
                             return Written::Failed;
                         }
                     };
@@ -346,17 +361,15 @@ impl Rebalancer {
                     }
                 }
                 Err(e) => {
-                    warn!(clusterring = %view.name, object = %object_name(&meta), error = %e, "move failed");
+                    warn!(object = %display_name(&meta), error = %e, "move failed");
                     return Written::Failed;
                 }
             }
         }
-        warn!(clusterring = %view.name, object = %object_name(&meta), "move still conflicting after retries");
-        Written::Failed
     }
 
     fn log_and_count(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta, mv: &Move) {
-        let object = object_name(meta);
+        let object = display_name(meta);
         let labels = ResourceLabels {
             clusterring: view.name.to_owned(),
             group: target.resource.group.clone(),
@@ -365,12 +378,12 @@ impl Rebalancer {
         match mv {
             Move::Drain { from, to } => {
                 self.metrics.drains.get_or_create(&labels).inc();
-                info!(clusterring = %view.name, resource = %target.resource, %object, from = %from, to = %to, reason = %Reason::Drain, "draining");
+                info!(resource = %target.resource, %object, from = %from, to = %to, reason = %Reason::Drain, "draining");
             }
             Move::Assign { from, to, reason } => {
                 self.metrics.movements.get_or_create(&labels).inc();
                 let from = from.as_deref().unwrap_or("");
-                info!(clusterring = %view.name, resource = %target.resource, %object, from = %from, to = %to, reason = %reason, "moved");
+                info!(resource = %target.resource, %object, from = %from, to = %to, reason = %reason, "moved");
             }
         }
     }

@@ -1,12 +1,14 @@
-//! The shard lease controller (design §4): keeps the state label on every shard Lease, takes
+//! The shard lease controller (docs/design.md §4): keeps the state label on every shard Lease, takes
 //! over `uncertain` Leases (proving the apiserver accepts writes before a shard is declared
 //! dead), deletes `orphaned` ones, and wakes exactly at the next state boundary.
+//!
+//! What to do with a Lease is a pure function of the Lease and the time ([`decide`]); the
+//! controller only carries it out.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
@@ -16,12 +18,24 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::labels::{RING_LABEL, STATE_LABEL};
 use sharder_common::lease::takeover_spec;
-use sharder_common::{ClusterRing, ShardState, shard_state};
+use sharder_common::{ClusterRing, LeaseStatus, ShardState, shard_state};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
 use crate::metrics::{Metrics, ShardLabels};
+
+/// How long after a state boundary the controller wakes, so the new state is in force.
+pub const BOUNDARY_MARGIN: Duration = Duration::from_millis(20);
+
+/// When to look again after a takeover lost a race with the shard's own renewal (409).
+pub const CONFLICT_REQUEUE: Duration = Duration::from_millis(200);
+
+/// When to look again at a Lease whose ring is not (yet) among the managed rings.
+pub const UNKNOWN_RING_REQUEUE: Duration = Duration::from_secs(1);
+
+/// When to retry after a failed reconcile.
+pub const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
 /// Context of the shard lease controller.
 pub struct Context {
@@ -34,111 +48,156 @@ pub struct Context {
     pub rings: Option<Store<ClusterRing>>,
 }
 
-fn requeue_at(next: Option<Timestamp>, now: Timestamp) -> Action {
-    match next {
-        Some(next) => {
-            let wait = Duration::try_from(next.duration_since(now)).unwrap_or_default();
-            // Wake just past the boundary, so the new state is already in force.
-            Action::requeue(wait + Duration::from_millis(20))
+/// What the controller does with a Lease.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LeaseAction {
+    /// Write the state label (it is missing or stale), then wake after `wake`.
+    Label {
+        /// The state to write.
+        state: ShardState,
+        /// When to look again (`None`: only when the Lease changes).
+        wake: Option<Duration>,
+    },
+    /// Nothing to write; look again after `wake` (`None`: only when the Lease changes).
+    Wait(Option<Duration>),
+    /// Take the `uncertain` Lease over with this spec (and label it dead).
+    TakeOver(LeaseSpec),
+    /// Delete the `orphaned` Lease (guarded by its resourceVersion).
+    Delete,
+}
+
+/// How long until just past `next_change` (the next state boundary), if there is one.
+pub fn wake_after(next_change: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
+    next_change.map(|next| {
+        Duration::try_from(next.duration_since(now)).unwrap_or_default() + BOUNDARY_MARGIN
+    })
+}
+
+/// The Lease's state at `now` and what to do about it.
+pub fn decide(lease: &Lease, now: Timestamp) -> (LeaseStatus, LeaseAction) {
+    let status = shard_state(lease, now);
+    let action = match status.state {
+        ShardState::Uncertain => {
+            let spec = lease.spec.clone().unwrap_or_default();
+            LeaseAction::TakeOver(takeover_spec(&spec, now))
         }
-        None => Action::await_change(),
-    }
+        ShardState::Orphaned => LeaseAction::Delete,
+        state => {
+            let wake = wake_after(status.next_change, now);
+            if lease.labels().get(STATE_LABEL).map(String::as_str) == Some(state.as_str()) {
+                LeaseAction::Wait(wake)
+            } else {
+                LeaseAction::Label { state, wake }
+            }
+        }
+    };
+    (status, action)
+}
+
+fn requeue(wake: Option<Duration>) -> Action {
+    wake.map_or_else(Action::await_change, Action::requeue)
 }
 
 async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let now = Timestamp::now();
     let name = lease.name_any();
     let namespace = lease.namespace().unwrap_or_default();
     let ring = lease.labels().get(RING_LABEL).cloned().unwrap_or_default();
-    let api = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
-    if let Some(rings) = &ctx.rings
-        && rings.get(&ObjectRef::new(&ring)).is_none()
-    {
-        // Not a ring of ours (or not listed yet): look again shortly.
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    let status = shard_state(&lease, now);
-
-    for state in ShardState::ALL {
-        let labels = ShardLabels {
-            clusterring: ring.clone(),
-            shard: name.clone(),
-            state: state.as_str().to_owned(),
-        };
-        ctx.metrics
-            .shard_state
-            .get_or_create(&labels)
-            .set(i64::from(state == status.state));
-    }
-
-    match status.state {
-        ShardState::Uncertain => {
-            let mut taken = (*lease).clone();
-            let spec = taken.spec.clone().unwrap_or_default();
-            taken.spec = Some(takeover_spec(&spec, now));
-            taken
-                .labels_mut()
-                .insert(STATE_LABEL.to_owned(), ShardState::Dead.as_str().to_owned());
-            match api.replace(&name, &PostParams::default(), &taken).await {
-                Ok(_) => {
-                    info!(clusterring = %ring, shard = %name, %namespace, "shard stopped renewing its lease: took the lease over, shard is dead");
-                    Ok(Action::await_change())
-                }
-                // The shard renewed meanwhile: look again with the new version.
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    Ok(Action::requeue(Duration::from_millis(200)))
-                }
-                Err(e) => Err(Error::Kube(e)),
-            }
+    let span = info_span!("shard_lease", clusterring = %ring, shard = %name, %namespace);
+    async move {
+        if let Some(rings) = &ctx.rings
+            && rings.get(&ObjectRef::new(&ring)).is_none()
+        {
+            // Not a ring of ours (or not listed yet): look again shortly.
+            return Ok(Action::requeue(UNKNOWN_RING_REQUEUE));
         }
-        ShardState::Orphaned => {
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    resource_version: lease.resource_version(),
-                    uid: lease.uid(),
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&name, &params).await {
-                Ok(_) => {
-                    info!(clusterring = %ring, shard = %name, %namespace, "deleted orphaned shard lease");
-                    for state in ShardState::ALL {
-                        ctx.metrics.shard_state.remove(&ShardLabels {
-                            clusterring: ring.clone(),
-                            shard: name.clone(),
-                            state: state.as_str().to_owned(),
-                        });
+        let (status, action) = decide(&lease, Timestamp::now());
+        record_state(&ctx.metrics, &ring, &name, Some(status.state));
+        let api = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
+        match action {
+            LeaseAction::TakeOver(spec) => {
+                let mut taken = (*lease).clone();
+                taken.spec = Some(spec);
+                taken
+                    .labels_mut()
+                    .insert(STATE_LABEL.to_owned(), ShardState::Dead.as_str().to_owned());
+                match api.replace(&name, &PostParams::default(), &taken).await {
+                    Ok(_) => {
+                        info!(
+                            "shard stopped renewing its lease: took the lease over, shard is dead"
+                        );
+                        Ok(Action::await_change())
                     }
-                    Ok(Action::await_change())
+                    // The shard renewed meanwhile: look again with the new version.
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        Ok(Action::requeue(CONFLICT_REQUEUE))
+                    }
+                    Err(e) => Err(Error::Kube(e)),
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                    Ok(Action::await_change())
-                }
-                Err(e) => Err(Error::Kube(e)),
             }
-        }
-        state => {
-            if lease.labels().get(STATE_LABEL).map(String::as_str) != Some(state.as_str()) {
+            LeaseAction::Delete => {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: lease.resource_version(),
+                        uid: lease.uid(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                match api.delete(&name, &params).await {
+                    Ok(_) => {
+                        info!("deleted orphaned shard lease");
+                        record_state(&ctx.metrics, &ring, &name, None);
+                        Ok(Action::await_change())
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                        Ok(Action::await_change())
+                    }
+                    Err(e) => Err(Error::Kube(e)),
+                }
+            }
+            LeaseAction::Label { state, wake } => {
                 let patch = json!({"metadata": {"labels": {STATE_LABEL: state.as_str()}}});
                 match api
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
-                    Ok(_) => {
-                        info!(clusterring = %ring, shard = %name, %namespace, state = %state, "shard state")
-                    }
+                    Ok(_) => info!(state = %state, "shard state"),
                     Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
                     Err(e) => return Err(Error::Kube(e)),
                 }
+                Ok(requeue(wake))
             }
-            Ok(requeue_at(status.next_change, now))
+            LeaseAction::Wait(wake) => Ok(requeue(wake)),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Sets the state gauge of a shard: 1 for `state`, 0 for the others; `None` removes them.
+fn record_state(metrics: &Metrics, ring: &str, shard: &str, state: Option<ShardState>) {
+    for candidate in ShardState::ALL {
+        let labels = ShardLabels {
+            clusterring: ring.to_owned(),
+            shard: shard.to_owned(),
+            state: candidate.as_str().to_owned(),
+        };
+        match state {
+            Some(state) => {
+                metrics
+                    .shard_state
+                    .get_or_create(&labels)
+                    .set(i64::from(state == candidate));
+            }
+            None => {
+                metrics.shard_state.remove(&labels);
+            }
         }
     }
 }
 
 fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) -> Action {
     warn!(shard = %lease.name_any(), error = %error, "shard lease reconcile failed, retrying");
-    Action::requeue(Duration::from_secs(2))
+    Action::requeue(ERROR_REQUEUE)
 }
 
 /// The controller over shard Leases (selector: the ring label exists), and its Lease store
@@ -150,13 +209,21 @@ pub fn controller(client: Client) -> Controller<Lease> {
     )
 }
 
-/// Runs the shard lease controller until `shutdown`.
-pub async fn run(controller: Controller<Lease>, ctx: Arc<Context>, shutdown: CancellationToken) {
-    controller
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+/// Runs the shard lease controller until `shutdown`; returns an error if it ends before.
+pub async fn run(
+    controller: Controller<Lease>,
+    ctx: Arc<Context>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    crate::run_controller(
+        "shard lease controller",
+        controller,
+        reconcile,
+        error_policy,
+        ctx,
+        shutdown,
+    )
+    .await
 }
 
 /// The shard Leases of `ring` from `store`.
@@ -166,4 +233,117 @@ pub fn leases_of(store: &Store<Lease>, ring: &str) -> Vec<Arc<Lease>> {
         .into_iter()
         .filter(|l| l.labels().get(RING_LABEL).map(String::as_str) == Some(ring))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::ObjectMeta;
+    use sharder_common::lease::LEASE_CONTROLLER_HOLDER;
+
+    use super::*;
+
+    const T0: i64 = 1_700_000_000;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(T0 + seconds).expect("valid")
+    }
+
+    /// Shard `s`'s Lease renewed at T0 for 10 s, held by `holder`, labelled with `label`.
+    fn lease(holder: &str, label: Option<&str>) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                labels: label.map(|l| [(STATE_LABEL.to_owned(), l.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                renew_time: Some(MicroTime(at(0))),
+                lease_duration_seconds: Some(10),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    fn ms(millis: u64) -> Option<Duration> {
+        Some(Duration::from_millis(millis))
+    }
+
+    #[test]
+    fn states_are_labelled_and_the_controller_wakes_just_past_the_next_boundary() {
+        let table = [
+            (
+                lease("s", None),
+                0,
+                LeaseAction::Label {
+                    state: ShardState::Ready,
+                    wake: ms(10_020),
+                },
+            ),
+            (lease("s", Some("ready")), 4, LeaseAction::Wait(ms(6_020))),
+            (
+                lease("s", Some("ready")),
+                10,
+                LeaseAction::Label {
+                    state: ShardState::Expired,
+                    wake: ms(10_020),
+                },
+            ),
+            (
+                lease("s", Some("expired")),
+                15,
+                LeaseAction::Wait(ms(5_020)),
+            ),
+            (
+                lease("", Some("ready")),
+                0,
+                LeaseAction::Label {
+                    state: ShardState::Dead,
+                    wake: ms(70_020),
+                },
+            ),
+            (lease("", Some("dead")), 69, LeaseAction::Wait(ms(1_020))),
+        ];
+        for (lease, now, want) in table {
+            assert_eq!(
+                decide(&lease, at(now)).1,
+                want,
+                "T0{now:+} {:?}",
+                lease.metadata.labels
+            );
+        }
+    }
+
+    #[test]
+    fn an_uncertain_lease_is_taken_over_for_twice_its_duration() {
+        let (status, action) = decide(&lease("s", Some("expired")), at(20));
+        assert_eq!(status.state, ShardState::Uncertain);
+        let LeaseAction::TakeOver(spec) = action else {
+            panic!("{action:?}");
+        };
+        assert_eq!(
+            spec.holder_identity.as_deref(),
+            Some(LEASE_CONTROLLER_HOLDER)
+        );
+        assert_eq!(spec.lease_duration_seconds, Some(20));
+        assert_eq!(spec.renew_time, Some(MicroTime(at(20))));
+    }
+
+    #[test]
+    fn an_orphaned_lease_is_deleted() {
+        assert_eq!(
+            decide(&lease("", Some("dead")), at(70)).1,
+            LeaseAction::Delete
+        );
+        let taken = lease(LEASE_CONTROLLER_HOLDER, Some("dead"));
+        assert_eq!(decide(&taken, at(69)).1, LeaseAction::Wait(ms(1_020)));
+        assert_eq!(decide(&taken, at(70)).1, LeaseAction::Delete);
+    }
+
+    #[test]
+    fn a_boundary_in_the_past_wakes_at_once() {
+        assert_eq!(wake_after(Some(at(0)), at(5)), ms(20));
+        assert_eq!(wake_after(None, at(5)), None);
+    }
 }

@@ -1,4 +1,4 @@
-//! The MutatingWebhookConfiguration of one ClusterRing (design §6), built as a pure function of
+//! The MutatingWebhookConfiguration of one ClusterRing (docs/design.md §6), built as a pure function of
 //! the ring and the reconciler's flags, and owned by the ring so it goes when the ring goes.
 
 use std::collections::BTreeMap;
@@ -13,11 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
-use sharder_common::ClusterRing;
+use sharder_common::endpoint::webhook_path;
 use sharder_common::labels::{RING_LABEL, ring_label_name};
-
-/// Path prefix the webhook serves; the ring name follows.
-pub const WEBHOOK_PATH_PREFIX: &str = "/webhooks/sharder/clusterring/";
+use sharder_common::{ClusterRing, Roles};
 
 /// Label key the apiserver (1.21+) puts on every namespace with its name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -72,14 +70,16 @@ pub fn default_namespace_selector(excluded: &[String]) -> LabelSelector {
     }
 }
 
-/// The webhook configuration of `ring`.
+/// The webhook configuration of `ring`, whose resources have `roles` (see
+/// [`sharder_common::ClusterRingSpec::roles`]).
 pub fn webhook_configuration(
     ring: &ClusterRing,
+    roles: &Roles,
     settings: &WebhookSettings,
 ) -> MutatingWebhookConfiguration {
     let name = ring.name_any();
     let labels = ring.labels();
-    let path = format!("{WEBHOOK_PATH_PREFIX}{name}");
+    let path = webhook_path(&name);
     let client_config = match &settings.target {
         WebhookTarget::Service {
             namespace,
@@ -103,23 +103,16 @@ pub fn webhook_configuration(
     };
     // One rule per API group, each with the group's main and controlled resources.
     let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for resource in &ring.spec.resources {
+    for (resource, _) in roles.iter() {
         by_group
             .entry(resource.group.clone())
             .or_default()
             .push(resource.resource.clone());
-        for child in &resource.controlled_resources {
-            by_group
-                .entry(child.group.clone())
-                .or_default()
-                .push(child.resource.clone());
-        }
     }
     let rules = by_group
         .into_iter()
         .map(|(group, mut resources)| {
             resources.sort();
-            resources.dedup();
             RuleWithOperations {
                 api_groups: Some(vec![group]),
                 api_versions: Some(vec!["*".into()]),
@@ -205,6 +198,10 @@ mod tests {
         ring
     }
 
+    fn roles() -> Roles {
+        ring(None).spec.roles().expect("valid")
+    }
+
     fn settings(target: WebhookTarget) -> WebhookSettings {
         WebhookSettings {
             target,
@@ -224,7 +221,7 @@ mod tests {
 
     #[test]
     fn configuration_follows_the_design() {
-        let mwc = webhook_configuration(&ring(None), &settings(service()));
+        let mwc = webhook_configuration(&ring(None), &roles(), &settings(service()));
         assert_eq!(
             mwc.metadata.name.as_deref(),
             Some("sharder-clusterring-50d858e0-example")
@@ -267,7 +264,7 @@ mod tests {
 
     #[test]
     fn rules_cover_main_and_controlled_resources_per_group_for_create_and_update() {
-        let mwc = webhook_configuration(&ring(None), &settings(service()));
+        let mwc = webhook_configuration(&ring(None), &roles(), &settings(service()));
         let rules = mwc.webhooks.expect("webhooks")[0]
             .rules
             .clone()
@@ -302,7 +299,7 @@ mod tests {
 
     #[test]
     fn namespace_selector_is_the_rings_or_a_default_excluding_system_namespaces() {
-        let default = webhook_configuration(&ring(None), &settings(service()));
+        let default = webhook_configuration(&ring(None), &roles(), &settings(service()));
         let selector = default.webhooks.expect("webhooks")[0]
             .namespace_selector
             .clone()
@@ -318,7 +315,7 @@ mod tests {
             match_labels: Some([("team".to_owned(), "a".to_owned())].into()),
             match_expressions: None,
         };
-        let mwc = webhook_configuration(&ring(Some(own.clone())), &settings(service()));
+        let mwc = webhook_configuration(&ring(Some(own.clone())), &roles(), &settings(service()));
         assert_eq!(
             mwc.webhooks.expect("webhooks")[0].namespace_selector,
             Some(own)
@@ -329,6 +326,7 @@ mod tests {
     fn a_url_target_gets_the_ring_path_appended() {
         let mwc = webhook_configuration(
             &ring(None),
+            &roles(),
             &settings(WebhookTarget::Url("https://127.0.0.1:9443/".into())),
         );
         let config = &mwc.webhooks.expect("webhooks")[0].client_config;

@@ -1,5 +1,5 @@
-//! What a sharded kube-rs controller needs, by the protocol of
-//! `implement-sharding.md`: keep its own shard Lease (and stop at once when it is lost), watch only
+//! What a sharded kube-rs controller needs, by the protocol of `docs/design.md` §2-§5:
+//! keep its own shard Lease (and stop at once when it is lost), watch only
 //! the objects assigned to it, and acknowledge drains.
 //!
 //! ```no_run
@@ -47,6 +47,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -62,11 +63,12 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use sharder_common::RingLabels;
+use sharder_common::key::display_name;
 use sharder_common::labels::RING_LABEL;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
+use tracing::{Instrument as _, debug, info, info_span};
 
-use crate::lease::{LeaseConfig, LeaseError, LeaseKeeper};
+use crate::lease::{HoldError, Holding, LeaseConfig, LeaseError, LeaseKeeper, OnStop, hold};
 
 /// Why a shard stopped other than by a requested shutdown.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,10 @@ pub enum ShardError {
     /// stopped at once. Exit and let the process be restarted.
     #[error("shard lease {0} lost: controllers stopped")]
     LeaseLost(String),
+    /// The controllers returned without being asked to stop (e.g. a watch stream ended): the
+    /// Lease was handled as on a graceful stop. Exit and let the process be restarted.
+    #[error("the controllers of shard {0} ended without being asked to stop")]
+    ControllersEnded(String),
 }
 
 /// The error of a reconcile wrapped by [`Shard::reconciler`].
@@ -107,6 +113,7 @@ pub struct Shard {
     ring: String,
     name: String,
     labels: RingLabels,
+    on_stop: OnStop,
     halted: CancellationToken,
 }
 
@@ -129,8 +136,24 @@ impl Shard {
             ring: ring.to_owned(),
             name: name.to_owned(),
             labels: RingLabels::new(ring),
+            on_stop: OnStop::Release,
             halted: CancellationToken::new(),
         }
+    }
+
+    /// What [`run`](Self::run) does with the shard Lease after a graceful stop.
+    ///
+    /// - [`OnStop::Release`] (the default): release it, so the shard is dead at once and its
+    ///   objects move to the other shards without waiting. Right for shards whose names change
+    ///   with every start (a Deployment's pods): a stopped name never comes back.
+    /// - [`OnStop::Keep`]: stop renewing, do not release. The Lease runs out after its duration;
+    ///   a shard started again with the same name within that time takes its own Lease back at
+    ///   once and keeps its objects, so a rolling update of stable names (a StatefulSet's pods)
+    ///   moves nothing. If it does not come back, its objects move once the Lease has expired
+    ///   and been taken over (about twice the duration), as after a crash.
+    pub fn with_on_stop(mut self, on_stop: OnStop) -> Self {
+        self.on_stop = on_stop;
+        self
     }
 
     /// The shard's name.
@@ -222,26 +245,30 @@ impl Shard {
         move |object: Arc<K>, ctx: Arc<C>| {
             let shard = shard.clone();
             let reconcile = Arc::clone(&reconcile);
-            Box::pin(async move {
-                let key = object_name(object.as_ref());
-                if shard.halted.is_cancelled() {
-                    return Err(ShardReconcileError::LeaseLost(key));
-                }
-                match shard.verdict(object.as_ref()) {
-                    Verdict::Skip => {
-                        debug!(object = %key, shard = %shard.name, "not assigned to this shard, skipped");
-                        Ok(Action::await_change())
+            let key = display_name(object.meta());
+            let span = info_span!("reconcile", shard = %shard.name, object = %key);
+            Box::pin(
+                async move {
+                    if shard.halted.is_cancelled() {
+                        return Err(ShardReconcileError::LeaseLost(key));
                     }
-                    Verdict::Acknowledge => shard.acknowledge(object.as_ref()).await,
-                    Verdict::Reconcile => {
-                        tokio::select! {
-                            biased;
-                            () = shard.halted.cancelled() => Err(ShardReconcileError::LeaseLost(key)),
-                            result = reconcile(object, ctx) => result.map_err(ShardReconcileError::Reconcile),
+                    match shard.verdict(object.as_ref()) {
+                        Verdict::Skip => {
+                            debug!("not assigned to this shard, skipped");
+                            Ok(Action::await_change())
+                        }
+                        Verdict::Acknowledge => shard.acknowledge(object.as_ref()).await,
+                        Verdict::Reconcile => {
+                            tokio::select! {
+                                biased;
+                                () = shard.halted.cancelled() => Err(ShardReconcileError::LeaseLost(key)),
+                                result = reconcile(object, ctx) => result.map_err(ShardReconcileError::Reconcile),
+                            }
                         }
                     }
                 }
-            })
+                .instrument(span),
+            )
         }
     }
 
@@ -249,7 +276,7 @@ impl Shard {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
-        let key = object_name(object);
+        let key = display_name(object.meta());
         let resource = ApiResource::erase::<K>(&());
         let api: Api<DynamicObject> = match object.namespace() {
             Some(ns) => Api::namespaced_with(self.client.clone(), &ns, &resource),
@@ -271,16 +298,18 @@ impl Shard {
             object: key.clone(),
             source,
         })?;
-        info!(object = %key, shard = %self.name, "drain acknowledged");
+        info!("drain acknowledged");
         Ok(Action::await_change())
     }
 
     /// Runs the shard: waits for its Lease, then runs `controllers` (given a token that asks
-    /// them to stop gracefully) while renewing the Lease.
+    /// them to stop gracefully) while renewing the Lease; no reconcile runs before the Lease is
+    /// held.
     ///
     /// On `shutdown` the controllers are asked to stop; once they finished the Lease is released
-    /// so the shard's objects are reassigned at once. When the Lease is lost the controllers are
-    /// dropped at once (in-flight reconciles abandoned) and [`ShardError::LeaseLost`] returned.
+    /// (or kept, see [`with_on_stop`](Self::with_on_stop)). When the Lease is lost the controllers
+    /// are dropped at once (in-flight reconciles abandoned) and [`ShardError::LeaseLost`]
+    /// returned; when they return by themselves, [`ShardError::ControllersEnded`].
     pub async fn run<F, Fut>(
         &self,
         lease: LeaseKeeper,
@@ -291,40 +320,36 @@ impl Shard {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let held = match lease.acquire(shutdown).await {
-            Ok(held) => held,
-            Err(LeaseError::Cancelled) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        info!(shard = %self.name, ring = %self.ring, "shard lease held, starting controllers");
-        let lost = held.lost();
-        let stop = CancellationToken::new();
-        let running = controllers(stop.clone());
-        tokio::pin!(running);
-        loop {
-            tokio::select! {
-                () = &mut running => break,
-                () = lost.cancelled() => {
-                    self.halted.cancel();
-                    error!(shard = %self.name, "shard lease lost, controllers stopped");
-                    return Err(ShardError::LeaseLost(self.name.clone()));
-                }
-                () = shutdown.cancelled(), if !stop.is_cancelled() => {
-                    info!(shard = %self.name, "stopping controllers");
-                    stop.cancel();
-                }
+        let result = hold(lease, shutdown, self.on_stop, |holding: Holding| {
+            info!(shard = %self.name, ring = %self.ring, "shard lease held, starting controllers");
+            let running = controllers(holding.stop);
+            async move {
+                running.await;
+                Ok::<(), Infallible>(())
             }
+        })
+        .await;
+        match result {
+            Ok(()) => {
+                match self.on_stop {
+                    OnStop::Release => {
+                        info!(shard = %self.name, "controllers stopped, shard lease released");
+                    }
+                    OnStop::Keep => info!(
+                        shard = %self.name,
+                        "controllers stopped, shard lease kept (it runs out unless this name comes back)"
+                    ),
+                }
+                Ok(())
+            }
+            Err(HoldError::Lease(e)) => Err(e.into()),
+            Err(HoldError::Lost(_)) => {
+                self.halted.cancel();
+                Err(ShardError::LeaseLost(self.name.clone()))
+            }
+            Err(HoldError::Ended(_)) => Err(ShardError::ControllersEnded(self.name.clone())),
+            Err(HoldError::Work(never)) => match never {},
         }
-        held.release().await?;
-        info!(shard = %self.name, "controllers stopped, shard lease released");
-        Ok(())
-    }
-}
-
-fn object_name<K: Resource>(object: &K) -> String {
-    match object.namespace() {
-        Some(ns) => format!("{ns}/{}", object.name_any()),
-        None => object.name_any(),
     }
 }
 

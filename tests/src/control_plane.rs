@@ -1,11 +1,13 @@
-//! A real Kubernetes control plane on loopback: etcd + kube-apiserver on free ports, with token
-//! authentication and RBAC, started once per test binary ([`ControlPlane::shared`]).
+//! A real Kubernetes control plane on loopback: etcd + kube-apiserver, with token authentication
+//! and RBAC, started once per test binary ([`ControlPlane::shared`]). Neither can bind port 0
+//! and report it, so each is started on ports that were free a moment ago and started again on
+//! new ones if another process took a port meanwhile; kube-controller-manager binds no port.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` when set, otherwise from
 //! `tests/control-plane/provision.sh` (which builds kube-apiserver once per machine and caches it
 //! outside the repository).
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -74,13 +76,69 @@ fn provision() -> Result<PathBuf, Error> {
     Ok(PathBuf::from(dir))
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; the small race is acceptable in tests).
-pub fn free_port() -> Result<u16, Error> {
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound and released). Another process
+/// may take it before it is used: only for programs that cannot bind port 0 themselves, started
+/// by [`start_on_free_ports`], which tries again on new ports when that happens.
+fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
     Ok(listener
         .local_addr()
         .map_err(Error::io("read a bound port"))?
         .port())
+}
+
+/// How often a control plane process is started on new ports after its ports were taken.
+const PORT_ATTEMPTS: usize = 5;
+
+/// Starts the program `command(ports)` builds (with two ports that were free a moment ago),
+/// logging into `<dir>/<name>.log`, and waits until that log contains the line the builder
+/// names, which the program writes once it listens. When the program exits because a port was
+/// taken meanwhile ("address already in use"), it is started again on new ports. Returns its
+/// pid and what the builder returned.
+async fn start_on_free_ports<T>(
+    name: &str,
+    dir: &Path,
+    mut command: impl FnMut([u16; 2]) -> (Command, String, T),
+) -> Result<(u32, T), Error> {
+    let log = dir.join(format!("{name}.log"));
+    for attempt in 1..=PORT_ATTEMPTS {
+        let (command, serving, value) = command([free_port()?, free_port()?]);
+        let pid = spawn_logged(command, &log)?;
+        let started = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains(&serving) {
+                return Ok((pid, value));
+            }
+            if let Some(status) = lifetime_child_status(pid) {
+                if text.contains("address already in use") && attempt < PORT_ATTEMPTS {
+                    eprintln!(
+                        "[control-plane] {name}: a port was taken meanwhile, starting it again on new ports"
+                    );
+                    break;
+                }
+                return Err(Error::NotReady(format!(
+                    "{name} exited with {status}; its log:\n{}",
+                    tail(&text, 30)
+                )));
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(Error::NotReady(format!(
+                    "{name} did not log {serving:?} within {READY_TIMEOUT:?}; its log:\n{}",
+                    tail(&text, 30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Err(Error::NotReady(format!(
+        "{name}: its ports were taken {PORT_ATTEMPTS} times"
+    )))
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A running etcd + kube-apiserver pair.
@@ -136,36 +194,44 @@ impl ControlPlane {
 - level: None\n  resources:\n  - group: coordination.k8s.io\n  - group: events.k8s.io\n  - group: \"\"\n    resources: [events]\n\
 - level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
         )?;
-        let (etcd_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let mut etcd = Command::new(assets.join("etcd"));
-        etcd.args(["--data-dir", &path_str(&dir.join("etcd"))])
-            .args(["--listen-client-urls", &etcd_url])
-            .args(["--advertise-client-urls", &etcd_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")]);
-        let etcd_pid = spawn_logged(etcd, &dir.join("etcd.log"))?;
+        let (etcd_pid, etcd_url) = start_on_free_ports("etcd", &dir, |[client, peer]| {
+            let etcd_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let mut etcd = Command::new(assets.join("etcd"));
+            etcd.args(["--data-dir", &path_str(&dir.join(format!("etcd-{client}")))])
+                .args(["--listen-client-urls", &etcd_url])
+                .args(["--advertise-client-urls", &etcd_url])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("default={peer_url}")]);
+            let serving = format!("serving insecure client requests on 127.0.0.1:{client}");
+            (etcd, serving, etcd_url)
+        })
+        .await?;
 
         let certs = dir.join("certs");
-        let mut apiserver = Command::new(assets.join("kube-apiserver"));
-        apiserver
-            .args(["--etcd-servers", &etcd_url])
-            .args(["--secure-port", &secure_port.to_string()])
-            .args(["--bind-address", "127.0.0.1"])
-            .args(["--advertise-address", "127.0.0.1"])
-            .args(["--cert-dir", &path_str(&certs)])
-            .args(["--token-auth-file", &path_str(&tokens)])
-            .args(["--authorization-mode", "RBAC"])
-            .args(["--service-account-key-file", &path_str(&sa_pub)])
-            .args(["--service-account-signing-key-file", &path_str(&sa_key)])
-            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-            .args(["--service-cluster-ip-range", "10.96.0.0/16"])
-            .args(["--audit-policy-file", &path_str(&audit_policy)])
-            .args(["--audit-log-path", &path_str(&dir.join("audit.log"))])
-            .args(["--audit-log-mode", "blocking"]);
-        let apiserver_pid = spawn_logged(apiserver, &dir.join("kube-apiserver.log"))?;
+        let (apiserver_pid, secure_port) =
+            start_on_free_ports("kube-apiserver", &dir, |[secure_port, _]| {
+                let mut apiserver = Command::new(assets.join("kube-apiserver"));
+                apiserver
+                    .args(["--etcd-servers", &etcd_url])
+                    .args(["--secure-port", &secure_port.to_string()])
+                    .args(["--bind-address", "127.0.0.1"])
+                    .args(["--advertise-address", "127.0.0.1"])
+                    .args(["--cert-dir", &path_str(&certs)])
+                    .args(["--token-auth-file", &path_str(&tokens)])
+                    .args(["--authorization-mode", "RBAC"])
+                    .args(["--service-account-key-file", &path_str(&sa_pub)])
+                    .args(["--service-account-signing-key-file", &path_str(&sa_key)])
+                    .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+                    .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+                    .args(["--audit-policy-file", &path_str(&audit_policy)])
+                    .args(["--audit-log-path", &path_str(&dir.join("audit.log"))])
+                    .args(["--audit-log-mode", "blocking"]);
+                let serving = format!("Serving securely on 127.0.0.1:{secure_port}");
+                (apiserver, serving, secure_port)
+            })
+            .await?;
 
         let url = format!("https://127.0.0.1:{secure_port}");
         let ca_file = certs.join("apiserver.crt");
@@ -245,11 +311,10 @@ impl ControlPlane {
 
     /// The last `lines` lines of one of the control plane's logs (`etcd.log`, `kube-apiserver.log`).
     pub fn log_tail(&self, log: &str, lines: usize) -> String {
-        let Ok(file) = std::fs::File::open(self.dir.join(log)) else {
-            return format!("({log} missing)");
-        };
-        let all: Vec<String> = BufReader::new(file).lines().map_while(Result::ok).collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        match std::fs::read_to_string(self.dir.join(log)) {
+            Ok(text) => tail(&text, lines),
+            Err(_) => format!("({log} missing)"),
+        }
     }
 
     /// Process ids of etcd and kube-apiserver.

@@ -1,8 +1,6 @@
 //! Objects the cluster tests create again and again: a ring sharding Secrets (and the ConfigMaps
 //! they control), shard Leases, Secrets and their controlled ConfigMaps.
 
-use std::net::SocketAddr;
-
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, OwnerReference};
@@ -12,12 +10,7 @@ use kube::api::ObjectMeta;
 use sharder_common::labels::RING_LABEL;
 use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingResource};
 
-use crate::control_plane::{NAMESPACE_LABEL, free_port};
-
-/// A free loopback address.
-pub fn loopback_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port().unwrap_or(0)))
-}
+use crate::control_plane::NAMESPACE_LABEL;
 
 /// A ring sharding `secrets` with the `configmaps` they control. With `namespace`, the ring
 /// selects only that test namespace and carries its [`NAMESPACE_LABEL`] (so a reconciler started
@@ -98,4 +91,47 @@ pub fn child_of(owner: &Secret, name: &str) -> ConfigMap {
         },
         ..ConfigMap::default()
     }
+}
+
+/// The request uid of [`secret_create_review`]'s reviews (the response must carry it back).
+pub const REVIEW_UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
+
+/// The body of an `admission.k8s.io/v1` AdmissionReview of a CREATE of Secret
+/// `namespace/name` carrying `labels`, as the apiserver sends it to a webhook.
+pub fn secret_create_review(
+    name: &str,
+    namespace: &str,
+    labels: &[(&str, &str)],
+    dry_run: bool,
+) -> Vec<u8> {
+    let labels: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+        .collect();
+    let mut metadata = serde_json::json!({"name": name, "namespace": namespace});
+    if !labels.is_empty() {
+        metadata["labels"] = serde_json::Value::Object(labels);
+    }
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": REVIEW_UID,
+            "kind": {"group": "", "version": "v1", "kind": "Secret"},
+            "resource": {"group": "", "version": "v1", "resource": "secrets"},
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:project-a:deployer", "groups": ["system:authenticated"]},
+            "object": {
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": metadata,
+                "data": {"key": "dmFsdWU="}
+            },
+            "oldObject": null,
+            "dryRun": dry_run,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    }))
+    .unwrap_or_default()
 }

@@ -14,11 +14,13 @@ pub mod control_plane;
 pub mod crd;
 pub mod fixtures;
 pub mod helm;
+pub mod launch;
 pub mod ownership;
 pub mod proxy;
 pub mod supervisor;
 pub mod system;
 pub mod wait;
+pub mod world;
 
 pub use control_plane::ControlPlane;
 pub use supervisor::Supervised;

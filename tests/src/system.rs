@@ -1,41 +1,33 @@
-//! The whole system as real processes on the shared control plane, for end-to-end tests: webhook
-//! replicas behind a TCP proxy (the Service), reconciler replicas, example shards
+//! The whole system as real processes on the shared control plane, for end-to-end tests and the
+//! demo: webhook replicas behind a TCP proxy (the Service), reconciler replicas, example shards
 //! (`checksum-controller`) recording every reconcile, one ClusterRing over a test namespace, and a
-//! monitor of how long objects stay unassigned.
+//! monitor of how long objects stay unassigned. Built on [`World`]; every process is started
+//! through the launchers of [`crate::launch`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use sharder_common::labels::RING_LABEL;
-use sharder_common::lease::shard_state;
-use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
+use sharder_common::{ObjectKey, Ring, RingLabels, is_available};
 use sharder_example::{checksums, configmap_name};
 use tokio::task::JoinHandle;
 
-use crate::binaries::binary;
-use crate::certs::TestCa;
-use crate::control_plane::NAMESPACE_LABEL;
-use crate::crd::install_cluster_ring_crd;
-use crate::fixtures::{loopback_addr, secrets_ring};
+use crate::launch::{Env, Reconciler, Shard, ShardFlags, Webhook};
 use crate::ownership::{self, Report};
 use crate::proxy::Proxy;
-use crate::wait::{eventually, http_get};
-use crate::{ControlPlane, Supervised};
-
-/// How long waits for the system to act may take before a test fails.
-pub const WAIT: Duration = Duration::from_secs(60);
+use crate::wait::eventually;
+pub use crate::world::WAIT;
+use crate::world::World;
 
 /// The shape of a system.
 #[derive(Clone, Debug)]
@@ -149,28 +141,31 @@ impl Objects {
 
 /// The running system of one test.
 pub struct System {
-    /// The control plane.
-    pub cp: &'static ControlPlane,
-    /// An admin client.
-    pub client: Client,
-    /// The test namespace (also the ring's name).
-    pub ns: String,
-    /// The ClusterRing's name.
-    pub ring: String,
-    /// The ring's label keys.
-    pub labels: RingLabels,
+    /// The world (namespace, ring, files, helpers).
+    pub world: World,
     /// The options it was started with.
     pub options: Options,
-    dir: tempfile::TempDir,
-    webhook_addrs: Vec<SocketAddr>,
-    webhooks: Vec<Option<Supervised>>,
     proxy: Proxy,
-    reconcilers: Vec<Option<Supervised>>,
-    shards: BTreeMap<String, Supervised>,
+    webhooks: Vec<Option<Webhook>>,
+    reconcilers: Vec<Option<Reconciler>>,
+    shards: BTreeMap<String, Shard>,
     ended: BTreeMap<String, u128>,
     unassigned: Sightings,
     monitor: JoinHandle<()>,
-    probes: usize,
+}
+
+impl Deref for System {
+    type Target = World;
+
+    fn deref(&self) -> &World {
+        &self.world
+    }
+}
+
+impl DerefMut for System {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.world
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -181,62 +176,42 @@ impl System {
     /// Starts everything: webhooks, the ring, reconcilers, shards; returns once a new object is
     /// assigned by the webhook.
     pub async fn start(prefix: &str, options: Options) -> Self {
-        let cp = ControlPlane::shared().await.expect("control plane");
-        let client = cp.client().await.expect("client");
-        install_cluster_ring_crd(&client).await.expect("CRD");
-        let ns = match &options.namespace {
-            Some(ns) => ns.clone(),
-            None => cp.namespace(prefix).await.expect("namespace"),
+        let world = match &options.namespace {
+            Some(ns) => {
+                let cp = crate::ControlPlane::shared().await.expect("control plane");
+                World::in_namespace(cp, ns.clone()).await
+            }
+            None => World::new(prefix).await,
         };
-        let dir = tempfile::tempdir().expect("dir");
-        let ca = TestCa::new("e2e-ca").expect("ca");
-        let cert = ca.serving_cert("webhook").expect("cert");
-        std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem).expect("cert");
-        std::fs::write(dir.path().join("tls.key"), &cert.key_pem).expect("key");
-        std::fs::write(dir.path().join("ca.crt"), ca.pem()).expect("ca");
-        let webhook_addrs: Vec<_> = (0..options.webhooks).map(|_| loopback_addr()).collect();
-        let proxy = Proxy::start(webhook_addrs.clone()).await.expect("proxy");
+        let proxy = Proxy::start(options.webhooks).await.expect("proxy");
         let unassigned = Sightings::default();
         let monitor = tokio::spawn(monitor(
-            client.clone(),
-            ns.clone(),
-            RingLabels::new(&ns),
+            world.client.clone(),
+            world.ns.clone(),
+            world.labels.clone(),
             Arc::clone(&unassigned),
         ));
         let mut system = Self {
-            cp,
-            client,
-            ring: ns.clone(),
-            labels: RingLabels::new(&ns),
-            ns,
+            world,
             options,
-            dir,
-            webhook_addrs,
-            webhooks: Vec::new(),
             proxy,
+            webhooks: Vec::new(),
             reconcilers: Vec::new(),
             shards: BTreeMap::new(),
             ended: BTreeMap::new(),
             unassigned,
             monitor,
-            probes: 0,
         };
         for i in 0..system.options.webhooks {
             system.webhooks.push(None);
             system.start_webhook(i).await;
         }
         if system.options.create_ring {
-            Api::<ClusterRing>::all(system.client.clone())
-                .create(
-                    &PostParams::default(),
-                    &secrets_ring(&system.ring, Some(&system.ns)),
-                )
-                .await
-                .expect("ring");
+            system.create_ring().await;
         }
         for i in 0..system.options.reconcilers {
             system.reconcilers.push(None);
-            system.start_reconciler(i);
+            system.start_reconciler(i).await;
         }
         for i in 0..system.options.shards {
             system.start_shard(&format!("shard-{i}")).await;
@@ -245,65 +220,29 @@ impl System {
         system
     }
 
-    fn log_file(&self, name: &str) -> std::fs::File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{name}.log")))
-            .expect("log file")
+    fn env(&self, kubeconfig: Option<&PathBuf>) -> Env {
+        match kubeconfig {
+            Some(kubeconfig) => Env::new(self.dir(), kubeconfig),
+            None => self.admin_env(),
+        }
     }
 
-    fn spawn(&self, name: &str, kubeconfig: Option<&PathBuf>, mut command: Command) -> Supervised {
-        let log = self.log_file(name);
-        command
-            .env(
-                "KUBECONFIG",
-                kubeconfig.map_or_else(|| self.cp.kubeconfig(), PathBuf::as_path),
-            )
-            .env("NO_COLOR", "1")
-            .args(["--log-format", "json"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        Supervised::spawn(name, command).expect("spawn")
-    }
-
-    /// The folder holding the logs (`<process>.log`) and reconcile records.
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
-    }
-
-    /// The log of process `name` (`webhook-0`, `reconciler-1`, `shard-2`, ...).
-    pub fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
-    }
-
-    /// Starts (or restarts) webhook replica `i` and waits until it is ready.
+    /// Starts (or restarts) webhook replica `i` and waits until it is ready; the proxy sends
+    /// connections to it.
     pub async fn start_webhook(&mut self, i: usize) {
-        let admin = loopback_addr();
-        let mut command = Command::new(binary("sharder-webhook").expect("binary"));
-        command
-            .args(["--listen-addr", &self.webhook_addrs[i].to_string()])
-            .args(["--admin-addr", &admin.to_string()])
-            .arg("--tls-cert-file")
-            .arg(self.dir.path().join("tls.crt"))
-            .arg("--tls-key-file")
-            .arg(self.dir.path().join("tls.key"));
-        let kubeconfig = self.options.webhook_kubeconfig.as_ref();
-        self.webhooks[i] = Some(self.spawn(&format!("webhook-{i}"), kubeconfig, command));
-        eventually("webhook ready", WAIT, || async {
-            match http_get(admin, "/readyz").await {
-                Ok((200, _)) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await;
+        let env = self.env(self.options.webhook_kubeconfig.as_ref());
+        let webhook = self
+            .world
+            .start_webhook(&format!("webhook-{i}"), &env, &[])
+            .await;
+        self.proxy.set_backend(i, Some(webhook.addr));
+        self.webhooks[i] = Some(webhook);
     }
 
     /// Kills webhook replica `i` (SIGKILL).
     pub fn kill_webhook(&mut self, i: usize) {
         if let Some(mut webhook) = self.webhooks[i].take() {
-            webhook.kill();
+            webhook.process.kill();
         }
     }
 
@@ -313,40 +252,25 @@ impl System {
     }
 
     /// Starts (or restarts) reconciler replica `i` (identity `replica-<i>`).
-    pub fn start_reconciler(&mut self, i: usize) {
-        let mut command = Command::new(binary("sharder-reconciler").expect("binary"));
-        let namespace = self.reconciler_namespace().to_owned();
-        command
-            .args(["--namespace", &namespace])
-            .args(["--identity", &format!("replica-{i}")])
-            .args([
-                "--leader-election-duration",
-                "3s",
-                "--leader-election-renew",
-                "500ms",
-            ])
-            .args(["--webhook-url", &format!("https://{}", self.proxy.addr())])
-            .arg("--webhook-ca-file")
-            .arg(self.dir.path().join("ca.crt"))
-            .args([
-                "--sweep-interval",
-                &format!("{}s", self.options.sweep_seconds),
-                "--drain-check-interval",
-                "500ms",
-            ])
-            .args([
-                "--clusterring-selector",
-                &format!("{NAMESPACE_LABEL}={}", self.ns),
-            ])
-            .args(["--admin-addr", &loopback_addr().to_string()]);
-        let kubeconfig = self.options.reconciler_kubeconfig.as_ref();
-        self.reconcilers[i] = Some(self.spawn(&format!("reconciler-{i}"), kubeconfig, command));
+    pub async fn start_reconciler(&mut self, i: usize) {
+        let env = self.env(self.options.reconciler_kubeconfig.as_ref());
+        let flags = self.world.reconciler_flags(
+            &format!("replica-{i}"),
+            self.reconciler_namespace(),
+            &format!("https://{}", self.proxy.addr()),
+            Duration::from_secs(self.options.sweep_seconds),
+        );
+        let reconciler = self
+            .world
+            .start_reconciler(&format!("reconciler-{i}"), &env, &flags)
+            .await;
+        self.reconcilers[i] = Some(reconciler);
     }
 
     /// Kills reconciler replica `i` (SIGKILL).
     pub fn kill_reconciler(&mut self, i: usize) {
         if let Some(mut reconciler) = self.reconcilers[i].take() {
-            reconciler.kill();
+            reconciler.process.kill();
         }
     }
 
@@ -359,7 +283,7 @@ impl System {
         self.options
             .reconciler_namespace
             .as_deref()
-            .unwrap_or(&self.ns)
+            .unwrap_or(&self.world.ns)
     }
 
     /// The replica index holding the reconciler's leader Lease, once one does.
@@ -384,41 +308,42 @@ impl System {
     }
 
     fn record_file(&self, shard: &str) -> PathBuf {
-        self.dir.path().join(format!("records-{shard}.jsonl"))
+        self.dir().join(format!("records-{shard}.jsonl"))
+    }
+
+    /// The flags of example shard `name` in this system.
+    pub fn shard_flags(&self, name: &str) -> ShardFlags {
+        ShardFlags {
+            ring: self.ring.clone(),
+            name: name.to_owned(),
+            namespace: self.ns.clone(),
+            lease_duration: Duration::from_secs(self.options.lease_seconds),
+            lease_renew: Duration::from_millis(500),
+            reconcile_delay: Duration::from_millis(self.options.reconcile_delay_ms),
+            record_file: Some(self.record_file(name)),
+            extra: Vec::new(),
+        }
     }
 
     /// Starts example shard `name` and waits until it holds its Lease.
     pub async fn start_shard(&mut self, name: &str) {
-        let mut command = Command::new(binary("checksum-controller").expect("binary"));
-        command
-            .args(["--clusterring", &self.ring])
-            .args(["--shard-name", name])
-            .args(["--lease-namespace", &self.ns, "--namespace", &self.ns])
-            .args([
-                "--lease-duration",
-                &format!("{}s", self.options.lease_seconds),
-                "--lease-renew",
-                "500ms",
-            ])
-            .args([
-                "--reconcile-delay",
-                &format!("{}ms", self.options.reconcile_delay_ms),
-            ])
-            .arg("--record-file")
-            .arg(self.record_file(name))
-            .args(["--admin-addr", &loopback_addr().to_string()]);
-        let process = self.spawn(name, None, command);
-        self.shards.insert(name.to_owned(), process);
-        self.ended.remove(name);
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
-        eventually(&format!("{name} holds its lease"), WAIT, || async {
-            let lease = leases.get(name).await.map_err(|e| e.to_string())?;
-            let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
-            (holder.as_deref() == Some(name))
-                .then_some(())
-                .ok_or_else(|| format!("holder {holder:?}"))
-        })
-        .await;
+        let flags = self.shard_flags(name);
+        self.start_shard_with(flags).await;
+    }
+
+    /// Starts an example shard with `flags` and waits until it holds its Lease.
+    pub async fn start_shard_with(&mut self, flags: ShardFlags) {
+        let name = flags.name.clone();
+        let mut shard = Shard::start(&self.admin_env(), &flags)
+            .await
+            .expect("shard");
+        shard
+            .process
+            .wait_ready(shard.admin)
+            .await
+            .expect("the shard holds its lease");
+        self.shards.insert(name.clone(), shard);
+        self.ended.remove(&name);
     }
 
     /// Stops shard `name` gracefully (SIGTERM) and waits for it to exit; returns whether it
@@ -427,7 +352,7 @@ impl System {
         let Some(mut shard) = self.shards.remove(name) else {
             return false;
         };
-        let status = shard.stop(Duration::from_secs(30));
+        let status = shard.process.stop(Duration::from_secs(30));
         self.ended.insert(name.to_owned(), unix_nanos());
         status.is_some_and(|s| s.success())
     }
@@ -435,8 +360,8 @@ impl System {
     /// Kills shard `name` (SIGKILL, a crash: its Lease is not released).
     pub fn kill_shard(&mut self, name: &str) {
         if let Some(mut shard) = self.shards.remove(name) {
-            let _ = shard.signal(Signal::SIGKILL);
-            shard.kill();
+            let _ = shard.process.signal(Signal::SIGKILL);
+            shard.process.kill();
             self.ended.insert(name.to_owned(), unix_nanos());
         }
     }
@@ -460,22 +385,13 @@ impl System {
 
     /// The ring the reconciler should have converged to: the available shard Leases.
     pub async fn desired_ring(&self) -> Ring {
-        let now = Timestamp::now();
         Ring::new(
             self.shard_leases()
                 .await
                 .into_iter()
-                .filter(|(_, l)| shard_state(l, now).state.is_available())
+                .filter(|(_, l)| is_available(l))
                 .map(|(name, _)| name),
         )
-    }
-
-    fn secrets(&self) -> Api<Secret> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    fn configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.ns)
     }
 
     /// A handle for writing the namespace's Secrets, usable beside the system (e.g. a churn task).
@@ -500,31 +416,6 @@ impl System {
     /// Deletes Secret `name` (its ConfigMap is garbage-collected).
     pub async fn delete_secret(&self, name: &str) -> Result<(), kube::Error> {
         self.objects().delete_secret(name).await
-    }
-
-    /// The test's Secrets (`object-*`) by name.
-    pub async fn list_secrets(&self) -> BTreeMap<String, Secret> {
-        self.secrets()
-            .list(&ListParams::default())
-            .await
-            .expect("secrets")
-            .items
-            .into_iter()
-            .filter(|s| s.name_any().starts_with("object-"))
-            .map(|s| (s.name_any(), s))
-            .collect()
-    }
-
-    /// The shard label of `object`.
-    pub fn shard_of<K: kube::Resource>(&self, object: &K) -> Option<String> {
-        self.labels
-            .shard_of(kube::ResourceExt::labels(object))
-            .map(str::to_owned)
-    }
-
-    /// Whether `object` carries the drain label.
-    pub fn draining<K: kube::Resource>(&self, object: &K) -> bool {
-        self.labels.is_draining(kube::ResourceExt::labels(object))
     }
 
     /// How many Secrets each shard holds (`-` for unassigned).
@@ -601,31 +492,10 @@ impl System {
         eventually(what, WAIT, || self.converged()).await;
     }
 
-    /// Waits until the webhook assigns new objects of the namespace (a probe is labelled).
-    pub async fn wait_until_webhook_assigns(&mut self) {
-        let mut attempt = self.probes;
-        self.probes += 1000;
-        let this = &*self;
-        eventually("the webhook assigns new objects", WAIT, || {
-            attempt += 1;
-            let name = format!("probe-{attempt}");
-            async move {
-                let created = this
-                    .create_secret(&name, "probe")
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let _ = this.delete_secret(&name).await;
-                this.shard_of(&created)
-                    .ok_or_else(|| "not labelled".to_owned())
-            }
-        })
-        .await;
-    }
-
     /// The ownership report from every shard's records so far.
     pub fn ownership(&self) -> Report {
         let mut lines = Vec::new();
-        if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
+        if let Ok(entries) = std::fs::read_dir(self.dir()) {
             for entry in entries.flatten() {
                 let path = entry.path();
                 if path.extension().is_some_and(|e| e == "jsonl") {
@@ -688,29 +558,6 @@ impl System {
 impl Drop for System {
     fn drop(&mut self) {
         self.monitor.abort();
-        if std::thread::panicking() {
-            let mut names: Vec<String> = Vec::new();
-            names.extend((0..self.webhooks.len()).map(|i| format!("webhook-{i}")));
-            names.extend((0..self.reconcilers.len()).map(|i| format!("reconciler-{i}")));
-            if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
-                for entry in entries.flatten() {
-                    let file = entry.file_name().to_string_lossy().into_owned();
-                    if let Some(shard) = file.strip_suffix(".log")
-                        && shard.starts_with("shard-")
-                    {
-                        names.push(shard.to_owned());
-                    }
-                }
-            }
-            for name in names {
-                let log = self.log(&name);
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                eprintln!("----- {name} (last 40 lines) -----");
-                for line in tail.into_iter().rev() {
-                    eprintln!("{line}");
-                }
-            }
-        }
     }
 }
 

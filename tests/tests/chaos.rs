@@ -102,7 +102,7 @@ async fn act(system: &mut System, rng: &mut Rng, next_shard: &mut usize) -> Stri
     // Bring back what an earlier step killed.
     for i in 0..system.options.reconcilers {
         if !system.reconciler_running(i) {
-            system.start_reconciler(i);
+            system.start_reconciler(i).await;
             return format!("restarted reconciler-{i}");
         }
     }
@@ -190,7 +190,7 @@ async fn single_ownership_holds_through_chaos() {
     // Restore the replicas, then everything converges: no object lost, all on their shards.
     for i in 0..system.options.reconcilers {
         if !system.reconciler_running(i) {
-            system.start_reconciler(i);
+            system.start_reconciler(i).await;
         }
     }
     for i in 0..system.options.webhooks {

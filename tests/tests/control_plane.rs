@@ -183,3 +183,37 @@ fn a_killed_test_binary_leaves_no_process_behind() {
         "etcd/kube-apiserver {pids:?} outlived a killed test binary"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn twenty_webhooks_started_at_once_each_bind_a_port_of_their_own() {
+    use std::collections::BTreeSet;
+
+    use sharder_tests::launch::Webhook;
+    use sharder_tests::world::World;
+
+    // Every component binds port 0 itself and reports the address it got: started all at once,
+    // none can be handed a port another one took meanwhile.
+    let world = World::new("ports").await;
+    let env = world.admin_env();
+    let (cert, key) = (world.dir().join("tls.crt"), world.dir().join("tls.key"));
+    let starts = (0..20).map(|i| {
+        let (env, cert, key) = (&env, &cert, &key);
+        async move { Webhook::start(&format!("webhook-{i}"), env, cert, key, &[]).await }
+    });
+    let webhooks: Vec<Webhook> = futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("every webhook starts and becomes ready");
+    let addrs: BTreeSet<_> = webhooks.iter().flat_map(|w| [w.addr, w.admin]).collect();
+    assert_eq!(addrs.len(), 40, "40 distinct addresses: {addrs:?}");
+    for webhook in &webhooks {
+        let (status, body) = sharder_tests::wait::http_get(webhook.admin, "/readyz")
+            .await
+            .expect("admin port answers");
+        assert_eq!((status, body.as_str()), (200, "ok\n"), "{}", webhook.admin);
+        tokio::net::TcpStream::connect(webhook.addr)
+            .await
+            .expect("the TLS port accepts connections");
+    }
+}

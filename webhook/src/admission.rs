@@ -1,8 +1,8 @@
 //! The webhook's decision as a pure function of an admission request and the ring snapshot of
-//! its ClusterRing (design §6): already labelled -> allowed without patch; otherwise a JSON patch
+//! its ClusterRing (docs/design.md §6): already labelled -> allowed without patch; otherwise a JSON patch
 //! that adds the shard label of the shard the ring picks for the object's key. It never denies.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use json_patch::jsonptr::PointerBuf;
@@ -10,19 +10,11 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::Value;
-use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingLabels};
+use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingLabels, Role, Roles};
 
-/// How a resource takes part in a ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// A main resource: objects are keyed by themselves.
-    Main,
-    /// A controlled resource: objects are keyed by their controller ownerReference.
-    Controlled,
-}
-
-/// Everything the webhook needs of one ClusterRing: its label keys, which resources it shards,
-/// and the ring of its available shards. Immutable; rebuilt when the ring or its shards change.
+/// Everything the webhook needs of one ClusterRing: its label keys, which resources it shards
+/// in which role, and the ring of its available shards. Immutable; rebuilt when the ring or its
+/// shards change.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RingSnapshot {
     /// The ClusterRing's name.
@@ -31,45 +23,30 @@ pub struct RingSnapshot {
     pub labels: RingLabels,
     /// The ring of available shards.
     pub ring: Ring,
-    roles: HashMap<(String, String), Role>,
+    /// The resources' roles, or why the spec is invalid (then nothing is assigned, as the
+    /// reconciler moves nothing of an invalid ring).
+    roles: Result<Roles, String>,
 }
 
 impl RingSnapshot {
-    /// The snapshot of ring `name` with `spec` and the given available shards. A resource listed
-    /// both as main and as controlled counts as main.
+    /// The snapshot of ring `name` with `spec` and the given available shards.
     pub fn new<I, S>(name: &str, spec: &ClusterRingSpec, available_shards: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let mut roles = HashMap::new();
-        for resource in &spec.resources {
-            for child in &resource.controlled_resources {
-                roles.insert(
-                    (child.group.clone(), child.resource.clone()),
-                    Role::Controlled,
-                );
-            }
-        }
-        for resource in &spec.resources {
-            roles.insert(
-                (resource.group.clone(), resource.resource.clone()),
-                Role::Main,
-            );
-        }
         Self {
             name: name.to_owned(),
             labels: RingLabels::new(name),
             ring: Ring::new(available_shards),
-            roles,
+            roles: spec.roles().map_err(|e| e.to_string()),
         }
     }
 
-    /// The role of a resource in this ring, if it is sharded by it.
+    /// The role of a resource in this ring, if it is sharded by it (`None` too when the spec is
+    /// invalid).
     pub fn role(&self, group: &str, resource: &str) -> Option<Role> {
-        self.roles
-            .get(&(group.to_owned(), resource.to_owned()))
-            .copied()
+        self.roles.as_ref().ok()?.get(group, resource)
     }
 }
 
@@ -78,6 +55,8 @@ impl RingSnapshot {
 pub enum SkipReason {
     /// The path names a ClusterRing the webhook does not know.
     UnknownRing,
+    /// The ClusterRing's spec is invalid (its status says why).
+    InvalidRing,
     /// The ring has no available shard.
     NoShardAvailable,
     /// A main object without a name yet (`generateName`): the reconciler's sweep assigns it.
@@ -94,8 +73,9 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Every reason, for metrics.
-    pub const ALL: [SkipReason; 7] = [
+    pub const ALL: [SkipReason; 8] = [
         Self::UnknownRing,
+        Self::InvalidRing,
         Self::NoShardAvailable,
         Self::NoName,
         Self::NoControllerReference,
@@ -108,6 +88,7 @@ impl SkipReason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::UnknownRing => "unknown_ring",
+            Self::InvalidRing => "invalid_ring",
             Self::NoShardAvailable => "no_shard_available",
             Self::NoName => "no_name",
             Self::NoControllerReference => "no_controller_reference",
@@ -147,43 +128,32 @@ pub enum Decision {
     },
 }
 
-/// Escapes a JSON pointer token (RFC 6901): `~` -> `~0`, `/` -> `~1`.
-pub fn escape_pointer_token(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
-}
-
-fn pointer(path: &str) -> PointerBuf {
-    // The paths built here are always valid pointers: they start with '/' and escape every token.
-    PointerBuf::parse(path).unwrap_or_default()
+/// The JSON pointer `/metadata/labels[/key]` (RFC 6901 escaping by jsonptr).
+fn labels_pointer(key: Option<&str>) -> PointerBuf {
+    PointerBuf::from_tokens(["metadata", "labels"].into_iter().chain(key))
 }
 
 /// The patch that sets the shard label (and drops a leftover drain label) on an object whose
 /// `labels` are as given.
 pub fn assignment_patch(
-    labels: Option<&std::collections::BTreeMap<String, String>>,
+    labels: Option<&BTreeMap<String, String>>,
     ring_labels: &RingLabels,
     shard: &str,
 ) -> Patch {
     let mut ops = Vec::with_capacity(2);
     if labels.is_none() {
         ops.push(PatchOperation::Add(AddOperation {
-            path: pointer("/metadata/labels"),
+            path: labels_pointer(None),
             value: Value::Object(serde_json::Map::new()),
         }));
     }
     ops.push(PatchOperation::Add(AddOperation {
-        path: pointer(&format!(
-            "/metadata/labels/{}",
-            escape_pointer_token(&ring_labels.shard)
-        )),
+        path: labels_pointer(Some(&ring_labels.shard)),
         value: Value::String(shard.to_owned()),
     }));
     if labels.is_some_and(|l| l.contains_key(&ring_labels.drain)) {
         ops.push(PatchOperation::Remove(RemoveOperation {
-            path: pointer(&format!(
-                "/metadata/labels/{}",
-                escape_pointer_token(&ring_labels.drain)
-            )),
+            path: labels_pointer(Some(&ring_labels.drain)),
         }));
     }
     Patch(ops)
@@ -199,6 +169,9 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnaps
         return skip(SkipReason::NoObject, format!("{:?}", request.operation));
     };
     let (group, resource) = (&request.resource.group, &request.resource.resource);
+    if let Err(reason) = &ring.roles {
+        return skip(SkipReason::InvalidRing, reason.clone());
+    }
     let role = match (&request.sub_resource, ring.role(group, resource)) {
         (None, Some(role)) => role,
         (Some(sub), _) => {
@@ -218,31 +191,17 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnaps
     if labels.is_some_and(|l| l.contains_key(&ring.labels.shard)) {
         return Decision::AlreadyAssigned;
     }
-    let namespace = request.namespace.as_deref();
-    let key = match role {
-        Role::Main => {
-            let name = if request.name.is_empty() {
-                object.metadata.name.as_deref().unwrap_or_default()
-            } else {
-                &request.name
-            };
-            match ObjectKey::main(group, &request.kind.kind, namespace, name) {
-                Some(key) => key,
-                None => return skip(SkipReason::NoName, String::new()),
-            }
-        }
-        Role::Controlled => {
-            let refs = object
-                .metadata
-                .owner_references
-                .as_deref()
-                .unwrap_or_default();
-            match ObjectKey::controlled(namespace, refs) {
-                Ok(Some(key)) => key,
-                Ok(None) => return skip(SkipReason::NoControllerReference, String::new()),
-                Err(e) => return skip(SkipReason::MalformedOwnerReference, e.to_string()),
-            }
-        }
+    let key = match ObjectKey::of(
+        role,
+        group,
+        &request.kind.kind,
+        request.namespace.as_deref(),
+        &object.metadata,
+    ) {
+        Ok(Some(key)) => key,
+        Ok(None) if role == Role::Main => return skip(SkipReason::NoName, String::new()),
+        Ok(None) => return skip(SkipReason::NoControllerReference, String::new()),
+        Err(e) => return skip(SkipReason::MalformedOwnerReference, e.to_string()),
     };
     let Some(shard) = ring.ring.shard_for(key.as_str()) else {
         return skip(SkipReason::NoShardAvailable, String::new());

@@ -2,9 +2,10 @@
 //! ClusterRing's resources with the shard the ring of live shard Leases picks for it.
 //!
 //! The decision is a pure function ([`admission`]); [`server`] is the thin HTTP layer over it;
-//! [`rings`] keeps one ring snapshot per ClusterRing from watches on ClusterRings and shard
-//! Leases; [`tls`] serves and reloads the certificate. Nothing else is cached: in particular no
-//! sharded object.
+//! [`ring_source`] keeps one ring snapshot per ClusterRing from watches on ClusterRings and
+//! shard Leases; [`tls`] serves and reloads the certificate. Nothing else is cached: in
+//! particular no sharded object. Every part runs as a supervised task: if one ends, the process
+//! exits with an error instead of serving without it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,14 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use sharder_sdk::{AdminArgs, LogArgs, Readiness, parse_duration};
+use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub mod admission;
-pub mod floor;
 pub mod metrics;
-pub mod rings;
+pub mod ring_source;
 pub mod server;
 pub mod tls;
 
@@ -34,7 +34,7 @@ pub const TLS_LOADED: &str = "tls-loaded";
     about = "Sharder's mutating admission webhook"
 )]
 pub struct Args {
-    /// Address of the TLS webhook server.
+    /// Address of the TLS webhook server (port 0: any free port; the bound address is logged).
     #[arg(long, env = "SHARDER_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
     pub listen_addr: SocketAddr,
 
@@ -66,13 +66,9 @@ pub struct Args {
     #[arg(long, env = "SHARDER_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
-    /// Admin server flags.
+    /// Admin server and logging flags.
     #[command(flatten)]
-    pub admin: AdminArgs,
-
-    /// Logging flags.
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub common: CommonArgs,
 }
 
 /// Errors of the webhook.
@@ -93,9 +89,14 @@ pub enum Error {
     #[error("cannot configure a Kubernetes client (KUBECONFIG or in-cluster): {0}")]
     Client(#[source] kube::Error),
 
-    /// A runtime piece (admin server, logging) failed.
+    /// A runtime piece (admin server, logging, a supervised task) failed.
     #[error(transparent)]
-    Runtime(#[from] sharder_sdk::Error),
+    Runtime(#[from] sharder_runtime::Error),
+
+    /// The ClusterRing or Lease watch ended (it retries errors itself, so this is a bug or a
+    /// shutdown of the client).
+    #[error("the ClusterRing/Lease watch ended")]
+    WatchEnded,
 
     /// The webhook server could not listen or failed while serving.
     #[error("webhook server on {addr} (--listen-addr): {source}")]
@@ -110,12 +111,14 @@ pub enum Error {
 
 /// Runs the webhook until SIGTERM/SIGINT: ring source, admin server and TLS server.
 pub async fn run(args: Args) -> Result<(), Error> {
-    args.log.init()?;
-    let client = kube::Client::try_default().await.map_err(Error::Client)?;
-    run_with_client(args, client, sharder_sdk::shutdown_on_signal()).await
+    sharder_runtime::start(&args.common.clone(), |client, shutdown| {
+        run_with_client(args, client, shutdown)
+    })
+    .await
 }
 
-/// Runs the webhook with `client` until `shutdown` is cancelled.
+/// Runs the webhook with `client` until `shutdown` is cancelled, or until one of its parts
+/// fails or ends by itself (then the error names it).
 pub async fn run_with_client(
     args: Args,
     client: kube::Client,
@@ -129,34 +132,55 @@ pub async fn run_with_client(
 
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
-    let readiness = Readiness::new([rings::RINGS_SYNCED, rings::LEASES_SYNCED, TLS_LOADED]);
+    let readiness = Readiness::new([
+        ring_source::RINGS_SYNCED,
+        ring_source::LEASES_SYNCED,
+        TLS_LOADED,
+    ]);
     readiness.set(TLS_LOADED, true);
-    let ring_source = Arc::new(rings::Rings::default());
+    let rings = Arc::new(ring_source::Rings::default());
 
-    let (admin_addr, admin) = sharder_sdk::admin::spawn(
-        args.admin.admin_addr,
-        registry,
-        readiness.clone(),
+    let listener = std::net::TcpListener::bind(args.listen_addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| Error::Serve {
+            addr: args.listen_addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| Error::Serve {
+        addr: args.listen_addr,
+        source,
+    })?;
+    let (admin_addr, admin) = sharder_runtime::admin::bind(
+        args.common.admin.admin_addr,
+        sharder_runtime::admin::router(Arc::new(registry), readiness.clone()),
         shutdown.clone(),
     )
     .await?;
-    let source = tokio::spawn(rings::run(
-        client,
-        ring_source.clone(),
-        readiness,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
-    let reload = tokio::spawn(tls::reload_on_change(
-        files,
-        tls_config.clone(),
-        loaded,
-        args.tls_reload_interval,
-        shutdown.clone(),
-    ));
 
+    let mut tasks = Tasks::new(shutdown.clone());
+    tasks.spawn("admin server", admin);
+    tasks.spawn(
+        "ring source",
+        ring_source::run(
+            client,
+            rings.clone(),
+            readiness,
+            metrics.clone(),
+            shutdown.clone(),
+        ),
+    );
+    tasks.spawn(
+        "certificate reload",
+        tls::reload_on_change(
+            files,
+            tls_config.clone(),
+            loaded,
+            args.tls_reload_interval,
+            shutdown.clone(),
+        ),
+    );
     let app = server::router(
-        ring_source,
+        rings,
         metrics,
         server::Limits {
             max_body_bytes: args.max_body_bytes,
@@ -172,14 +196,17 @@ pub async fn run_with_client(
         on_shutdown.cancelled().await;
         graceful.graceful_shutdown(Some(grace));
     });
-    let addr = args.listen_addr;
+    let server = axum_server::from_tcp_rustls(listener, tls_config)
+        .map_err(|source| Error::Serve { addr, source })?
+        .handle(handle);
+    tasks.spawn("webhook server", async move {
+        server
+            .serve(app.into_make_service())
+            .await
+            .map_err(|source| Error::Serve { addr, source })
+    });
     info!(%addr, %admin_addr, "webhook serving");
-    let served = axum_server::bind_rustls(addr, tls_config)
-        .handle(handle)
-        .serve(app.into_make_service())
-        .await;
-    shutdown.cancel();
-    let _ = tokio::join!(admin, source, reload);
+    let result = tasks.supervise().await;
     info!("webhook stopped");
-    served.map_err(|source| Error::Serve { addr, source })
+    Ok(result?)
 }

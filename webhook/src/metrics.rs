@@ -6,17 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-/// Labels of assignment counters (names as in the reference implementation).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AssignmentLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
-    /// API group of the object's resource.
-    pub group: String,
-    /// The object's resource.
-    pub resource: String,
-}
+use sharder_runtime::metrics::{ResourceLabels, RingLabel, register};
 
 /// Labels of the not-assigned counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -25,13 +15,6 @@ pub struct SkipLabels {
     pub clusterring: String,
     /// Why the object was not assigned ([`crate::admission::SkipReason`]).
     pub reason: String,
-}
-
-/// Labels of per-ring gauges.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RingLabel {
-    /// The ClusterRing.
-    pub clusterring: String,
 }
 
 /// Labels of the request latency histogram.
@@ -45,7 +28,7 @@ pub struct RequestLabels {
 #[derive(Clone, Debug)]
 pub struct Metrics {
     /// Objects assigned to a shard (dry-run requests not counted).
-    pub assignments: Family<AssignmentLabels, Counter>,
+    pub assignments: Family<ResourceLabels, Counter>,
     /// Objects allowed without an assignment, by reason.
     pub not_assigned: Family<SkipLabels, Counter>,
     /// Time to answer a review, from body read to response serialized.
@@ -59,40 +42,39 @@ pub struct Metrics {
 impl Metrics {
     /// Creates the metrics and registers them.
     pub fn new(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            assignments: Family::default(),
-            not_assigned: Family::default(),
-            request_duration: Family::new_with_constructor(|| {
-                Histogram::new(exponential_buckets(0.000_025, 2.0, 16))
-            }),
-            available_shards: Family::default(),
-            ring_rebuilds: Family::default(),
-        };
-        registry.register(
-            "controller_sharding_assignments",
-            "Objects assigned to a shard by the webhook",
-            metrics.assignments.clone(),
-        );
-        registry.register(
-            "sharder_webhook_not_assigned",
-            "Objects the webhook allowed without assigning a shard, by reason",
-            metrics.not_assigned.clone(),
-        );
-        registry.register(
-            "sharder_webhook_request_duration_seconds",
-            "Time to answer an admission review",
-            metrics.request_duration.clone(),
-        );
-        registry.register(
-            "sharder_webhook_available_shards",
-            "Available shards per ClusterRing as seen by the webhook",
-            metrics.available_shards.clone(),
-        );
-        registry.register(
-            "sharder_webhook_ring_rebuilds",
-            "Ring snapshot rebuilds per ClusterRing",
-            metrics.ring_rebuilds.clone(),
-        );
-        metrics
+        Self {
+            assignments: register(
+                registry,
+                "controller_sharding_assignments",
+                "Objects assigned to a shard by the webhook",
+                Family::default(),
+            ),
+            not_assigned: register(
+                registry,
+                "sharder_webhook_not_assigned",
+                "Objects the webhook allowed without assigning a shard, by reason",
+                Family::default(),
+            ),
+            request_duration: register(
+                registry,
+                "sharder_webhook_request_duration_seconds",
+                "Time to answer an admission review",
+                Family::new_with_constructor(|| {
+                    Histogram::new(exponential_buckets(0.000_025, 2.0, 16))
+                }),
+            ),
+            available_shards: register(
+                registry,
+                "sharder_webhook_available_shards",
+                "Available shards per ClusterRing as seen by the webhook",
+                Family::default(),
+            ),
+            ring_rebuilds: register(
+                registry,
+                "sharder_webhook_ring_rebuilds",
+                "Ring snapshot rebuilds per ClusterRing",
+                Family::default(),
+            ),
+        }
     }
 }

@@ -18,12 +18,12 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn};
 
-use crate::admission::{self, Decision, SkipReason};
-use crate::metrics::{AssignmentLabels, Metrics, RequestLabels, SkipLabels};
-use crate::rings::Rings;
+use sharder_common::endpoint::WEBHOOK_PATH_PREFIX;
+use sharder_runtime::metrics::ResourceLabels;
 
-/// Path prefix of the webhook; the ring name follows.
-pub const WEBHOOK_PATH_PREFIX: &str = "/webhooks/sharder/clusterring/";
+use crate::admission::{self, Decision, SkipReason};
+use crate::metrics::{Metrics, RequestLabels, SkipLabels};
+use crate::ring_source::Rings;
 
 /// Limits of the HTTP layer.
 #[derive(Clone, Copy, Debug)]
@@ -92,7 +92,7 @@ async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: B
                         state
                             .metrics
                             .assignments
-                            .get_or_create(&AssignmentLabels {
+                            .get_or_create(&ResourceLabels {
                                 clusterring: ring.clone(),
                                 group: group.clone(),
                                 resource: resource.clone(),
@@ -117,6 +117,7 @@ async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: B
                     let name = &request.name;
                     match reason {
                         SkipReason::UnknownRing
+                        | SkipReason::InvalidRing
                         | SkipReason::NoShardAvailable
                         | SkipReason::MalformedOwnerReference => warn!(
                             clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,

@@ -98,12 +98,12 @@ pub async fn reload_on_change(
     mut loaded: PemPair,
     interval: Duration,
     shutdown: CancellationToken,
-) {
+) -> Result<(), Error> {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return Ok(()),
             _ = ticker.tick() => {}
         }
         let current = match files.read() {

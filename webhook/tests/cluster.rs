@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,20 +21,20 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
+use sharder_tests::ControlPlane;
 use sharder_tests::certs::TestCa;
-use sharder_tests::control_plane::{NAMESPACE_LABEL, free_port};
+use sharder_tests::control_plane::NAMESPACE_LABEL;
 use sharder_tests::crd::install_cluster_ring_crd;
 use sharder_tests::fixtures::{child_of, secret, secrets_ring, shard_lease};
-use sharder_tests::wait::{eventually, http_get, metric_sum, metric_value};
-use sharder_tests::{ControlPlane, Supervised};
+use sharder_tests::launch::{self, Env};
+use sharder_tests::wait::{eventually, metric_sum, metric_value};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A running `sharder-webhook` process with its certificate files.
+/// A running `sharder-webhook` process (started by the shared launcher) with its certificate
+/// files.
 struct Webhook {
-    process: Supervised,
-    addr: SocketAddr,
-    admin: SocketAddr,
+    inner: launch::Webhook,
     dir: tempfile::TempDir,
 }
 
@@ -57,61 +56,34 @@ impl Webhook {
         // The webhook is ready only once it can watch ClusterRings.
         let client = cp.client().await.expect("client");
         install_cluster_ring_crd(&client).await.expect("CRD");
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port().expect("port"))
-            .parse()
-            .expect("addr");
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port().expect("port"))
-            .parse()
-            .expect("addr");
-        let log = std::fs::File::create(dir.path().join("webhook.log")).expect("log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sharder-webhook"));
-        command
-            .env("KUBECONFIG", cp.kubeconfig())
-            .env("SHARDER_LOG_LEVEL", "info,sharder_webhook=debug")
-            .arg("--listen-addr")
-            .arg(addr.to_string())
-            .arg("--admin-addr")
-            .arg(admin.to_string())
-            .arg("--tls-cert-file")
-            .arg(dir.path().join(cert))
-            .arg("--tls-key-file")
-            .arg(dir.path().join(key))
-            .args(["--tls-reload-interval", "200ms"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        let process = Supervised::spawn("sharder-webhook", command).expect("start webhook");
-        let webhook = Self {
-            process,
-            addr,
-            admin,
-            dir,
-        };
-        eventually("webhook ready", WAIT, || async {
-            match http_get(webhook.admin, "/readyz").await {
-                Ok((200, _)) => Ok(()),
-                Ok((status, body)) => Err(format!("{status} {body}")),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-        .await;
-        webhook
+        let env = Env::new(dir.path(), cp.kubeconfig())
+            .var("SHARDER_LOG_LEVEL", "info,sharder_webhook=debug");
+        let inner = launch::Webhook::start(
+            "webhook",
+            &env,
+            &dir.path().join(cert),
+            &dir.path().join(key),
+            &["--tls-reload-interval", "200ms"],
+        )
+        .await
+        .expect("webhook");
+        Self { inner, dir }
     }
 
     async fn metrics(&self) -> String {
-        http_get(self.admin, "/metrics").await.expect("metrics").1
+        self.inner.metrics().await
     }
 
     fn url(&self, ring: &str) -> String {
-        format!("https://{}/webhooks/sharder/clusterring/{ring}", self.addr)
+        self.inner.url(ring)
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("webhook.log")).unwrap_or_default()
+        self.inner.process.log()
     }
 }
 
-/// The MutatingWebhookConfiguration the reconciler keeps per ring (design §6), limited to one
+/// The MutatingWebhookConfiguration the reconciler keeps per ring (docs/design.md §6), limited to one
 /// test namespace.
 fn webhook_configuration(
     ring: &str,
@@ -461,7 +433,7 @@ async fn with_the_webhook_down_creates_still_succeed() {
         .await
         .expect("create");
     assert_eq!(s.shard_of(&labelled).as_deref(), Some("shard-a"));
-    s.webhook.process.kill();
+    s.webhook.inner.process.kill();
     for i in 0..5 {
         let created = s
             .secrets()
@@ -543,13 +515,13 @@ async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
     let webhook = Webhook::start_with_files(cp, dir, "tls.crt", "tls.key").await;
     let roots = [old_ca.pem(), new_ca.pem()];
     assert_eq!(
-        served_certificate(webhook.addr, &roots).await,
+        served_certificate(webhook.inner.addr, &roots).await,
         der_of(&old.cert_pem)
     );
 
     swap_secret_volume(webhook.dir.path(), "..v2", &new.cert_pem, &new.key_pem);
     eventually("the new certificate is served", WAIT, || async {
-        let served = served_certificate(webhook.addr, &roots).await;
+        let served = served_certificate(webhook.inner.addr, &roots).await;
         if served == der_of(&new.cert_pem) {
             Ok(())
         } else {
@@ -562,7 +534,7 @@ async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
     swap_secret_volume(webhook.dir.path(), "..v3", &old.cert_pem, "not a key");
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
-        served_certificate(webhook.addr, &roots).await,
+        served_certificate(webhook.inner.addr, &roots).await,
         der_of(&new.cert_pem)
     );
     assert!(
@@ -577,13 +549,10 @@ async fn sigterm_stops_the_webhook_gracefully() {
     let cp = ControlPlane::shared().await.expect("control plane");
     let ca = TestCa::new("sigterm-ca").expect("ca");
     let mut webhook = Webhook::start(cp, &ca).await;
-    webhook
-        .process
-        .signal(nix::sys::signal::Signal::SIGTERM)
-        .expect("SIGTERM");
     let status = webhook
+        .inner
         .process
-        .wait_timeout(Duration::from_secs(20))
+        .stop(Duration::from_secs(20))
         .expect("exits after SIGTERM");
     assert!(status.success(), "{status:?}\n{}", webhook.log());
     assert!(

@@ -12,17 +12,9 @@ use kube::{Api, Client};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    rustls::crypto::ring::default_provider()
-        .install_default()
-        .map_err(|_| anyhow::anyhow!("a rustls crypto provider was already installed"))?;
-    let mut args = std::env::args().skip(1);
-    let namespace = args
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("usage: metadata-cache NAMESPACE EXPECTED"))?;
-    let expected: usize = args
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("usage: metadata-cache NAMESPACE EXPECTED"))?
-        .parse()?;
+    let [namespace, expected] =
+        sharder_bench::helper_args::<2>("metadata-cache NAMESPACE EXPECTED")?;
+    let expected: usize = expected.parse()?;
     let client = Client::try_default().await?;
     let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(client, &namespace);
     let (reader, writer) = reflector::store();

@@ -1,20 +1,11 @@
-//! What to do with one object (design §5), as a pure function of its metadata and the ring.
+//! What to do with one object (docs/design.md §5), as a pure function of its metadata and the ring.
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
-use sharder_common::{ObjectKey, Ring, RingLabels};
-
-/// How a resource takes part in the ring.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Main resource: keyed by itself; moved off a live shard by draining.
-    Main,
-    /// Controlled resource: keyed by its controller owner; always assigned directly.
-    Controlled,
-}
+use sharder_common::{ObjectKey, Ring, RingLabels, Role};
 
 /// Why an object moves (the `reason` of the move log line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,20 +77,9 @@ impl Move {
 /// The object's key on the ring, or `None` when it has none (no name yet, no controller
 /// reference, or a malformed one: such objects are left alone).
 pub fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> Option<ObjectKey> {
-    match role {
-        Role::Main => ObjectKey::main(
-            group,
-            kind,
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        ),
-        Role::Controlled => ObjectKey::controlled(
-            meta.namespace.as_deref(),
-            meta.owner_references.as_deref().unwrap_or_default(),
-        )
+    ObjectKey::of(role, group, kind, meta.namespace.as_deref(), meta)
         .ok()
-        .flatten(),
-    }
+        .flatten()
 }
 
 /// The move `meta` needs, or `None` if it stays: no key, no shard available, already on its

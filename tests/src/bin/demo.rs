@@ -83,7 +83,14 @@ async fn follow(dir: std::path::PathBuf) {
 
 fn show(process: &str, line: &str) -> Option<String> {
     let event: serde_json::Value = serde_json::from_str(line).ok()?;
-    let field = |name: &str| event[name].as_str().unwrap_or_default().to_owned();
+    // An event's own fields, or those of the span it was logged in (ring, shard, reconcile).
+    let field = |name: &str| {
+        event[name]
+            .as_str()
+            .or_else(|| event["span"][name].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
     let message = field("message");
     let object = field("object");
     match message.as_str() {

@@ -197,15 +197,16 @@ fn existing_labels_are_kept_and_the_key_is_escaped() {
 #[test]
 fn pointer_tokens_escape_tilde_before_slash() {
     let table = [
-        ("plain", "plain"),
-        ("a/b", "a~1b"),
-        ("a~b", "a~0b"),
-        ("~/", "~0~1"),
-        ("~1", "~01"),
+        ("plain", "/metadata/labels/plain"),
+        ("a/b", "/metadata/labels/a~1b"),
+        ("a~b", "/metadata/labels/a~0b"),
+        ("~/", "/metadata/labels/~0~1"),
+        ("~1", "/metadata/labels/~01"),
     ];
     for (token, want) in table {
-        assert_eq!(escape_pointer_token(token), want, "{token}");
+        assert_eq!(labels_pointer(Some(token)).as_str(), want, "{token}");
     }
+    assert_eq!(labels_pointer(None).as_str(), "/metadata/labels");
 }
 
 #[test]
@@ -399,26 +400,51 @@ fn cluster_scoped_objects_are_keyed_with_an_empty_namespace() {
 }
 
 #[test]
-fn a_resource_listed_as_main_and_controlled_counts_as_main() {
+fn a_ring_listing_a_resource_as_main_and_controlled_assigns_nothing_like_the_reconciler() {
+    // [secrets{controlledResources:[configmaps]}, configmaps]: invalid (common rejects it), so
+    // the webhook assigns nothing, just as the reconciler moves nothing of an invalid ring.
     let spec = ClusterRingSpec {
         resources: vec![
-            RingResource {
-                group: String::new(),
-                resource: "configmaps".into(),
-                controlled_resources: vec![],
-            },
             RingResource {
                 group: String::new(),
                 resource: "secrets".into(),
                 controlled_resources: vec![GroupResource::new("", "configmaps")],
             },
+            RingResource {
+                group: String::new(),
+                resource: "configmaps".into(),
+                controlled_resources: vec![],
+            },
         ],
         namespace_selector: None,
     };
     let ring = RingSnapshot::new(RING, &spec, ["a"]);
-    assert_eq!(ring.role("", "configmaps"), Some(Role::Main));
-    assert_eq!(ring.role("", "secrets"), Some(Role::Main));
-    assert_eq!(ring.role("apps", "secrets"), None);
+    assert_eq!(ring.role("", "configmaps"), None);
+    assert_eq!(ring.role("", "secrets"), None);
+    for req in [
+        secret(
+            "foo",
+            object("Secret", json!({"name": "foo", "namespace": "default"})),
+        ),
+        configmap(object(
+            "ConfigMap",
+            json!({"name": "c", "namespace": "default"}),
+        )),
+    ] {
+        let (decision, response, _) = run(&req, Some(&ring));
+        match decision {
+            Decision::Skip {
+                reason: SkipReason::InvalidRing,
+                detail,
+            } => assert!(
+                detail.contains("spec.resources[0].controlledResources[0]"),
+                "{detail}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(response["response"].get("patch").is_none());
+        assert_eq!(response["response"]["allowed"], true, "never denied");
+    }
 }
 
 #[test]

@@ -33,22 +33,7 @@ fn app(limits: Limits) -> (Router, Metrics) {
 }
 
 fn review(dry_run: bool) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "", "version": "v1", "kind": "Secret"},
-            "resource": {"group": "", "version": "v1", "resource": "secrets"},
-            "name": "foo",
-            "namespace": "default",
-            "operation": "CREATE",
-            "userInfo": {},
-            "object": {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "foo", "namespace": "default"}},
-            "dryRun": dry_run,
-        }
-    }))
-    .expect("json")
+    sharder_tests::fixtures::secret_create_review("foo", "default", &[], dry_run)
 }
 
 async fn call(app: Router, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, String) {
@@ -82,10 +67,13 @@ async fn a_review_gets_200_with_a_patch_and_is_counted() {
     assert_eq!(status, StatusCode::OK);
     let response: Value = serde_json::from_str(&body).expect("json");
     assert_eq!(response["kind"], "AdmissionReview");
-    assert_eq!(response["response"]["uid"], "u-1");
+    assert_eq!(
+        response["response"]["uid"],
+        sharder_tests::fixtures::REVIEW_UID
+    );
     assert_eq!(response["response"]["allowed"], true);
     assert_eq!(response["response"]["patchType"], "JSONPatch");
-    let labels = AssignmentLabels {
+    let labels = ResourceLabels {
         clusterring: "example".into(),
         group: String::new(),
         resource: "secrets".into(),
@@ -99,7 +87,7 @@ async fn dry_run_reviews_are_assigned_but_not_counted() {
     let (status, body) = call(app, Method::POST, PATH, review(true)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains("\"patch\""), "{body}");
-    let labels = AssignmentLabels {
+    let labels = ResourceLabels {
         clusterring: "example".into(),
         group: String::new(),
         resource: "secrets".into(),

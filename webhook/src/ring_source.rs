@@ -3,9 +3,9 @@
 //! per ClusterRing. Requests read snapshots lock-free; a snapshot is rebuilt only when its ring's
 //! spec or its set of available shards changes.
 //!
-//! A shard is available (ready, expired or uncertain) exactly when its Lease is held by itself,
-//! so availability never changes with time alone and the source needs no timers. Of each Lease
-//! only its ring, name and whether it is held are kept; nothing else is cached.
+//! A shard is available by `sharder_common::is_available` (ready, expired or uncertain: exactly
+//! when its Lease is held by itself), which never changes with time alone, so the source needs no
+//! timers. Of each Lease only its ring, name and availability are kept; nothing else is cached.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -17,14 +17,15 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::labels::RING_LABEL;
-use sharder_common::lease::is_held_by_shard;
-use sharder_common::{ClusterRing, ClusterRingSpec};
-use sharder_sdk::Readiness;
+use sharder_common::{ClusterRing, ClusterRingSpec, is_available};
+use sharder_runtime::Readiness;
+use sharder_runtime::metrics::RingLabel;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::Error;
 use crate::admission::RingSnapshot;
-use crate::metrics::{Metrics, RingLabel};
+use crate::metrics::Metrics;
 
 /// Readiness condition set once the first list of ClusterRings has been seen.
 pub const RINGS_SYNCED: &str = "clusterrings-synced";
@@ -52,7 +53,7 @@ impl Rings {
 struct ShardLease {
     ring: String,
     shard: String,
-    held: bool,
+    available: bool,
 }
 
 impl ShardLease {
@@ -61,7 +62,7 @@ impl ShardLease {
         Some(Self {
             ring,
             shard: lease.name_any(),
-            held: is_held_by_shard(lease),
+            available: is_available(lease),
         })
     }
 }
@@ -142,7 +143,7 @@ impl RingState {
 
     fn available(&self) -> HashMap<String, BTreeSet<String>> {
         let mut available: HashMap<String, BTreeSet<String>> = HashMap::new();
-        for lease in self.leases.values().filter(|l| l.held) {
+        for lease in self.leases.values().filter(|l| l.available) {
             available
                 .entry(lease.ring.clone())
                 .or_default()
@@ -187,14 +188,15 @@ enum SourceEvent {
 }
 
 /// Watches ClusterRings and shard Leases until `shutdown`, publishing snapshots into `rings`
-/// and setting the readiness conditions [`RINGS_SYNCED`] and [`LEASES_SYNCED`].
+/// and setting the readiness conditions [`RINGS_SYNCED`] and [`LEASES_SYNCED`]. Watch errors are
+/// retried with backoff; the watches ending is an error (the process must not serve stale rings).
 pub async fn run(
     client: Client,
     rings: Arc<Rings>,
     readiness: Readiness,
     metrics: Metrics,
     shutdown: CancellationToken,
-) {
+) -> Result<(), Error> {
     let ring_events = watcher::watcher(
         Api::<ClusterRing>::all(client.clone()),
         watcher::Config::default(),
@@ -211,11 +213,11 @@ pub async fn run(
     let mut state = RingState::default();
     loop {
         let event = tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return Ok(()),
             event = events.next() => event,
         };
         match event {
-            None => return,
+            None => return Err(Error::WatchEnded),
             Some(Err(e)) => {
                 warn!(error = %e, "watch failed, retrying with backoff");
                 continue;
@@ -241,9 +243,7 @@ pub async fn run(
         }
         rings.publish(snapshots);
         for (ring, shards) in changes.rebuilt {
-            let label = RingLabel {
-                clusterring: ring.clone(),
-            };
+            let label = RingLabel::new(&ring);
             metrics
                 .available_shards
                 .get_or_create(&label)
@@ -252,9 +252,7 @@ pub async fn run(
             info!(clusterring = %ring, shards = ?shards, "ring rebuilt");
         }
         for ring in changes.removed {
-            metrics.available_shards.remove(&RingLabel {
-                clusterring: ring.clone(),
-            });
+            metrics.available_shards.remove(&RingLabel::new(&ring));
             info!(clusterring = %ring, "ring removed");
         }
     }

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
 use sharder_common::{ShardState, shard_state};
-use sharder_sdk::lease::{Attempt, LeaseConfig, LeaseKeeper};
+use sharder_runtime::lease::{Attempt, HoldError, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_tests::ControlPlane;
 use tokio_util::sync::CancellationToken;
 
@@ -134,5 +134,80 @@ async fn a_dropped_holder_stops_renewing_like_a_crash() {
         )
         .state,
         ShardState::Ready
+    );
+}
+
+#[tokio::test]
+async fn work_that_ends_by_itself_is_reported_and_its_lease_released() {
+    let (a, b, api) = keepers("ended", ["replica-1", "replica-2"]).await;
+    let result = hold(a, &CancellationToken::new(), OnStop::Release, |_| async {
+        Ok::<(), String>(())
+    })
+    .await;
+    assert!(
+        matches!(result, Err(HoldError::Ended(ref name)) if name == "ended"),
+        "{result:?}"
+    );
+    let lease = api.get("ended").await.expect("get");
+    assert_eq!(
+        shard_state(&lease, Timestamp::now()).state,
+        ShardState::Dead,
+        "released, so a standby takes over at once"
+    );
+    assert_eq!(
+        b.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::Held
+    );
+}
+
+#[tokio::test]
+async fn failing_work_is_reported_with_its_error() {
+    let (a, _, _) = keepers("failed", ["replica-1", "replica-2"]).await;
+    let result = hold(a, &CancellationToken::new(), OnStop::Release, |_| async {
+        Err::<(), _>("controller crashed")
+    })
+    .await;
+    assert_eq!(
+        result.expect_err("failed").to_string(),
+        "controller crashed"
+    );
+}
+
+#[tokio::test]
+async fn a_kept_lease_is_taken_back_at_once_by_the_same_identity_and_by_others_only_after_it_expired()
+ {
+    let (a, b, api) = keepers("stable-0", ["stable-0", "other"]).await;
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    hold(a.clone(), &shutdown, OnStop::Keep, |holding| async move {
+        trigger.cancel();
+        holding.stop.cancelled().await;
+        Ok::<(), String>(())
+    })
+    .await
+    .expect("graceful stop");
+    let kept = api.get("stable-0").await.expect("get");
+    assert_eq!(
+        kept.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some("stable-0"),
+        "not released"
+    );
+    assert_eq!(
+        b.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::HeldByOther,
+        "nobody else may take it before it expired"
+    );
+    assert_eq!(
+        a.try_acquire_or_renew().await.expect("attempt"),
+        Attempt::Held,
+        "the same identity takes it back at once"
+    );
+    let back = api.get("stable-0").await.expect("get");
+    assert_eq!(
+        back.spec.and_then(|s| s.lease_transitions),
+        kept.spec.and_then(|s| s.lease_transitions),
+        "no transition: the same holder"
     );
 }

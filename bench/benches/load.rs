@@ -5,7 +5,7 @@
 //! alternating floor and sharder for `--rounds` rounds each, and prints reviews/s and
 //! p50/p90/p99 per round, the medians, and the sharder/floor ratios.
 //!
-//! `cargo bench -p sharder-webhook --bench load -- --connections 32 --seconds 5 --rounds 3`
+//! `cargo bench -p sharder-bench --bench load -- --connections 32 --seconds 5 --rounds 3`
 // A bench target is a crate of its own; its items need no docs.
 #![allow(missing_docs)]
 
@@ -18,11 +18,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use rustls_pki_types::pem::PemObject;
-use serde_json::json;
+use sharder_bench::floor::floor_router;
 use sharder_webhook::admission::RingSnapshot;
-use sharder_webhook::floor::floor_router;
 use sharder_webhook::metrics::Metrics;
-use sharder_webhook::rings::Rings;
+use sharder_webhook::ring_source::Rings;
 use sharder_webhook::server::{Limits, router};
 use sharder_webhook::tls::TlsFiles;
 
@@ -58,28 +57,12 @@ fn options() -> Options {
 }
 
 fn review_body() -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "", "version": "v1", "kind": "Secret"},
-            "resource": {"group": "", "version": "v1", "resource": "secrets"},
-            "name": "object-1234",
-            "namespace": "project-a",
-            "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:project-a:deployer", "groups": ["system:authenticated"]},
-            "object": {
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "object-1234", "namespace": "project-a", "labels": {"app": "web"}},
-                "data": {"key": "dmFsdWU="}
-            },
-            "oldObject": null,
-            "dryRun": false,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
-        }
-    }))
-    .expect("json")
+    sharder_tests::fixtures::secret_create_review(
+        "object-1234",
+        "project-a",
+        &[("app", "web")],
+        false,
+    )
 }
 
 /// Starts both servers on their own runtime; returns (floor, sharder) addresses and the CA.

@@ -1,5 +1,5 @@
 //! The webhook's pure path, review bytes to response bytes, beside the floor (parse the review,
-//! answer a fixed patch) in the same run. `cargo bench -p sharder-webhook --bench review`.
+//! answer a fixed patch) in the same run. `cargo bench -p sharder-bench --bench review`.
 // criterion_group! generates an undocumented `pub fn`.
 #![allow(missing_docs)]
 
@@ -7,8 +7,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
+use sharder_bench::floor::floor_review;
 use sharder_webhook::admission::{RingSnapshot, review};
-use sharder_webhook::floor::floor_review;
 
 fn body(controlled: bool) -> Vec<u8> {
     let (resource, kind, owners) = if controlled {

@@ -1,0 +1,70 @@
+//! Reporting a rebalance: one summary log line, and a `Rebalanced` Event on the ClusterRing
+//! when anything moved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder};
+use sharder_common::ClusterRing;
+use tracing::{info, warn};
+
+use crate::rebalance::{Outcome, Scope};
+
+/// Logs the summary of a rebalance and publishes the Event.
+pub async fn report(
+    recorder: &Recorder,
+    ring: &ClusterRing,
+    scopes: &BTreeSet<Scope>,
+    outcome: &Outcome,
+    pending: usize,
+    elapsed: Duration,
+) {
+    let assigned: BTreeMap<&str, usize> = outcome
+        .assigned
+        .iter()
+        .map(|(r, n)| (r.as_str(), *n))
+        .collect();
+    let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
+    info!(
+        scopes = ?scopes,
+        listed = outcome.listed,
+        drained = outcome.drained,
+        assigned = ?assigned,
+        pending_drains = pending,
+        errors = outcome.errors,
+        duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        "rebalance"
+    );
+    if !outcome.moved_anything() {
+        return;
+    }
+    let note = format!(
+        "listed {} objects: {} drained, {} assigned ({:?}), {} errors, in {} ms",
+        outcome.listed,
+        outcome.drained,
+        assigned.values().sum::<usize>(),
+        assigned,
+        outcome.errors,
+        elapsed.as_millis()
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Rebalanced".into(),
+        note: Some(note),
+        action: "Rebalance".into(),
+        secondary: None,
+    };
+    let reference = ring.object_ref(&());
+    let mut result = recorder.publish(&event, &reference).await;
+    if matches!(&result, Err(kube::Error::Api(s)) if s.code == 422) {
+        // kube-apiserver < 1.22 rejects an events.k8s.io/v1 Event in `default` about a
+        // cluster-scoped object unless the reference names that namespace too.
+        let mut in_default = reference;
+        in_default.namespace = Some("default".into());
+        result = recorder.publish(&event, &in_default).await;
+    }
+    if let Err(e) = result {
+        warn!(error = %e, "cannot publish the rebalance Event");
+    }
+}

@@ -1,0 +1,353 @@
+//! When the ring controller rebalances and what it lists, as pure functions of what it
+//! remembers of a ring ([`Progress`]), what it observes now ([`Observed`]), and a given instant:
+//! no clock is read here, so every rule is unit-tested with chosen instants.
+//!
+//! - A full list ([`Scope::All`]) when the ring is new to this leader, was recreated (new uid),
+//!   its spec changed (generation), a shard was added, or the resync interval passed.
+//! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
+//! - The unassigned sweep ([`Scope::Unassigned`]) every sweep interval, and at every reconcile
+//!   while drains are pending (their acknowledgements leave objects unassigned when the webhook
+//!   missed them).
+//!
+//! A full list covers everything the others would, so it replaces them.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::rebalance::Scope;
+
+/// The shortest requeue, so a busy ring never spins.
+pub const MIN_REQUEUE: Duration = Duration::from_millis(100);
+
+/// Timing of rebalances.
+#[derive(Clone, Copy, Debug)]
+pub struct Intervals {
+    /// Full resync of every ring.
+    pub resync: Duration,
+    /// Unassigned sweep (`!<shard label>`), for objects the webhook missed.
+    pub sweep: Duration,
+    /// Follow-up sweeps while drains are not acknowledged yet.
+    pub drain_check: Duration,
+}
+
+/// What the ring looks like now.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    /// The ring's uid (a recreated ring is a new ring).
+    pub uid: &'a str,
+    /// Its generation (spec changes).
+    pub generation: i64,
+    /// Its available shards.
+    pub available: &'a BTreeSet<String>,
+}
+
+/// What the controller remembers of a ring between reconciles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// The uid it was remembered for.
+    pub uid: String,
+    /// The generation last acted on.
+    pub generation: i64,
+    /// The available shards last rebalanced for.
+    pub available: BTreeSet<String>,
+    /// The generation whose webhook configuration was applied.
+    pub applied_generation: Option<i64>,
+    /// When the last full list ended.
+    pub last_full: Instant,
+    /// When the last rebalance of any scope ended.
+    pub last_sweep: Instant,
+    /// Whether drains were pending after the last rebalance.
+    pub draining: bool,
+}
+
+/// How a rebalance went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ran {
+    /// Whether it listed everything.
+    pub full: bool,
+    /// Whether drains are still pending.
+    pub draining: bool,
+    /// Whether any list or write failed (the same work is then tried again).
+    pub failed: bool,
+}
+
+/// The remembered progress of the ring `observed` shows, if it is the same ring.
+pub fn same_ring<'p>(
+    progress: Option<&'p Progress>,
+    observed: &Observed<'_>,
+) -> Option<&'p Progress> {
+    progress.filter(|p| p.uid == observed.uid)
+}
+
+/// Whether the ring's webhook configuration must be (re)applied: not yet for this generation.
+pub fn needs_webhook_configuration(progress: Option<&Progress>, observed: &Observed<'_>) -> bool {
+    same_ring(progress, observed).and_then(|p| p.applied_generation) != Some(observed.generation)
+}
+
+/// The lists to run now.
+pub fn scopes(
+    progress: Option<&Progress>,
+    observed: &Observed<'_>,
+    intervals: &Intervals,
+    now: Instant,
+) -> BTreeSet<Scope> {
+    let Some(p) = same_ring(progress, observed) else {
+        return [Scope::All].into();
+    };
+    if p.generation != observed.generation
+        || observed.available.difference(&p.available).next().is_some()
+        || now.saturating_duration_since(p.last_full) >= intervals.resync
+    {
+        return [Scope::All].into();
+    }
+    let mut scopes: BTreeSet<Scope> = p
+        .available
+        .difference(observed.available)
+        .map(|dead| Scope::OnShard(dead.clone()))
+        .collect();
+    if p.draining || now.saturating_duration_since(p.last_sweep) >= intervals.sweep {
+        scopes.insert(Scope::Unassigned);
+    }
+    scopes
+}
+
+/// What to remember after a reconcile at `now`: the observed ring, the webhook configuration
+/// applied, and how the rebalance went (`None`: nothing was listed). After a failed rebalance
+/// the previous shard set is kept, so the next reconcile retries the same work.
+pub fn progress_after(
+    progress: Option<&Progress>,
+    observed: &Observed<'_>,
+    ran: Option<Ran>,
+    now: Instant,
+) -> Progress {
+    let previous = same_ring(progress, observed);
+    let mut next = Progress {
+        uid: observed.uid.to_owned(),
+        generation: observed.generation,
+        available: observed.available.clone(),
+        applied_generation: Some(observed.generation),
+        last_full: previous.map_or(now, |p| p.last_full),
+        last_sweep: previous.map_or(now, |p| p.last_sweep),
+        draining: previous.is_some_and(|p| p.draining),
+    };
+    if let Some(ran) = ran {
+        if ran.full {
+            next.last_full = now;
+        }
+        next.last_sweep = now;
+        next.draining = ran.draining;
+        if ran.failed {
+            next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
+        }
+    }
+    next
+}
+
+/// How long until the ring needs the controller again: the next resync or sweep, and every
+/// drain check while drains are pending; at least [`MIN_REQUEUE`].
+pub fn requeue_after(progress: &Progress, intervals: &Intervals, now: Instant) -> Duration {
+    let until_resync = intervals
+        .resync
+        .saturating_sub(now.saturating_duration_since(progress.last_full));
+    let until_sweep = intervals
+        .sweep
+        .saturating_sub(now.saturating_duration_since(progress.last_sweep));
+    let mut wait = until_resync.min(until_sweep);
+    if progress.draining {
+        wait = wait.min(intervals.drain_check);
+    }
+    wait.max(MIN_REQUEUE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTERVALS: Intervals = Intervals {
+        resync: Duration::from_secs(300),
+        sweep: Duration::from_secs(30),
+        drain_check: Duration::from_secs(2),
+    };
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn observed<'a>(available: &'a BTreeSet<String>, generation: i64) -> Observed<'a> {
+        Observed {
+            uid: "uid-1",
+            generation,
+            available,
+        }
+    }
+
+    fn progress(available: &[&str], at: Instant) -> Progress {
+        Progress {
+            uid: "uid-1".into(),
+            generation: 1,
+            available: set(available),
+            applied_generation: Some(1),
+            last_full: at,
+            last_sweep: at,
+            draining: false,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_recreated_changed_or_grown_ring_is_listed_in_full() {
+        let t0 = Instant::now();
+        let ab = set(&["a", "b"]);
+        let abc = set(&["a", "b", "c"]);
+        let known = progress(&["a", "b"], t0);
+        let recreated = Progress {
+            uid: "uid-0".into(),
+            ..known.clone()
+        };
+        let all: BTreeSet<Scope> = [Scope::All].into();
+        let table = [
+            ("never seen", None, observed(&ab, 1)),
+            ("recreated", Some(&recreated), observed(&ab, 1)),
+            ("spec changed", Some(&known), observed(&ab, 2)),
+            ("shard added", Some(&known), observed(&abc, 1)),
+        ];
+        for (what, progress, observed) in table {
+            assert_eq!(scopes(progress, &observed, &INTERVALS, t0), all, "{what}");
+        }
+        assert!(
+            scopes(Some(&known), &observed(&ab, 1), &INTERVALS, t0).is_empty(),
+            "nothing changed: nothing to list"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resyncs_and_sweeps_come_when_their_intervals_pass() {
+        let t0 = Instant::now();
+        let ab = set(&["a", "b"]);
+        let known = progress(&["a", "b"], t0);
+        let at = |seconds| t0 + Duration::from_secs(seconds);
+        assert!(scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(29)).is_empty());
+        assert_eq!(
+            scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(30)),
+            [Scope::Unassigned].into()
+        );
+        assert_eq!(
+            scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(300)),
+            [Scope::All].into()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_shard_is_listed_by_its_label_and_pending_drains_are_swept() {
+        let t0 = Instant::now();
+        let a = set(&["a"]);
+        let known = progress(&["a", "b", "c"], t0);
+        assert_eq!(
+            scopes(Some(&known), &observed(&a, 1), &INTERVALS, t0),
+            [Scope::OnShard("b".into()), Scope::OnShard("c".into())].into()
+        );
+        let draining = Progress {
+            draining: true,
+            ..progress(&["a"], t0)
+        };
+        assert_eq!(
+            scopes(Some(&draining), &observed(&a, 1), &INTERVALS, t0),
+            [Scope::Unassigned].into()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_remembers_what_ran_and_keeps_old_shards_after_a_failure() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(7);
+        let ab = set(&["a", "b"]);
+        let abc = set(&["a", "b", "c"]);
+        let known = progress(&["a", "b"], t0);
+
+        let idle = progress_after(Some(&known), &observed(&ab, 1), None, later);
+        assert_eq!(idle, known, "nothing ran: nothing changes");
+
+        let full = Ran {
+            full: true,
+            draining: true,
+            failed: false,
+        };
+        let after = progress_after(Some(&known), &observed(&abc, 1), Some(full), later);
+        assert_eq!(
+            (
+                after.available.clone(),
+                after.last_full,
+                after.last_sweep,
+                after.draining
+            ),
+            (abc.clone(), later, later, true)
+        );
+
+        let failed = Ran {
+            failed: true,
+            ..full
+        };
+        let retry = progress_after(Some(&known), &observed(&abc, 1), Some(failed), later);
+        assert_eq!(retry.available, ab, "the added shard counts as new again");
+        assert_eq!(
+            scopes(Some(&retry), &observed(&abc, 1), &INTERVALS, later),
+            [Scope::All].into(),
+            "so the next reconcile lists again"
+        );
+
+        let first = progress_after(None, &observed(&ab, 3), None, later);
+        assert_eq!(
+            (first.applied_generation, first.last_full),
+            (Some(3), later)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_webhook_configuration_is_applied_once_per_generation_and_ring() {
+        let t0 = Instant::now();
+        let ab = set(&["a", "b"]);
+        let known = progress(&["a", "b"], t0);
+        assert!(needs_webhook_configuration(None, &observed(&ab, 1)));
+        assert!(!needs_webhook_configuration(
+            Some(&known),
+            &observed(&ab, 1)
+        ));
+        assert!(needs_webhook_configuration(Some(&known), &observed(&ab, 2)));
+        let other = Observed {
+            uid: "uid-2",
+            ..observed(&ab, 1)
+        };
+        assert!(needs_webhook_configuration(Some(&known), &other));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requeues_wait_for_the_next_sweep_or_resync_or_drain_check() {
+        let t0 = Instant::now();
+        let known = progress(&["a"], t0);
+        let after = |seconds| t0 + Duration::from_secs(seconds);
+        assert_eq!(
+            requeue_after(&known, &INTERVALS, t0),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            requeue_after(&known, &INTERVALS, after(25)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(requeue_after(&known, &INTERVALS, after(45)), MIN_REQUEUE);
+        let draining = Progress {
+            draining: true,
+            ..known.clone()
+        };
+        assert_eq!(
+            requeue_after(&draining, &INTERVALS, t0),
+            INTERVALS.drain_check
+        );
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert_eq!(
+            requeue_after(&known, &INTERVALS, Instant::now()),
+            Duration::from_secs(1),
+            "paused time moves only when told"
+        );
+    }
+}

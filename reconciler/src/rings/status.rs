@@ -1,0 +1,164 @@
+//! The ClusterRing's status: shard counts, observed generation and the `Ready` condition,
+//! written only when it changed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use sharder_common::cluster_ring::CONDITION_READY;
+use sharder_common::{ClusterRing, ClusterRingStatus};
+
+use crate::Error;
+
+/// What the status reports.
+#[derive(Clone, Copy, Debug)]
+pub struct Counts<'a> {
+    /// Shard Leases of the ring.
+    pub shards: usize,
+    /// Available shards.
+    pub available: usize,
+    /// Why the spec is invalid, if it is.
+    pub invalid: Option<&'a str>,
+}
+
+/// The `Ready` condition for `counts` at generation `generation`; its transition time moves
+/// only when its status changes (then it is `now`).
+pub fn ready_condition(
+    existing: Option<&ClusterRingStatus>,
+    generation: i64,
+    counts: Counts<'_>,
+    now: Timestamp,
+) -> Condition {
+    let Counts {
+        shards,
+        available,
+        invalid,
+    } = counts;
+    let (status, reason, message) = match invalid {
+        Some(reason) => ("False", "InvalidSpec", reason.to_owned()),
+        None if available > 0 => (
+            "True",
+            "ShardsAvailable",
+            format!("{available} of {shards} shards available"),
+        ),
+        None => (
+            "False",
+            "NoShardsAvailable",
+            format!("0 of {shards} shards available"),
+        ),
+    };
+    let previous = existing.and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY));
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    Condition {
+        type_: CONDITION_READY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time,
+        observed_generation: Some(generation),
+    }
+}
+
+/// The status the ring should have.
+pub fn desired_status(ring: &ClusterRing, counts: Counts<'_>, now: Timestamp) -> ClusterRingStatus {
+    let generation = ring.meta().generation.unwrap_or_default();
+    let count = |n: usize| Some(i32::try_from(n).unwrap_or(i32::MAX));
+    ClusterRingStatus {
+        observed_generation: Some(generation),
+        shards: count(counts.shards),
+        available_shards: count(counts.available),
+        conditions: vec![ready_condition(
+            ring.status.as_ref(),
+            generation,
+            counts,
+            now,
+        )],
+    }
+}
+
+/// Writes the ring's status if it differs from what it should be.
+pub async fn patch_status(
+    client: &Client,
+    ring: &ClusterRing,
+    counts: Counts<'_>,
+) -> Result<(), Error> {
+    let status = desired_status(ring, counts, Timestamp::now());
+    if ring.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    Api::<ClusterRing>::all(client.clone())
+        .patch_status(
+            &ring.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map_err(Error::Kube)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use sharder_common::ClusterRingSpec;
+
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).expect("valid")
+    }
+
+    fn counts(available: usize, invalid: Option<&str>) -> Counts<'_> {
+        Counts {
+            shards: 3,
+            available,
+            invalid,
+        }
+    }
+
+    #[test]
+    fn ready_means_configured_with_an_available_shard() {
+        let table = [
+            (
+                counts(2, None),
+                "True",
+                "ShardsAvailable",
+                "2 of 3 shards available",
+            ),
+            (
+                counts(0, None),
+                "False",
+                "NoShardsAvailable",
+                "0 of 3 shards available",
+            ),
+            (
+                counts(2, Some("spec.resources[0] ...")),
+                "False",
+                "InvalidSpec",
+                "spec.resources[0] ...",
+            ),
+        ];
+        for (counts, status, reason, message) in table {
+            let c = ready_condition(None, 4, counts, at(0));
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+                (status, reason, message)
+            );
+            assert_eq!(c.observed_generation, Some(4));
+        }
+    }
+
+    #[test]
+    fn the_transition_time_moves_only_when_the_status_changes() {
+        let mut ring = ClusterRing::new("r", ClusterRingSpec::default());
+        ring.status = Some(desired_status(&ring, counts(1, None), at(0)));
+        let same = desired_status(&ring, counts(3, None), at(10));
+        assert_eq!(same.conditions[0].last_transition_time, Time(at(0)));
+        assert_eq!(same.available_shards, Some(3));
+        let flipped = desired_status(&ring, counts(0, None), at(10));
+        assert_eq!(flipped.conditions[0].last_transition_time, Time(at(10)));
+    }
+}

@@ -1,0 +1,106 @@
+//! Leader election: a killed leader's standby takes over once the Lease expires; a leader
+//! stopped with SIGTERM releases the Lease and the standby takes over at once.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use sharder_reconciler::webhook_config::configuration_name;
+use sharder_tests::wait::eventually;
+
+use crate::{Test, WAIT};
+
+#[tokio::test]
+async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
+    let mut w = Test::new("failover").await;
+    w.add_shard_lease("shard-a", 3600).await;
+    w.start_reconciler().await;
+    w.start_reconciler().await;
+    let leader_lease = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
+    let leader = eventually("a leader is elected", WAIT, || async {
+        let l = leader_lease
+            .get("sharder-reconciler")
+            .await
+            .map_err(|e| e.to_string())?;
+        l.spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty())
+            .ok_or("no holder".to_owned())
+    })
+    .await;
+    let index: usize = leader
+        .trim_start_matches("replica-")
+        .parse()
+        .expect("replica index");
+    w.reconcilers[index].process.kill();
+
+    let standby = format!("replica-{}", 1 - index);
+    eventually("the standby leads", WAIT, || async {
+        let l = leader_lease
+            .get("sharder-reconciler")
+            .await
+            .map_err(|e| e.to_string())?;
+        (l.spec.and_then(|s| s.holder_identity).as_deref() == Some(standby.as_str()))
+            .then_some(())
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    // The next change is handled by the new leader.
+    w.create_ring().await;
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    let name = configuration_name(&w.ring);
+    eventually("the new leader configures the new ring", WAIT, || async {
+        mwcs.get_opt(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .map(|_| ())
+            .ok_or_else(|| "absent".to_owned())
+    })
+    .await;
+    assert!(w.reconciler_log(1 - index).contains("leading"));
+}
+
+#[tokio::test]
+async fn sigterm_releases_leadership_and_the_standby_takes_over() {
+    let mut w = Test::new("handover").await;
+    w.start_reconciler().await;
+    let leases = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
+    let holder = |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    eventually("replica-0 leads", WAIT, || async {
+        let l = leases
+            .get("sharder-reconciler")
+            .await
+            .map_err(|e| e.to_string())?;
+        (holder(&l) == "replica-0")
+            .then_some(())
+            .ok_or_else(|| holder(&l))
+    })
+    .await;
+    w.start_reconciler().await;
+    let status = w.reconcilers[0]
+        .process
+        .stop(Duration::from_secs(20))
+        .expect("exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    assert!(w.reconciler_log(0).contains("lease released"));
+    eventually(
+        "replica-1 leads without waiting for expiry",
+        Duration::from_secs(10),
+        || async {
+            let l = leases
+                .get("sharder-reconciler")
+                .await
+                .map_err(|e| e.to_string())?;
+            (holder(&l) == "replica-1")
+                .then_some(())
+                .ok_or_else(|| holder(&l))
+        },
+    )
+    .await;
+}

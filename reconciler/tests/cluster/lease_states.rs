@@ -1,0 +1,166 @@
+//! Shard lease states: labelled as they change, a silent shard's Lease taken over once
+//! uncertain, a released Lease dead at once, a renewed one ready again, an orphaned one deleted.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use sharder_common::labels::STATE_LABEL;
+use sharder_tests::wait::eventually;
+
+use crate::{Test, WAIT};
+
+fn state_of(lease: &Lease) -> Option<String> {
+    lease.labels().get(STATE_LABEL).cloned()
+}
+
+#[tokio::test]
+async fn lease_states_are_labelled_and_a_silent_shard_is_taken_over_then_deleted() {
+    let mut w = Test::new("states").await;
+    w.create_ring().await;
+    w.add_shard_lease("steady", 3600).await;
+    w.add_shard_lease("silent", 2).await;
+    let silent_renewed = w
+        .leases()
+        .get("silent")
+        .await
+        .expect("get")
+        .spec
+        .and_then(|s| s.renew_time)
+        .map(|t| t.0);
+    w.add_shard_lease("renewed", 2).await;
+    w.start_reconciler().await;
+
+    // A released lease is dead at once.
+    w.add_shard_lease("released", 3600).await;
+    eventually("released starts ready", WAIT, || async {
+        let l = w
+            .leases()
+            .get("released")
+            .await
+            .map_err(|e| e.to_string())?;
+        (state_of(&l).as_deref() == Some("ready"))
+            .then_some(())
+            .ok_or(format!("{:?}", state_of(&l)))
+    })
+    .await;
+    let mut released = w.leases().get("released").await.expect("get");
+    released.spec.as_mut().expect("spec").holder_identity = Some(String::new());
+    w.leases()
+        .replace("released", &PostParams::default(), &released)
+        .await
+        .expect("release");
+
+    // Watch the silent lease's state label over time.
+    let started = Instant::now();
+    let mut seen: Vec<String> = Vec::new();
+    let mut renewed_ready_again = false;
+    let mut renewed_once = false;
+    let taken = loop {
+        assert!(
+            started.elapsed() < WAIT,
+            "silent lease not taken over; states seen {seen:?}\n{}",
+            w.reconciler_log(0)
+        );
+        let silent = w.leases().get("silent").await.expect("get");
+        if let Some(state) = state_of(&silent)
+            && seen.last() != Some(&state)
+        {
+            seen.push(state);
+        }
+        // Renew "renewed" once it is expired: it must become ready again.
+        let renewed = w.leases().get("renewed").await.expect("get");
+        if !renewed_once && state_of(&renewed).as_deref() == Some("expired") {
+            let mut l = renewed.clone();
+            l.spec.as_mut().expect("spec").renew_time = Some(MicroTime(Timestamp::now()));
+            l.spec.as_mut().expect("spec").lease_duration_seconds = Some(3600);
+            w.leases()
+                .replace("renewed", &PostParams::default(), &l)
+                .await
+                .expect("renew");
+            renewed_once = true;
+        }
+        if renewed_once && state_of(&renewed).as_deref() == Some("ready") {
+            renewed_ready_again = true;
+        }
+        if silent
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some("shardlease-controller")
+        {
+            break silent;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(&seen[..2], ["ready", "expired"], "states seen {seen:?}");
+    let spec = taken.spec.clone().expect("spec");
+    assert_eq!(
+        spec.lease_duration_seconds,
+        Some(4),
+        "twice the shard's duration"
+    );
+    assert_eq!(spec.lease_transitions, Some(1));
+    assert_eq!(state_of(&taken).as_deref(), Some("dead"));
+    // Taken over only after it had been expired for a full duration: renewed at creation,
+    // expired 2 s later, uncertain 2 s after that.
+    let renewed_at = silent_renewed.expect("silent lease was created with a renewTime");
+    let taken_at = spec
+        .acquire_time
+        .clone()
+        .expect("takeover sets acquireTime")
+        .0;
+    let after = taken_at.duration_since(renewed_at);
+    assert!(
+        after >= k8s_openapi::jiff::SignedDuration::from_secs(4),
+        "taken over {after:?} after the last renewal"
+    );
+
+    eventually("released lease is dead", WAIT, || async {
+        let l = w
+            .leases()
+            .get("released")
+            .await
+            .map_err(|e| e.to_string())?;
+        (state_of(&l).as_deref() == Some("dead"))
+            .then_some(())
+            .ok_or(format!("{:?}", state_of(&l)))
+    })
+    .await;
+    eventually("the renewed lease is ready again", WAIT, || async {
+        let l = w.leases().get("renewed").await.map_err(|e| e.to_string())?;
+        (renewed_ready_again || state_of(&l).as_deref() == Some("ready"))
+            .then_some(())
+            .ok_or(format!("{:?}", state_of(&l)))
+    })
+    .await;
+    assert_eq!(
+        state_of(&w.leases().get("steady").await.expect("get")).as_deref(),
+        Some("ready")
+    );
+
+    // Orphaned (dead and expired for a minute: 4 s + 60 s after the takeover), then deleted.
+    eventually(
+        "the orphaned lease is deleted",
+        Duration::from_secs(100),
+        || async {
+            match w.leases().get_opt("silent").await {
+                Ok(None) => Ok(()),
+                Ok(Some(l)) => Err(format!("still there: {:?}", state_of(&l))),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
+    // The log line follows the delete call, so it can land a moment after the Lease is gone.
+    eventually("the deletion is logged", WAIT, || async {
+        w.reconciler_log(0)
+            .contains("deleted orphaned shard lease")
+            .then_some(())
+            .ok_or("not logged yet")
+    })
+    .await;
+}

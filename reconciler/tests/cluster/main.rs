@@ -1,0 +1,109 @@
+//! The reconciler binary against a real kube-apiserver (with the garbage collector), the webhook
+//! running beside it, both started through the shared launchers. One test binary (one control
+//! plane), one module per topic: lease states and takeover, one webhook configuration per ring,
+//! rebalancing (drains on scale-out that touch exactly the objects that move, direct moves off
+//! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), and leader
+//! election.
+
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use sharder_tests::launch::{Env, Reconciler, Webhook};
+use sharder_tests::world::World;
+
+mod leader_election;
+mod lease_states;
+mod rebalancing;
+mod webhook_configuration;
+
+/// How long waits for the reconciler to act may take.
+const WAIT: Duration = Duration::from_secs(40);
+
+/// The reconciler's ServiceAccount (its writes are told apart by it in the audit log).
+const RECONCILER_ACCOUNT: &str = "sharder-reconciler";
+
+/// Where the webhook configurations point while no webhook runs (nothing listens there; the
+/// configurations' failurePolicy Ignore lets every write through).
+const NO_WEBHOOK: &str = "https://127.0.0.1:9";
+
+/// One test's world with the webhook and reconciler replicas it started.
+struct Test {
+    world: World,
+    reconciler_env: Env,
+    webhook: Option<Webhook>,
+    reconcilers: Vec<Reconciler>,
+}
+
+impl Deref for Test {
+    type Target = World;
+
+    fn deref(&self) -> &World {
+        &self.world
+    }
+}
+
+impl DerefMut for Test {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.world
+    }
+}
+
+impl Test {
+    async fn new(prefix: &str) -> Self {
+        let world = World::new(prefix).await;
+        let reconciler_env = world.service_account_env(RECONCILER_ACCOUNT).await;
+        Self {
+            world,
+            reconciler_env,
+            webhook: None,
+            reconcilers: Vec::new(),
+        }
+    }
+
+    /// Starts the webhook (before the reconciler, whose configurations point at it).
+    async fn start_webhook(&mut self) {
+        let webhook = self
+            .world
+            .start_webhook("webhook", &self.world.admin_env(), &[])
+            .await;
+        self.webhook = Some(webhook);
+    }
+
+    /// Stops the webhook gracefully.
+    fn stop_webhook(&mut self) {
+        if let Some(mut webhook) = self.webhook.take() {
+            webhook.process.stop(Duration::from_secs(20));
+        }
+    }
+
+    fn webhook_url(&self) -> String {
+        self.webhook
+            .as_ref()
+            .map_or_else(|| NO_WEBHOOK.to_owned(), |w| format!("https://{}", w.addr))
+    }
+
+    /// Starts reconciler replica `replica-<i>` (leader election in the test namespace).
+    async fn start_reconciler(&mut self) {
+        let i = self.reconcilers.len();
+        let flags = self.world.reconciler_flags(
+            &format!("replica-{i}"),
+            &self.world.ns,
+            &self.webhook_url(),
+            Duration::from_secs(1),
+        );
+        let reconciler = self
+            .world
+            .start_reconciler(&format!("reconciler-{i}"), &self.reconciler_env, &flags)
+            .await;
+        self.reconcilers.push(reconciler);
+    }
+
+    fn reconciler_log(&self, i: usize) -> String {
+        self.world.log(&format!("reconciler-{i}"))
+    }
+
+    /// The audit user of the reconciler.
+    fn reconciler_user(&self) -> String {
+        self.world.service_account(RECONCILER_ACCOUNT)
+    }
+}

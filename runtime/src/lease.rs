@@ -1,0 +1,580 @@
+//! A Lease keeper: acquire, renew and release one `coordination.k8s.io/v1` Lease, and [`hold`]:
+//! run work only while holding it.
+//!
+//! The same code serves leader election (the reconciler's Lease) and shard membership (a shard's
+//! own Lease, named after the shard, labelled with its ring). Every write carries the Lease's
+//! resourceVersion, so two candidates never both win.
+//!
+//! What an attempt writes is a pure function of the Lease as found ([`plan`]); so is what the
+//! renewal loop does after an attempt ([`after_attempt`]). A held Lease is renewed every
+//! `renew_interval`. When no renewal has succeeded for [`renewal_deadline`] (before the Lease
+//! can expire and someone else take it over), or someone else holds the Lease, the keeper
+//! cancels [`Held::lost`]: whatever runs under the Lease must stop at once.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+/// What Lease to keep and how.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// Holder identity written when holding it.
+    pub identity: String,
+    /// `leaseDurationSeconds`: how long the Lease is valid after a renewal.
+    pub duration: Duration,
+    /// How often a held Lease is renewed (and how often a candidate retries).
+    pub renew_interval: Duration,
+    /// Labels the Lease must carry (for example the ring label of a shard Lease).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Errors of the lease keeper.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// A request about the Lease failed.
+    #[error("lease {namespace}/{name}: {source}")]
+    Api {
+        /// Namespace of the Lease.
+        namespace: String,
+        /// Name of the Lease.
+        name: String,
+        /// The failure.
+        #[source]
+        source: kube::Error,
+    },
+    /// Shutdown was requested before the Lease was acquired.
+    #[error("shutdown before the lease was acquired")]
+    Cancelled,
+}
+
+/// What one attempt found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// The Lease is held by us now.
+    Held,
+    /// Someone else holds the Lease (or won a race for it).
+    HeldByOther,
+}
+
+/// What an attempt writes, decided from the Lease as found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// No Lease yet: create it with this spec.
+    Create(LeaseSpec),
+    /// We hold it: renew it (same holder, new renewTime).
+    Renew(LeaseSpec),
+    /// It is released (empty holder) or expired: take it (new holder, one more transition).
+    Take(LeaseSpec),
+    /// Someone else holds it and it has not expired: leave it.
+    HeldByOther,
+}
+
+/// What an attempt by `identity` at `now` writes to a Lease whose spec is `existing` (`None`:
+/// the Lease does not exist). A Lease held by `identity` is renewed even when it has expired
+/// (a restarted holder with a stable identity takes its own Lease back at once); a Lease
+/// without renewTime or duration counts as expired.
+pub fn plan(
+    existing: Option<&LeaseSpec>,
+    identity: &str,
+    duration: Duration,
+    now: Timestamp,
+) -> Plan {
+    let seconds = i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let Some(current) = existing else {
+        return Plan::Create(LeaseSpec {
+            holder_identity: Some(identity.to_owned()),
+            lease_duration_seconds: Some(seconds),
+            acquire_time: Some(MicroTime(now)),
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        });
+    };
+    let holder = current.holder_identity.as_deref().unwrap_or_default();
+    let expired = match (&current.renew_time, current.lease_duration_seconds) {
+        (Some(renew), Some(d)) => renew.0 + SignedDuration::from_secs(i64::from(d)) <= now,
+        _ => true,
+    };
+    if holder == identity {
+        Plan::Renew(LeaseSpec {
+            renew_time: Some(MicroTime(now)),
+            lease_duration_seconds: Some(seconds),
+            ..current.clone()
+        })
+    } else if holder.is_empty() || expired {
+        Plan::Take(LeaseSpec {
+            holder_identity: Some(identity.to_owned()),
+            acquire_time: Some(MicroTime(now)),
+            renew_time: Some(MicroTime(now)),
+            lease_duration_seconds: Some(seconds),
+            lease_transitions: Some(current.lease_transitions.unwrap_or(0).saturating_add(1)),
+            ..current.clone()
+        })
+    } else {
+        Plan::HeldByOther
+    }
+}
+
+/// How long renewals may fail before the Lease counts as lost: `duration - renew_interval`
+/// (at least one interval), so whatever runs under it stops before anyone else can take it.
+pub fn renewal_deadline(duration: Duration, renew_interval: Duration) -> Duration {
+    duration.saturating_sub(renew_interval).max(renew_interval)
+}
+
+/// What the renewal loop does after one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// Renewed: the deadline starts again.
+    Renewed,
+    /// The attempt failed, but the deadline has not passed: try again next interval.
+    Retry,
+    /// Someone else holds the Lease, or no renewal succeeded within the deadline: lost.
+    Lost,
+}
+
+/// The renewal loop's verdict on an attempt (`None`: the request failed) made
+/// `since_renewal` after the last successful renewal.
+pub fn after_attempt(
+    attempt: Option<Attempt>,
+    since_renewal: Duration,
+    deadline: Duration,
+) -> Renewal {
+    match attempt {
+        Some(Attempt::Held) => Renewal::Renewed,
+        Some(Attempt::HeldByOther) => Renewal::Lost,
+        None if since_renewal >= deadline => Renewal::Lost,
+        None => Renewal::Retry,
+    }
+}
+
+/// Keeps one Lease.
+#[derive(Clone)]
+pub struct LeaseKeeper {
+    api: Api<Lease>,
+    config: LeaseConfig,
+}
+
+impl LeaseKeeper {
+    /// A keeper of the Lease described by `config`.
+    pub fn new(client: Client, config: LeaseConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    fn err(&self, source: kube::Error) -> LeaseError {
+        LeaseError::Api {
+            namespace: self.config.namespace.clone(),
+            name: self.config.name.clone(),
+            source,
+        }
+    }
+
+    fn is_conflict(e: &kube::Error) -> bool {
+        matches!(e, kube::Error::Api(s) if s.code == 409)
+    }
+
+    /// One attempt: create the Lease, renew it if ours, or take it if released or expired
+    /// (see [`plan`]).
+    pub async fn try_acquire_or_renew(&self) -> Result<Attempt, LeaseError> {
+        let existing = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.err(e))?;
+        let planned = plan(
+            existing.as_ref().and_then(|l| l.spec.as_ref()),
+            &self.config.identity,
+            self.config.duration,
+            Timestamp::now(),
+        );
+        let result = match (planned, existing) {
+            (Plan::HeldByOther, _) => return Ok(Attempt::HeldByOther),
+            (Plan::Create(spec), _) | (Plan::Renew(spec) | Plan::Take(spec), None) => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.config.name.clone()),
+                        namespace: Some(self.config.namespace.clone()),
+                        labels: Some(self.config.labels.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            (Plan::Renew(spec) | Plan::Take(spec), Some(mut lease)) => {
+                lease.spec = Some(spec);
+                lease
+                    .metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(self.config.labels.clone());
+                self.api
+                    .replace(&self.config.name, &PostParams::default(), &lease)
+                    .await
+            }
+        };
+        match result {
+            Ok(_) => Ok(Attempt::Held),
+            Err(e) if Self::is_conflict(&e) => Ok(Attempt::HeldByOther),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Waits until the Lease is held (retrying every `renew_interval`), then keeps renewing it
+    /// in the background.
+    pub async fn acquire(self, shutdown: &CancellationToken) -> Result<Held, LeaseError> {
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(Attempt::Held) => break,
+                Ok(Attempt::HeldByOther) => {}
+                Err(e) => warn!(error = %e, "cannot acquire the lease yet"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Err(LeaseError::Cancelled),
+                () = tokio::time::sleep(self.config.renew_interval) => {}
+            }
+        }
+        info!(lease = %self.config.name, namespace = %self.config.namespace, identity = %self.config.identity, "lease acquired");
+        let lost = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(renew(self.clone(), lost.clone(), stop.clone()));
+        Ok(Held {
+            keeper: self,
+            lost,
+            stop,
+            task: Some(task),
+        })
+    }
+
+    /// Releases the Lease if we hold it: empty holder, duration 1 s, so others may take it at
+    /// once and the reconciler sees the shard dead without waiting for expiry.
+    pub async fn release(&self) -> Result<(), LeaseError> {
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        let now = MicroTime(Timestamp::now());
+        spec.holder_identity = Some(String::new());
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(now.clone());
+        spec.acquire_time = Some(now);
+        self.api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+            .map_err(|e| self.err(e))?;
+        info!(lease = %self.config.name, namespace = %self.config.namespace, "lease released");
+        Ok(())
+    }
+}
+
+async fn renew(keeper: LeaseKeeper, lost: CancellationToken, stop: CancellationToken) {
+    let config = &keeper.config;
+    let deadline = renewal_deadline(config.duration, config.renew_interval);
+    let mut last_renewal = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(config.renew_interval) => {}
+        }
+        let attempt = keeper.try_acquire_or_renew().await;
+        if let Err(e) = &attempt {
+            warn!(lease = %config.name, error = %e, "lease renewal failed");
+        }
+        match after_attempt(attempt.ok(), last_renewal.elapsed(), deadline) {
+            Renewal::Renewed => last_renewal = tokio::time::Instant::now(),
+            Renewal::Retry => {}
+            Renewal::Lost => {
+                warn!(lease = %config.name, "lease lost (taken by someone else, or not renewed within the deadline)");
+                lost.cancel();
+                return;
+            }
+        }
+    }
+}
+
+/// A held Lease, renewed in the background until released, abandoned, dropped (renewal stops,
+/// like a crash) or lost.
+pub struct Held {
+    keeper: LeaseKeeper,
+    lost: CancellationToken,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Held {
+    /// Cancelled when the Lease is lost: stop everything that runs under it at once.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// Stops renewing and releases the Lease (graceful shutdown).
+    pub async fn release(mut self) -> Result<(), LeaseError> {
+        self.stop_renewing().await;
+        if self.lost.is_cancelled() {
+            return Ok(());
+        }
+        self.keeper.release().await
+    }
+
+    /// Stops renewing without releasing: the Lease runs out after its duration, unless the
+    /// same identity takes it again first (a restart with a stable identity). To others it
+    /// looks like a crash.
+    pub async fn abandon(mut self) {
+        self.stop_renewing().await;
+    }
+
+    async fn stop_renewing(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Held {
+    /// Dropped without release (e.g. its task aborted): renewal stops, the Lease expires.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// What [`hold`] does with the Lease when the work under it has stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnStop {
+    /// Release it: others may take it at once (a shard's objects move to other shards at once;
+    /// a standby leader takes over at once).
+    #[default]
+    Release,
+    /// Stop renewing but do not release: the Lease runs out after its duration, unless the same
+    /// identity takes it again first. For stable identities (a StatefulSet's pod names): a
+    /// restart within the duration keeps the shard's objects where they are.
+    Keep,
+}
+
+/// What the work under a Lease is given.
+#[derive(Clone, Debug)]
+pub struct Holding {
+    /// Cancelled when the work should stop gracefully (shutdown requested). The Lease is held
+    /// until the work returns.
+    pub stop: CancellationToken,
+    /// Cancelled when the Lease is lost; the work is dropped at that moment too.
+    pub lost: CancellationToken,
+}
+
+/// Why work under a Lease ended other than by a requested stop.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError<E> {
+    /// The Lease could not be acquired or released.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// The Lease was lost (not renewed in time, or taken over): the work was dropped at once.
+    #[error("lease {0} lost: work stopped at once")]
+    Lost(String),
+    /// The work failed; the Lease was handled as on a stop.
+    #[error("{0}")]
+    Work(E),
+    /// The work returned without being asked to stop; the Lease was handled as on a stop.
+    #[error("the work under lease {0} ended without being asked to stop")]
+    Ended(String),
+}
+
+/// Runs `work` only while holding the Lease of `keeper`: waits for it (returning `Ok` if
+/// `shutdown` comes first), runs the work while renewing, and
+/// - on `shutdown`, cancels [`Holding::stop`], waits for the work to return, then releases or
+///   keeps the Lease as `on_stop` says: `Ok`;
+/// - when the Lease is lost, drops the work at once: [`HoldError::Lost`];
+/// - when the work fails or returns by itself, handles the Lease as on a stop and reports it
+///   ([`HoldError::Work`], [`HoldError::Ended`]): a supervised process then exits.
+///
+/// The one helper behind the reconciler's leader election and a shard's membership.
+pub async fn hold<F, Fut, E>(
+    keeper: LeaseKeeper,
+    shutdown: &CancellationToken,
+    on_stop: OnStop,
+    work: F,
+) -> Result<(), HoldError<E>>
+where
+    F: FnOnce(Holding) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: Display,
+{
+    let name = keeper.config.name.clone();
+    let held = match keeper.acquire(shutdown).await {
+        Ok(held) => held,
+        Err(LeaseError::Cancelled) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let holding = Holding {
+        stop: CancellationToken::new(),
+        lost: held.lost(),
+    };
+    let lost = held.lost();
+    let stop = holding.stop.clone();
+    let running = work(holding);
+    tokio::pin!(running);
+    let outcome = loop {
+        tokio::select! {
+            result = &mut running => break result,
+            () = lost.cancelled() => {
+                error!(lease = %name, "lease lost, work stopped at once");
+                return Err(HoldError::Lost(name));
+            }
+            () = shutdown.cancelled(), if !stop.is_cancelled() => {
+                info!(lease = %name, "stopping the work under the lease");
+                stop.cancel();
+            }
+        }
+    };
+    let result = match outcome {
+        Ok(()) if stop.is_cancelled() => Ok(()),
+        Ok(()) => Err(HoldError::Ended(name.clone())),
+        Err(e) => {
+            error!(lease = %name, error = %e, "the work under the lease failed");
+            Err(HoldError::Work(e))
+        }
+    };
+    match on_stop {
+        OnStop::Release => held.release().await?,
+        OnStop::Keep => {
+            held.abandon().await;
+            info!(lease = %name, "lease kept: not renewed any more, not released");
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: i64 = 1_700_000_000;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(T0 + seconds).expect("valid")
+    }
+
+    fn spec(holder: &str, renewed: i64, seconds: i32, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            renew_time: Some(MicroTime(at(renewed))),
+            acquire_time: Some(MicroTime(at(renewed))),
+            lease_duration_seconds: Some(seconds),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    const TEN: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_missing_lease_is_created_with_no_transitions() {
+        assert_eq!(
+            plan(None, "me", TEN, at(0)),
+            Plan::Create(spec("me", 0, 10, 0))
+        );
+    }
+
+    #[test]
+    fn our_own_lease_is_renewed_even_after_it_expired() {
+        for renewed in [-5, -100] {
+            let current = spec("me", renewed, 10, 3);
+            let Plan::Renew(next) = plan(Some(&current), "me", TEN, at(0)) else {
+                panic!("renewed at T0{renewed:+} must be renewed");
+            };
+            assert_eq!(next.renew_time, Some(MicroTime(at(0))));
+            assert_eq!(next.acquire_time, current.acquire_time, "not re-acquired");
+            assert_eq!(next.lease_transitions, Some(3), "no transition");
+        }
+    }
+
+    #[test]
+    fn a_released_or_expired_lease_is_taken_with_one_more_transition() {
+        let table = [
+            spec("", -1, 1, 2),
+            spec("other", -10, 10, 2),
+            spec("other", -30, 10, 2),
+            LeaseSpec {
+                holder_identity: Some("other".into()),
+                lease_transitions: Some(2),
+                ..LeaseSpec::default()
+            },
+        ];
+        for current in table {
+            let Plan::Take(next) = plan(Some(&current), "me", TEN, at(0)) else {
+                panic!("{current:?} must be taken");
+            };
+            assert_eq!(next.holder_identity.as_deref(), Some("me"));
+            assert_eq!(next.acquire_time, Some(MicroTime(at(0))));
+            assert_eq!(next.lease_duration_seconds, Some(10));
+            assert_eq!(next.lease_transitions, Some(3));
+        }
+    }
+
+    #[test]
+    fn a_lease_held_by_someone_else_until_it_expires_is_left_alone() {
+        let current = spec("other", -9, 10, 0);
+        assert_eq!(plan(Some(&current), "me", TEN, at(0)), Plan::HeldByOther);
+        assert!(matches!(
+            plan(Some(&current), "me", TEN, at(1)),
+            Plan::Take(_)
+        ));
+    }
+
+    #[test]
+    fn the_renewal_deadline_ends_before_the_lease_can_expire() {
+        let s = Duration::from_secs;
+        assert_eq!(renewal_deadline(s(15), s(5)), s(10));
+        assert_eq!(
+            renewal_deadline(s(3), Duration::from_millis(500)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(renewal_deadline(s(2), s(2)), s(2), "at least one interval");
+    }
+
+    #[test]
+    fn renewal_verdicts() {
+        let s = Duration::from_secs;
+        let table = [
+            (Some(Attempt::Held), s(100), Renewal::Renewed),
+            (Some(Attempt::HeldByOther), s(0), Renewal::Lost),
+            (None, s(9), Renewal::Retry),
+            (None, s(10), Renewal::Lost),
+        ];
+        for (attempt, since, want) in table {
+            assert_eq!(
+                after_attempt(attempt, since, s(10)),
+                want,
+                "{attempt:?} {since:?}"
+            );
+        }
+    }
+}

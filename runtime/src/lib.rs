@@ -1,0 +1,135 @@
+//! The runtime pieces shared by Sharder's components and sharded controllers: the admin server
+//! (probes and Prometheus metrics), logging setup, graceful shutdown on signals, supervised
+//! tasks, the Lease keeper, and [`lease::hold`], which runs work only while a Lease is held (the
+//! reconciler's leader election and a shard's membership alike).
+//!
+//! The webhook and the reconciler depend on this crate alone; sharded controllers use it
+//! through the shard SDK (`sharder-sdk`), which re-exports it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+pub mod admin;
+pub mod duration;
+pub mod lease;
+pub mod logging;
+pub mod metrics;
+pub mod tasks;
+
+pub use admin::{AdminArgs, Readiness};
+pub use duration::parse_duration;
+pub use logging::{LogArgs, LogFormat};
+pub use tasks::Tasks;
+use tokio_util::sync::CancellationToken;
+
+/// Errors of the runtime pieces.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A server could not bind its address; `flag` names the flag to change.
+    #[error("cannot listen on {addr} ({flag}): {source}")]
+    Bind {
+        /// The flag that sets the address.
+        flag: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A server failed while serving.
+    #[error("server failed: {0}")]
+    Serve(#[source] std::io::Error),
+
+    /// A flag has a value that cannot be used.
+    #[error("invalid {flag} {value:?}: {reason}")]
+    InvalidFlag {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The logging subscriber could not be installed.
+    #[error("cannot set up logging: {0}")]
+    Logging(String),
+
+    /// No Kubernetes client could be configured.
+    #[error("cannot configure a Kubernetes client (KUBECONFIG or in-cluster): {0}")]
+    Client(#[source] kube::Error),
+
+    /// A supervised task failed, panicked or ended without being asked to stop.
+    #[error("task {task} ended unexpectedly: {reason}")]
+    TaskEnded {
+        /// The task's name.
+        task: String,
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// The flags every process shares: the admin server and logging.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// Admin server flags.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    /// Logging flags.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// How every process starts: logging as `common` says, a Kubernetes client from the
+/// environment (KUBECONFIG or in-cluster), a token cancelled on the first SIGTERM or SIGINT;
+/// then `run` with the client and the token.
+pub async fn start<F, Fut, E>(common: &CommonArgs, run: F) -> Result<(), E>
+where
+    F: FnOnce(kube::Client, CancellationToken) -> Fut,
+    Fut: Future<Output = Result<(), E>>,
+    E: From<Error>,
+{
+    common.log.init()?;
+    let client = kube::Client::try_default().await.map_err(Error::Client)?;
+    run(client, shutdown_on_signal()).await
+}
+
+/// This machine's host name (a pod's name in Kubernetes), if it has one.
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT (Ctrl-C); a second signal exits at once.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown signal received, shutting down gracefully");
+        cancel.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second shutdown signal, exiting now");
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

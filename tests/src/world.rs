@@ -1,0 +1,349 @@
+//! One test's world on the shared control plane: a namespace, a ClusterRing named after it that
+//! shards its Secrets (and the ConfigMaps they control), TLS files for webhooks, and the
+//! helpers every cluster test needs: shard Leases, objects, assignments, audited writes, and
+//! starting the components through the typed launchers ([`crate::launch`]).
+//!
+//! [`crate::system::System`] builds the whole running system on top of it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use sharder_common::{ClusterRing, ObjectKey, RingLabels};
+
+use crate::ControlPlane;
+use crate::certs::TestCa;
+use crate::control_plane::NAMESPACE_LABEL;
+use crate::crd::install_cluster_ring_crd;
+use crate::fixtures::{child_of, secret, secrets_ring, shard_lease};
+use crate::launch::{Env, Reconciler, ReconcilerFlags, Webhook};
+use crate::wait::eventually;
+
+/// How long waits for the system to act may take before a test fails.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A test's namespace, ring and files.
+pub struct World {
+    /// The control plane.
+    pub cp: &'static ControlPlane,
+    /// An admin client.
+    pub client: Client,
+    /// The test namespace (also the ring's name).
+    pub ns: String,
+    /// The ClusterRing's name.
+    pub ring: String,
+    /// The ring's label keys.
+    pub labels: RingLabels,
+    dir: tempfile::TempDir,
+    probes: usize,
+}
+
+impl World {
+    /// A new namespace `<prefix>-<random>` (the ring is not created yet), a CA and a webhook
+    /// serving certificate signed by it (`tls.crt`, `tls.key`, `ca.crt` in [`dir`](Self::dir)).
+    pub async fn new(prefix: &str) -> Self {
+        let cp = ControlPlane::shared().await.expect("control plane");
+        let ns = cp.namespace(prefix).await.expect("namespace");
+        Self::in_namespace(cp, ns).await
+    }
+
+    /// The same in the existing namespace `ns`.
+    pub async fn in_namespace(cp: &'static ControlPlane, ns: String) -> Self {
+        let client = cp.client().await.expect("client");
+        install_cluster_ring_crd(&client).await.expect("CRD");
+        let dir = tempfile::tempdir().expect("dir");
+        let ca = TestCa::new(&format!("{ns}-ca")).expect("ca");
+        let cert = ca.serving_cert("webhook").expect("cert");
+        std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem).expect("cert");
+        std::fs::write(dir.path().join("tls.key"), &cert.key_pem).expect("key");
+        std::fs::write(dir.path().join("ca.crt"), ca.pem()).expect("ca");
+        Self {
+            cp,
+            client,
+            ring: ns.clone(),
+            labels: RingLabels::new(&ns),
+            ns,
+            dir,
+            probes: 0,
+        }
+    }
+
+    /// The folder holding the TLS files, the logs (`<process>.log`) and other files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The CA file of the webhook's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir().join("ca.crt")
+    }
+
+    /// The log of process `name`.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Processes started with the admin's credentials, logging into [`dir`](Self::dir).
+    pub fn admin_env(&self) -> Env {
+        Env::new(self.dir(), self.cp.kubeconfig())
+    }
+
+    /// Processes started as ServiceAccount `<ns>/<name>` bound to cluster-admin, so their
+    /// writes can be told apart in the audit log (user [`Self::service_account`]).
+    pub async fn service_account_env(&self, name: &str) -> Env {
+        let token = self
+            .cp
+            .cluster_admin_token(&self.ns, name)
+            .await
+            .expect("token");
+        let kubeconfig = self
+            .cp
+            .write_kubeconfig(&format!("{name}-{}", self.ns), &token)
+            .expect("kubeconfig");
+        Env::new(self.dir(), &kubeconfig)
+    }
+
+    /// The audit user of ServiceAccount `name` of the test namespace.
+    pub fn service_account(&self, name: &str) -> String {
+        format!("system:serviceaccount:{}:{name}", self.ns)
+    }
+
+    /// Creates the ring (selecting only the test namespace; see
+    /// [`secrets_ring`](crate::fixtures::secrets_ring)).
+    pub async fn create_ring(&self) {
+        Api::<ClusterRing>::all(self.client.clone())
+            .create(
+                &PostParams::default(),
+                &secrets_ring(&self.ring, Some(&self.ns)),
+            )
+            .await
+            .expect("ring");
+    }
+
+    /// Starts a webhook replica `name` serving the world's certificate.
+    pub async fn start_webhook(&self, name: &str, env: &Env, extra: &[&str]) -> Webhook {
+        Webhook::start(
+            name,
+            env,
+            &self.dir().join("tls.crt"),
+            &self.dir().join("tls.key"),
+            extra,
+        )
+        .await
+        .expect("webhook")
+    }
+
+    /// The flags of a reconciler replica with identity `identity` managing this world's ring
+    /// (leader election in `namespace`), calling the webhook at `webhook_url`; short intervals.
+    pub fn reconciler_flags(
+        &self,
+        identity: &str,
+        namespace: &str,
+        webhook_url: &str,
+        sweep: Duration,
+    ) -> ReconcilerFlags {
+        ReconcilerFlags {
+            namespace: namespace.to_owned(),
+            identity: identity.to_owned(),
+            webhook_url: webhook_url.to_owned(),
+            ca_file: self.ca_file(),
+            ring_selector: format!("{NAMESPACE_LABEL}={}", self.ns),
+            extra: [
+                "--leader-election-duration",
+                "3s",
+                "--leader-election-renew",
+                "500ms",
+                "--sweep-interval",
+                &format!("{}ms", sweep.as_millis()),
+                "--drain-check-interval",
+                "500ms",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+        }
+    }
+
+    /// Starts reconciler `name` with `flags`.
+    pub async fn start_reconciler(
+        &self,
+        name: &str,
+        env: &Env,
+        flags: &ReconcilerFlags,
+    ) -> Reconciler {
+        Reconciler::start(name, env, flags)
+            .await
+            .expect("reconciler")
+    }
+
+    /// The namespace's Leases.
+    pub fn leases(&self) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The namespace's Secrets.
+    pub fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The namespace's ConfigMaps.
+    pub fn configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates shard Lease `name` of the ring, held by its shard and renewed now for
+    /// `duration` seconds (no process behind it).
+    pub async fn add_shard_lease(&self, name: &str, duration: i32) {
+        self.leases()
+            .create(
+                &PostParams::default(),
+                &shard_lease(&self.ns, &self.ring, name, true, duration),
+            )
+            .await
+            .expect("lease");
+    }
+
+    /// The shard label of `object`.
+    pub fn shard_of<K: Resource>(&self, object: &K) -> Option<String> {
+        self.labels.shard_of(object.labels()).map(str::to_owned)
+    }
+
+    /// Whether `object` carries the drain label.
+    pub fn draining<K: Resource>(&self, object: &K) -> bool {
+        self.labels.is_draining(object.labels())
+    }
+
+    /// The ring key of Secret `name` of the namespace.
+    pub fn key(&self, name: &str) -> String {
+        ObjectKey::main("", "Secret", Some(&self.ns), name)
+            .expect("named")
+            .to_string()
+    }
+
+    /// The test's Secrets (`object-*`) by name.
+    pub async fn list_secrets(&self) -> BTreeMap<String, Secret> {
+        self.list_named(&self.secrets(), "object-").await
+    }
+
+    /// The ConfigMaps whose name starts with `prefix`, by name.
+    pub async fn list_configmaps(&self, prefix: &str) -> BTreeMap<String, ConfigMap> {
+        self.list_named(&self.configmaps(), prefix).await
+    }
+
+    async fn list_named<K>(&self, api: &Api<K>, prefix: &str) -> BTreeMap<String, K>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .into_iter()
+            .filter(|o| o.name_any().starts_with(prefix))
+            .map(|o| (o.name_any(), o))
+            .collect()
+    }
+
+    /// Creates `n` Secrets `object-<i>` and a ConfigMap `child-<i>` controlled by each.
+    pub async fn create_objects(&self, n: usize) {
+        let pp = PostParams::default();
+        for i in 0..n {
+            let owner = self
+                .secrets()
+                .create(&pp, &secret(&format!("object-{i}")))
+                .await
+                .expect("secret");
+            self.configmaps()
+                .create(&pp, &child_of(&owner, &format!("child-{i}")))
+                .await
+                .expect("configmap");
+        }
+    }
+
+    /// Acknowledges every drain like a shard does: removes both labels with an optimistic lock.
+    pub async fn acknowledge_drains(&self) -> usize {
+        let mut acknowledged = 0;
+        for (name, secret) in self.list_secrets().await {
+            if !self.draining(&secret) {
+                continue;
+            }
+            let patch = json!({"metadata": {
+                "resourceVersion": secret.resource_version(),
+                "labels": {self.labels.shard.as_str(): null, self.labels.drain.as_str(): null},
+            }});
+            self.secrets()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("acknowledge");
+            acknowledged += 1;
+        }
+        acknowledged
+    }
+
+    /// Successful writes to objects of this namespace by `user`, per (resource, name).
+    pub fn writes_by(&self, user: &str) -> BTreeMap<(String, String), usize> {
+        let mut writes = BTreeMap::new();
+        for event in self.cp.audited_writes() {
+            let object = &event["objectRef"];
+            if event["user"]["username"] == user && object["namespace"] == self.ns.as_str() {
+                let key = (
+                    object["resource"].as_str().unwrap_or_default().to_owned(),
+                    object["name"].as_str().unwrap_or_default().to_owned(),
+                );
+                *writes.entry(key).or_default() += 1;
+            }
+        }
+        writes
+    }
+
+    /// Waits until the webhook assigns new objects of the namespace (a probe Secret created
+    /// afterwards is labelled; probes are deleted again).
+    pub async fn wait_until_webhook_assigns(&mut self) {
+        let mut attempt = self.probes;
+        self.probes += 1000;
+        let this = &*self;
+        eventually("the webhook assigns new objects", WAIT, || {
+            attempt += 1;
+            let name = format!("probe-{attempt}");
+            async move {
+                let created = this
+                    .secrets()
+                    .create(&PostParams::default(), &secret(&name))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = this.secrets().delete(&name, &DeleteParams::default()).await;
+                this.shard_of(&created)
+                    .ok_or_else(|| "not labelled".to_owned())
+            }
+        })
+        .await;
+    }
+
+    /// Prints the last `lines` lines of every process log in [`dir`](Self::dir) (for failed
+    /// tests).
+    pub fn dump_logs(&self, lines: usize) {
+        let mut names = Vec::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir()) {
+            for entry in entries.flatten() {
+                let file = entry.file_name().to_string_lossy().into_owned();
+                if let Some(name) = file.strip_suffix(".log") {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        crate::launch::dump_logs(self.dir(), names, lines);
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs(40);
+        }
+    }
+}
