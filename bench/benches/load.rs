@@ -19,8 +19,10 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use rustls_pki_types::pem::PemObject;
 use sharder_bench::floor::floor_router;
-use sharder_webhook::admission::RingSnapshot;
+use sharder_common::OwnerState;
+use sharder_webhook::admission::{OwnerRef, RingSnapshot};
 use sharder_webhook::metrics::Metrics;
+use sharder_webhook::owners::Owners;
 use sharder_webhook::ring_source::Rings;
 use sharder_webhook::server::{Limits, router};
 use sharder_webhook::tls::TlsFiles;
@@ -65,6 +67,19 @@ fn review_body() -> Vec<u8> {
     )
 }
 
+/// The load reviews main objects only: no owner is ever read.
+struct NoOwners;
+
+impl Owners for NoOwners {
+    fn state<'a>(
+        &'a self,
+        _: &'a RingSnapshot,
+        _: &'a OwnerRef,
+    ) -> futures::future::BoxFuture<'a, Result<OwnerState, String>> {
+        Box::pin(async { Ok(OwnerState::NotSharded) })
+    }
+}
+
 /// Starts both servers on their own runtime; returns (floor, sharder) addresses and the CA.
 fn start_servers() -> (SocketAddr, SocketAddr, String) {
     let ca = sharder_tests::certs::TestCa::new("bench-ca").expect("ca");
@@ -98,7 +113,7 @@ fn start_servers() -> (SocketAddr, SocketAddr, String) {
                 .into(),
             );
             let metrics = Metrics::new(&mut Registry::default());
-            let sharder = router(rings, metrics, Limits::default());
+            let sharder = router(rings, Arc::new(NoOwners), metrics, Limits::default());
             let mut addrs = Vec::new();
             for app in [floor_router(), sharder] {
                 let (config, _) = files.load().expect("tls");

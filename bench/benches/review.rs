@@ -8,6 +8,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 use sharder_bench::floor::floor_review;
+use sharder_common::OwnerState;
 use sharder_webhook::admission::{RingSnapshot, review};
 
 fn body(controlled: bool) -> Vec<u8> {
@@ -53,10 +54,16 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("review");
     group.bench_function("floor", |b| b.iter(|| floor_review(black_box(&main))));
     group.bench_function("sharder_main_object", |b| {
-        b.iter(|| review(black_box(&main), Some(&ring)).map(|(_, _, bytes)| bytes))
+        b.iter(|| {
+            review(black_box(&main), Some(&ring), &OwnerState::NotSharded)
+                .map(|(_, _, bytes)| bytes)
+        })
     });
     group.bench_function("sharder_controlled_object", |b| {
-        b.iter(|| review(black_box(&controlled), Some(&ring)).map(|(_, _, bytes)| bytes))
+        b.iter(|| {
+            review(black_box(&controlled), Some(&ring), &OwnerState::NotSharded)
+                .map(|(_, _, bytes)| bytes)
+        })
     });
     group.finish();
 }

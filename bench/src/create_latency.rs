@@ -1,18 +1,21 @@
 //! CREATE latency through kube-apiserver at a fixed rate, in interleaved rounds of: no webhook
 //! registered, the floor webhook registered, the sharder webhook registered (the same
-//! MutatingWebhookConfiguration, only the URL differs).
+//! MutatingWebhookConfiguration, only the URL differs); and for controlled objects (ConfigMaps
+//! with a controller Secret), no webhook and the sharder webhook, which reads each new child's
+//! owner so the child lands where the owner is held now.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use sharder_common::ClusterRing;
+use sharder_common::{ClusterRing, Ring};
 use sharder_reconciler::webhook_config::{
     WebhookSettings, WebhookTarget, configuration_name, webhook_configuration,
 };
 use sharder_tests::ControlPlane;
+use sharder_tests::fixtures::{child_of, secret};
 
 use crate::stats::{median, ms, percentile};
 use crate::webhooks::Webhooks;
@@ -27,6 +30,10 @@ pub enum Mode {
     Floor,
     /// The sharder webhook.
     Sharder,
+    /// No webhook configuration, controlled objects created.
+    NoneChild,
+    /// The sharder webhook, controlled objects created (it reads each one's owner).
+    SharderChild,
 }
 
 impl Mode {
@@ -36,8 +43,24 @@ impl Mode {
             Self::None => "no webhook",
             Self::Floor => "floor webhook",
             Self::Sharder => "sharder webhook",
+            Self::NoneChild => "no webhook, children",
+            Self::SharderChild => "sharder webhook, children",
         }
     }
+
+    /// Whether the mode creates controlled objects.
+    pub fn children(self) -> bool {
+        matches!(self, Self::NoneChild | Self::SharderChild)
+    }
+
+    /// Every mode, in the order rounds run.
+    pub const ALL: [Mode; 5] = [
+        Self::None,
+        Self::Floor,
+        Self::Sharder,
+        Self::NoneChild,
+        Self::SharderChild,
+    ];
 }
 
 /// One round's latencies.
@@ -87,12 +110,12 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<
     let api: Api<MutatingWebhookConfiguration> = Api::all(setup.client.clone());
     let name = configuration_name(&setup.ns);
     let url = match mode {
-        Mode::None => {
+        Mode::None | Mode::NoneChild => {
             let _ = api.delete(&name, &DeleteParams::default()).await;
             return Ok(());
         }
         Mode::Floor => format!("https://{}", webhooks.floor),
-        Mode::Sharder => format!("https://{}", webhooks.sharder.addr),
+        Mode::Sharder | Mode::SharderChild => format!("https://{}", webhooks.sharder.addr),
     };
     let ring = Api::<ClusterRing>::all(setup.client.clone())
         .get(&setup.ns)
@@ -118,22 +141,40 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<
     Ok(())
 }
 
-/// Waits until creates see `mode` (probe Secrets labelled by the floor, by the sharder, or not
-/// at all).
-async fn wait_effective(setup: &RingSetup, mode: Mode) -> Result<(), Error> {
+/// The owners of the controlled objects the child rounds create.
+struct Owners(Vec<Secret>);
+
+impl Owners {
+    fn controlled(&self, name: String, i: usize) -> ConfigMap {
+        child_of(&self.0[i % self.0.len()], &name)
+    }
+}
+
+/// Waits until creates see `mode` (probes labelled by the floor, by the sharder, or not at
+/// all).
+async fn wait_effective(setup: &RingSetup, owners: &Owners, mode: Mode) -> Result<(), Error> {
     static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let api = setup.secrets();
     for _ in 0..600 {
         let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let probe = Secret {
-            metadata: ObjectMeta {
-                name: Some(format!("probe-{n}")),
-                ..ObjectMeta::default()
-            },
-            ..Secret::default()
-        };
-        let created = api.create(&PostParams::default(), &probe).await?;
-        let labels = created.labels();
+        let labels = if mode.children() {
+            setup
+                .configmaps()
+                .create(
+                    &PostParams::default(),
+                    &owners.controlled(format!("probe-{n}"), n),
+                )
+                .await?
+                .metadata
+                .labels
+        } else {
+            setup
+                .secrets()
+                .create(&PostParams::default(), &secret(&format!("probe-{n}")))
+                .await?
+                .metadata
+                .labels
+        }
+        .unwrap_or_default();
         let seen = if labels.contains_key("floor") {
             Mode::Floor
         } else if labels.contains_key(&setup.labels.shard) {
@@ -141,7 +182,12 @@ async fn wait_effective(setup: &RingSetup, mode: Mode) -> Result<(), Error> {
         } else {
             Mode::None
         };
-        if seen == mode {
+        let want = match mode {
+            Mode::NoneChild => Mode::None,
+            Mode::SharderChild => Mode::Sharder,
+            other => other,
+        };
+        if seen == want {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -151,32 +197,37 @@ async fn wait_effective(setup: &RingSetup, mode: Mode) -> Result<(), Error> {
 
 async fn round(
     setup: &RingSetup,
+    owners: &Owners,
     mode: Mode,
     round: usize,
     n: usize,
     rate: f64,
     prefix: &str,
 ) -> Round {
-    let api = setup.secrets();
+    let (secrets, configmaps) = (setup.secrets(), setup.configmaps());
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
         ticker.tick().await;
-        let api = api.clone();
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(format!("{prefix}-{round}-{i}")),
-                ..ObjectMeta::default()
-            },
-            ..Secret::default()
+        let name = format!("{prefix}-{round}-{i}");
+        let create = if mode.children() {
+            let (api, child) = (configmaps.clone(), owners.controlled(name, i));
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let result = api.create(&PostParams::default(), &child).await;
+                (t.elapsed(), result.is_ok())
+            })
+        } else {
+            let (api, object) = (secrets.clone(), secret(&name));
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let result = api.create(&PostParams::default(), &object).await;
+                (t.elapsed(), result.is_ok())
+            })
         };
-        tasks.push(tokio::spawn(async move {
-            let t = Instant::now();
-            let result = api.create(&PostParams::default(), &secret).await;
-            (t.elapsed(), result.is_ok())
-        }));
+        tasks.push(create);
     }
     let mut latencies = Vec::with_capacity(n);
     let mut errors = 0;
@@ -205,20 +256,42 @@ pub async fn run(
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<CreateLatency, Error> {
-    let setup = RingSetup::new(cp, "bench-create", false, 3).await?;
-    let modes = [Mode::None, Mode::Floor, Mode::Sharder];
+    let setup = RingSetup::new(cp, "bench-create", true, 3).await?;
+    // Ten owners, each already on the shard the ring picks (settled: the common case).
+    let ring = Ring::new((0..3).map(|i| format!("shard-{i}")));
+    setup.create_assigned(0..10, &ring).await?;
+    let owners = Owners(
+        setup
+            .secrets()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|s| s.name_any().starts_with("object-"))
+            .collect(),
+    );
     let mut rounds = Vec::new();
-    for mode in modes {
+    for mode in Mode::ALL {
         register(&setup, webhooks, mode).await?;
-        wait_effective(&setup, mode).await?;
-        round(&setup, mode, 0, args.creates.min(100), args.rate, "warmup").await;
+        wait_effective(&setup, &owners, mode).await?;
+        round(
+            &setup,
+            &owners,
+            mode,
+            0,
+            args.creates.min(100),
+            args.rate,
+            "warmup",
+        )
+        .await;
     }
     for r in 1..=args.rounds {
-        for mode in modes {
+        for mode in Mode::ALL {
             register(&setup, webhooks, mode).await?;
-            wait_effective(&setup, mode).await?;
+            wait_effective(&setup, &owners, mode).await?;
             let result = round(
                 &setup,
+                &owners,
                 mode,
                 r,
                 args.creates,

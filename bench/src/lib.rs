@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
@@ -29,6 +29,7 @@ pub mod memory;
 pub mod rebalance;
 pub mod report;
 pub mod ring_balance;
+pub mod rolling;
 pub mod stats;
 pub mod webhooks;
 
@@ -183,6 +184,11 @@ impl RingSetup {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// The ConfigMaps Api of the namespace.
+    pub fn configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
     /// The object key of Secret `name`.
     pub fn key(&self, name: &str) -> String {
         ObjectKey::main("", "Secret", Some(&self.ns), name)
@@ -313,6 +319,8 @@ pub async fn run(args: Args) -> Result<(), Error> {
     report.memory = memory::run(cp, &webhooks, &args).await?;
     eprintln!("[bench] 4-5/6 rebalancing and a shard crash");
     report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
+    eprintln!("[bench] 5b/6 rolling updates of the shards, three ways");
+    report.rolling = Some(rolling::run(cp, &webhooks, &args).await?);
     eprintln!("[bench] 6/6 ring");
     report.ring = Some(ring_balance::run(args.criterion));
     report.duration = started.elapsed();

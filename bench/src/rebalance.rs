@@ -19,6 +19,7 @@ use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::lease::shard_state;
 use sharder_common::{Ring, ShardState};
+use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
 use sharder_tests::ControlPlane;
 use tokio::task::JoinHandle;
@@ -54,22 +55,41 @@ pub struct RebalanceResult {
     pub crash_recovery: Duration,
 }
 
-struct BenchShard {
-    task: JoinHandle<()>,
+/// A minimal shard on the shard SDK, in this process: acknowledges drains, reconciles nothing.
+pub(crate) struct BenchShard {
+    pub(crate) task: JoinHandle<()>,
+    shutdown: CancellationToken,
 }
 
-fn start_shard(client: Client, ns: &str, name: &str, lease: Duration) -> BenchShard {
-    let shard = Shard::new(client.clone(), ns, name);
+impl BenchShard {
+    /// Stops gracefully (the Lease released or kept as the shard was started with).
+    pub(crate) async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Starts shard `name` of the ring `ns` (Lease in `ns`), handling its Lease as `on_stop`
+/// says when stopped.
+pub(crate) fn start_shard(
+    client: Client,
+    ns: &str,
+    name: &str,
+    lease: Duration,
+    on_stop: OnStop,
+) -> BenchShard {
+    let shard = Shard::new(client.clone(), ns, name).with_on_stop(on_stop);
     let keeper = shard.lease(ns, lease, Duration::from_secs(1));
     let api: Api<Secret> = Api::namespaced(client, ns);
+    let shutdown = CancellationToken::new();
+    let stop_on = shutdown.clone();
     let task = tokio::spawn(async move {
         let config = shard.watcher_config();
         let reconciler = shard.reconciler(|_: Arc<Secret>, _: Arc<()>| async {
             Ok::<_, Infallible>(Action::await_change())
         });
-        let shutdown = CancellationToken::new();
         let _ = shard
-            .run(keeper, &shutdown, |stop| {
+            .run(keeper, &stop_on, |stop| {
                 Controller::new(api, config)
                     .graceful_shutdown_on(stop.cancelled_owned())
                     .run(
@@ -81,10 +101,10 @@ fn start_shard(client: Client, ns: &str, name: &str, lease: Duration) -> BenchSh
             })
             .await;
     });
-    BenchShard { task }
+    BenchShard { task, shutdown }
 }
 
-async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Error> {
+pub(crate) async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Error> {
     let api: Api<Lease> = Api::namespaced(setup.client.clone(), &setup.ns);
     for _ in 0..600 {
         if let Ok(lease) = api.get(name).await
@@ -97,8 +117,38 @@ async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Error> {
     Err(Error::Setup(format!("{name} never held its lease")))
 }
 
+/// The reconciler and the shards of a benchmark as ServiceAccounts of its namespace (bound to
+/// cluster-admin), so the audit log tells their writes apart.
+pub(crate) struct Accounts {
+    /// The reconciler's kubeconfig.
+    pub(crate) reconciler_kubeconfig: std::path::PathBuf,
+    /// The reconciler's audit user.
+    pub(crate) reconciler_user: String,
+    /// The shards' audit user.
+    pub(crate) shard_user: String,
+    /// A client for the shards.
+    pub(crate) shard_client: Client,
+}
+
+impl Accounts {
+    /// The accounts `bench-reconciler` and `bench-shard` of the namespace of `setup`.
+    pub(crate) async fn new(cp: &ControlPlane, setup: &RingSetup) -> Result<Self, Error> {
+        let reconciler_token = cp
+            .cluster_admin_token(&setup.ns, "bench-reconciler")
+            .await?;
+        let shard_token = cp.cluster_admin_token(&setup.ns, "bench-shard").await?;
+        Ok(Self {
+            reconciler_kubeconfig: cp
+                .write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &reconciler_token)?,
+            reconciler_user: format!("system:serviceaccount:{}:bench-reconciler", setup.ns),
+            shard_user: format!("system:serviceaccount:{}:bench-shard", setup.ns),
+            shard_client: cp.client_with_token(&shard_token).await?,
+        })
+    }
+}
+
 /// Writes to the namespace's Secrets by `user` among `events`.
-fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
+pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
     events
         .iter()
         .filter(|e| {
@@ -110,7 +160,10 @@ fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
 }
 
 /// Waits until every object is on its shard of `ring` and none is draining.
-async fn converge(setup: &RingSetup, ring: &Ring) -> Result<BTreeMap<String, String>, Error> {
+pub(crate) async fn converge(
+    setup: &RingSetup,
+    ring: &Ring,
+) -> Result<BTreeMap<String, String>, Error> {
     for _ in 0..2400 {
         let all = setup.assignment().await?;
         let done = all.iter().all(|(name, shard, draining)| {
@@ -138,28 +191,31 @@ pub async fn run(
     let concurrency = 16;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
     let setup = RingSetup::new(cp, "bench-rebalance", false, 0).await?;
-    let reconciler_token = cp
-        .cluster_admin_token(&setup.ns, "bench-reconciler")
-        .await?;
-    let shard_token = cp.cluster_admin_token(&setup.ns, "bench-shard").await?;
-    let reconciler_user = format!("system:serviceaccount:{}:bench-reconciler", setup.ns);
-    let shard_user = format!("system:serviceaccount:{}:bench-shard", setup.ns);
-    let shard_client = cp.client_with_token(&shard_token).await?;
+    let Accounts {
+        reconciler_kubeconfig: kubeconfig,
+        reconciler_user,
+        shard_user,
+        shard_client,
+    } = Accounts::new(cp, &setup).await?;
 
     let mut shards: BTreeMap<String, BenchShard> = BTreeMap::new();
     for i in 0..3 {
         let name = format!("shard-{i}");
         shards.insert(
             name.clone(),
-            start_shard(shard_client.clone(), &setup.ns, &name, lease),
+            start_shard(
+                shard_client.clone(),
+                &setup.ns,
+                &name,
+                lease,
+                OnStop::Release,
+            ),
         );
         wait_ready(&setup, &name).await?;
     }
     let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
     let rate = setup.create_assigned(0..n, &three).await?;
     eprintln!("[bench]   {n} objects created ({rate:.0}/s)");
-    let kubeconfig =
-        cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &reconciler_token)?;
     let mut reconciler = start_reconciler(
         &setup,
         dir.path(),
@@ -186,7 +242,13 @@ pub async fn run(
     let started = Instant::now();
     shards.insert(
         "shard-3".into(),
-        start_shard(shard_client.clone(), &setup.ns, "shard-3", lease),
+        start_shard(
+            shard_client.clone(),
+            &setup.ns,
+            "shard-3",
+            lease,
+            OnStop::Release,
+        ),
     );
     let four = Ring::new((0..4).map(|i| format!("shard-{i}")));
     let after = converge(&setup, &four).await?;

@@ -35,6 +35,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "## 3. Reconciler memory against object count",
         "## 4. Rebalancing 3 -> 4 shards",
         "## 5. Shard crash",
+        "## 5b. A rolling update of the shards",
         "## 6. Ring",
     ] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
@@ -43,6 +44,8 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| 1 | no webhook |",
         "| 1 | floor webhook |",
         "| 1 | sharder webhook |",
+        "| 1 | sharder webhook, children |",
+        "| stable names, lease kept (`--stable-name`) | 0 | 0 | 0 |",
         "| 100 | ",
         "| 200 | ",
         "| objects moved | ",

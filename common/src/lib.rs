@@ -6,6 +6,7 @@
 
 pub mod cluster_ring;
 pub mod endpoint;
+pub mod handover;
 pub mod key;
 pub mod labels;
 pub mod lease;
@@ -14,6 +15,7 @@ pub mod ring;
 pub use cluster_ring::{
     ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource, Role, Roles,
 };
+pub use handover::OwnerState;
 pub use key::ObjectKey;
 pub use labels::RingLabels;
 pub use lease::{LeaseStatus, ShardState, is_available, shard_state};

@@ -242,8 +242,11 @@ fn error_policy(_: Arc<Secret>, _: &ShardReconcileError<Error>, _: Arc<Context>)
 async fn reconcile(secret: Arc<Secret>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = secret.namespace().unwrap_or_default();
     let object = format!("{namespace}/{}", secret.name_any());
-    let _record = ctx.recorder.as_ref().map(|r| r.reconcile(&object));
-    let result = apply_checksums(&secret, &ctx, &namespace, &object).await;
+    let record = ctx
+        .recorder
+        .as_ref()
+        .map(|r| r.reconcile(&object, secret.resource_version().as_deref()));
+    let result = apply_checksums(&secret, &ctx, &namespace, &object, record.as_ref()).await;
     ctx.reconciles
         .get_or_create(&ResultLabels {
             result: if result.is_ok() { "ok" } else { "error" },
@@ -257,6 +260,7 @@ async fn apply_checksums(
     ctx: &Context,
     namespace: &str,
     object: &str,
+    record: Option<&record::Open>,
 ) -> Result<Action, Error> {
     if !ctx.delay.is_zero() {
         tokio::time::sleep(ctx.delay).await;
@@ -267,6 +271,12 @@ async fn apply_checksums(
     };
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
     let name = configmap_name(&secret.name_any());
+    let child = format!("{namespace}/{name}");
+    let wrote = || {
+        if let Some(record) = record {
+            record.wrote(&child);
+        }
+    };
     let want = checksums(secret);
     match api.get_opt(&name).await.map_err(kube_err)? {
         Some(existing) if existing.data.clone().unwrap_or_default() == want => {}
@@ -275,6 +285,7 @@ async fn apply_checksums(
             api.replace(&name, &PostParams::default(), &existing)
                 .await
                 .map_err(kube_err)?;
+            wrote();
             info!("checksums updated");
         }
         None => {
@@ -291,6 +302,7 @@ async fn apply_checksums(
             api.create(&PostParams::default(), &configmap)
                 .await
                 .map_err(kube_err)?;
+            wrote();
             info!("checksums created");
         }
     }

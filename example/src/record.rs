@@ -1,9 +1,11 @@
-//! The reconcile record: one JSON line per reconcile start and end, appended to a file, for
-//! proving single ownership from the outside.
+//! The reconcile record: one JSON line per reconcile start and end, and per write of a child,
+//! appended to a file, for proving single ownership from the outside.
 //!
-//! A line is `{"t": <unix nanoseconds>, "shard": "...", "object": "ns/name", "event": "start"}`
-//! (or `"end"`). An end is written when the reconcile returns or is abandoned (its future
-//! dropped, e.g. when the Lease is lost); a killed process leaves its last starts open.
+//! A line is `{"t": <unix nanoseconds>, "shard": "...", "object": "ns/name", "event": "start",
+//! "rv": "<the owner's resourceVersion as reconciled>"}`, `"end"` (written when the reconcile
+//! returns or is abandoned, its future dropped, e.g. when the Lease is lost; a killed process
+//! leaves its last starts open), or `"write"` with `"child": "ns/name"` (the child the reconcile
+//! created or updated).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -21,6 +23,8 @@ pub enum Event {
     Start,
     /// The reconcile returned or was abandoned.
     End,
+    /// The reconcile created or updated a child.
+    Write,
 }
 
 /// One line of the record.
@@ -32,8 +36,14 @@ pub struct Line {
     pub shard: String,
     /// `namespace/name` of the reconciled object.
     pub object: String,
-    /// Start or end.
+    /// Start, end or write.
     pub event: Event,
+    /// The owner's resourceVersion as the shard saw it (start and write lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rv: Option<String>,
+    /// The child written (write lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<String>,
 }
 
 /// Appends lines to the record file.
@@ -47,6 +57,15 @@ pub struct Recorder {
 pub struct Open {
     recorder: Recorder,
     object: String,
+    rv: Option<String>,
+}
+
+impl Open {
+    /// Records that this reconcile created or updated `child`.
+    pub fn wrote(&self, child: &str) {
+        self.recorder
+            .write(&self.object, Event::Write, self.rv.as_deref(), Some(child));
+    }
 }
 
 fn now() -> u128 {
@@ -66,12 +85,14 @@ impl Recorder {
         })
     }
 
-    fn write(&self, object: &str, event: Event) {
+    fn write(&self, object: &str, event: Event, rv: Option<&str>, child: Option<&str>) {
         let line = Line {
             t: now(),
             shard: self.shard.clone(),
             object: object.to_owned(),
             event,
+            rv: rv.map(str::to_owned),
+            child: child.map(str::to_owned),
         };
         let Ok(mut text) = serde_json::to_string(&line) else {
             return;
@@ -83,19 +104,21 @@ impl Recorder {
         }
     }
 
-    /// Records the start of a reconcile of `object`; the end is recorded when the result drops.
-    pub fn reconcile(&self, object: &str) -> Open {
-        self.write(object, Event::Start);
+    /// Records the start of a reconcile of `object` at resourceVersion `rv`; the end is
+    /// recorded when the result drops.
+    pub fn reconcile(&self, object: &str, rv: Option<&str>) -> Open {
+        self.write(object, Event::Start, rv, None);
         Open {
             recorder: self.clone(),
             object: object.to_owned(),
+            rv: rv.map(str::to_owned),
         }
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.recorder.write(&self.object, Event::End);
+        self.recorder.write(&self.object, Event::End, None, None);
     }
 }
 
@@ -117,14 +140,21 @@ mod tests {
         let _ = std::fs::remove_file(&dir);
         let recorder = Recorder::open(&dir, "shard-0").expect("open");
         {
-            let _open = recorder.reconcile("ns/a");
+            let open = recorder.reconcile("ns/a", Some("42"));
+            open.wrote("ns/checksums-a");
         }
         let lines = parse(&std::fs::read_to_string(&dir).expect("read"));
         let _ = std::fs::remove_file(&dir);
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 3);
         assert_eq!(lines[0].event, Event::Start);
-        assert_eq!(lines[1].event, Event::End);
-        assert!(lines[0].t <= lines[1].t);
+        assert_eq!(lines[0].rv.as_deref(), Some("42"));
+        assert_eq!(lines[1].event, Event::Write);
+        assert_eq!(
+            (lines[1].rv.as_deref(), lines[1].child.as_deref()),
+            (Some("42"), Some("ns/checksums-a"))
+        );
+        assert_eq!(lines[2].event, Event::End);
+        assert!(lines[0].t <= lines[1].t && lines[1].t <= lines[2].t);
         assert!(
             lines
                 .iter()

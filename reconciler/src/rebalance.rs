@@ -11,15 +11,17 @@ use futures::StreamExt;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::{Api, Client};
-use sharder_common::key::display_name;
+use sharder_common::key::{display_name, group_of_api_version};
 use sharder_common::{GroupResource, Ring, RingLabels, Role};
 use sharder_runtime::metrics::ResourceLabels;
 use tokio::sync::Mutex;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub mod plan;
 
+use plan::ChildPlan;
 pub use plan::{Move, Reason};
+use sharder_common::OwnerState;
 
 use crate::metrics::Metrics;
 
@@ -129,6 +131,20 @@ pub struct Outcome {
     pub assigned: BTreeMap<Reason, usize>,
     /// Writes that failed after retries.
     pub errors: usize,
+    /// Controlled objects waiting on a live shard for their owner to settle on its new shard
+    /// (looked at again at every drain check until they followed it).
+    pub awaiting: Vec<ObjectId>,
+}
+
+/// One object of a ring's resource: enough to read it again.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId {
+    /// Its resource.
+    pub resource: GroupResource,
+    /// Its namespace (`None`: cluster-scoped).
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
 }
 
 impl Outcome {
@@ -137,12 +153,26 @@ impl Outcome {
         self.drained > 0 || self.assigned.values().any(|n| *n > 0)
     }
 
-    fn add(&mut self, other: Outcome) {
+    /// Adds `other`'s counts and waiting objects to these.
+    pub fn add(&mut self, other: Outcome) {
         self.listed += other.listed;
         self.drained += other.drained;
         self.errors += other.errors;
         for (reason, n) in other.assigned {
             *self.assigned.entry(reason).or_default() += n;
+        }
+        self.awaiting.extend(other.awaiting);
+    }
+
+    fn count(&mut self, written: Written) {
+        match written {
+            Written::Moved(Move::Drain { .. }) => self.drained += 1,
+            Written::Moved(Move::Assign { reason, .. }) => {
+                *self.assigned.entry(reason).or_default() += 1;
+            }
+            Written::Awaiting(object) => self.awaiting.push(object),
+            Written::Stayed => {}
+            Written::Failed => self.errors += 1,
         }
     }
 }
@@ -161,11 +191,19 @@ pub struct RingView<'a> {
     pub namespaces: &'a Namespaces,
 }
 
-/// What a single write ended with.
+/// What handling one object ended with.
 enum Written {
     Moved(Move),
+    Awaiting(ObjectId),
     Stayed,
     Failed,
+}
+
+/// What one object needs.
+enum Planned {
+    Move(Move),
+    Await,
+    Stay,
 }
 
 /// The rebalancer: lists and writes with one client, one rate limiter and shared metrics.
@@ -193,13 +231,52 @@ impl Rebalancer {
         }
     }
 
-    /// Rebalances every target over every scope.
+    /// Rebalances every target over every scope: main resources first, so that controlled
+    /// objects are planned against their owners' state after this pass's drains.
     pub async fn run(&self, view: &RingView<'_>, targets: &[Target], scopes: &[Scope]) -> Outcome {
         let mut outcome = Outcome::default();
-        for target in targets {
+        let ordered = targets
+            .iter()
+            .filter(|t| t.role == Role::Main)
+            .chain(targets.iter().filter(|t| t.role == Role::Controlled));
+        for target in ordered {
             for scope in scopes {
-                outcome.add(self.rebalance(view, target, scope).await);
+                outcome.add(self.rebalance(view, targets, target, scope).await);
             }
+        }
+        outcome
+    }
+
+    /// Looks again at controlled objects that were waiting for their owners: each one that can
+    /// follow its owner now is moved (one write), the others stay in the returned outcome's
+    /// `awaiting`.
+    pub async fn recheck(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        awaiting: Vec<ObjectId>,
+    ) -> Outcome {
+        let mut outcome = Outcome::default();
+        let results: Vec<Written> = futures::stream::iter(awaiting)
+            .map(|object| async move {
+                let Some(target) = targets.iter().find(|t| t.resource == object.resource) else {
+                    return Written::Stayed;
+                };
+                let api = self.api(target, object.namespace.as_deref());
+                match api.get_metadata_opt(&object.name).await {
+                    Ok(Some(fresh)) => self.handle(view, targets, target, fresh.metadata).await,
+                    Ok(None) => Written::Stayed,
+                    Err(e) => {
+                        warn!(resource = %target.resource, object = %object.name, error = %e, "cannot read a waiting object");
+                        Written::Awaiting(object)
+                    }
+                }
+            })
+            .buffer_unordered(self.settings.max_concurrent_writes.max(1))
+            .collect()
+            .await;
+        for result in results {
+            outcome.count(result);
         }
         outcome
     }
@@ -221,7 +298,13 @@ impl Rebalancer {
         Ok(list.items.len())
     }
 
-    async fn rebalance(&self, view: &RingView<'_>, target: &Target, scope: &Scope) -> Outcome {
+    async fn rebalance(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        target: &Target,
+        scope: &Scope,
+    ) -> Outcome {
         let mut outcome = Outcome::default();
         let api = Api::<DynamicObject>::all_with(self.client.clone(), &target.api);
         let mut params = ListParams::default().limit(self.settings.page_size);
@@ -238,48 +321,20 @@ impl Rebalancer {
                 }
             };
             outcome.listed += page.items.len();
-            let moves: Vec<(ObjectMeta, Move)> = page
-                .items
-                .into_iter()
-                .filter(|o| {
-                    !target.namespaced
-                        || o.metadata
-                            .namespace
-                            .as_ref()
-                            .is_some_and(|ns| view.namespaces.0.contains(ns))
-                })
-                .filter_map(|o| {
-                    let key = plan::key_of(
-                        &o.metadata,
-                        target.role,
-                        &target.resource.group,
-                        &target.api.kind,
-                    );
-                    let mv = plan::plan(
-                        &o.metadata,
-                        key.as_ref(),
-                        target.role,
-                        view.ring,
-                        view.available,
-                        view.labels,
-                    )?;
-                    Some((o.metadata, mv))
-                })
-                .collect();
-            let results: Vec<Written> = futures::stream::iter(moves)
-                .map(|(meta, mv)| self.write(view, target, meta, mv))
+            let objects = page.items.into_iter().map(|o| o.metadata).filter(|meta| {
+                !target.namespaced
+                    || meta
+                        .namespace
+                        .as_ref()
+                        .is_some_and(|ns| view.namespaces.0.contains(ns))
+            });
+            let results: Vec<Written> = futures::stream::iter(objects)
+                .map(|meta| self.handle(view, targets, target, meta))
                 .buffer_unordered(self.settings.max_concurrent_writes.max(1))
                 .collect()
                 .await;
             for result in results {
-                match result {
-                    Written::Moved(Move::Drain { .. }) => outcome.drained += 1,
-                    Written::Moved(Move::Assign { reason, .. }) => {
-                        *outcome.assigned.entry(reason).or_default() += 1;
-                    }
-                    Written::Stayed => {}
-                    Written::Failed => outcome.errors += 1,
-                }
+                outcome.count(result);
             }
             match page.metadata.continue_ {
                 Some(token) if !token.is_empty() => params = params.continue_token(&token),
@@ -288,22 +343,102 @@ impl Rebalancer {
         }
     }
 
-    /// Writes one move with the object's resourceVersion; on a conflict re-reads the object,
-    /// re-plans and retries with backoff ([`CONFLICT_RETRIES`] times).
-    async fn write(
-        &self,
-        view: &RingView<'_>,
-        target: &Target,
-        mut meta: ObjectMeta,
-        mut mv: Move,
-    ) -> Written {
-        let name = meta.name.clone().unwrap_or_default();
-        let api = match (&meta.namespace, target.namespaced) {
+    fn api(&self, target: &Target, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (namespace, target.namespaced) {
             (Some(ns), true) => {
                 Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &target.api)
             }
             _ => Api::<DynamicObject>::all_with(self.client.clone(), &target.api),
+        }
+    }
+
+    /// What object `meta` of `target` needs: for a controlled object, its owner's state is
+    /// read when the owner decides (docs/design.md §5).
+    async fn plan(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        target: &Target,
+        meta: &ObjectMeta,
+    ) -> Planned {
+        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
+        if target.role == Role::Main {
+            return match plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels) {
+                Some(mv) => Planned::Move(mv),
+                None => Planned::Stay,
+            };
+        }
+        let child =
+            match plan::plan_child(meta, key.as_ref(), view.ring, view.available, view.labels) {
+                Some(decided) => decided,
+                None => {
+                    let owner = self.owner_state(view, targets, meta).await;
+                    plan::follow_owner(
+                        meta,
+                        key.as_ref(),
+                        view.ring,
+                        view.available,
+                        view.labels,
+                        &owner,
+                    )
+                }
+            };
+        match child {
+            ChildPlan::Move(mv) => Planned::Move(mv),
+            ChildPlan::AwaitOwner => Planned::Await,
+            ChildPlan::Stay => Planned::Stay,
+        }
+    }
+
+    /// The state of the controller owner of the controlled object `meta`: read from the
+    /// apiserver (metadata only) when the owner's resource is a main resource of the ring.
+    async fn owner_state(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        meta: &ObjectMeta,
+    ) -> OwnerState {
+        let Some(owner) = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+        else {
+            return OwnerState::Missing;
         };
+        let Ok(group) = group_of_api_version(&owner.api_version) else {
+            return OwnerState::Missing;
+        };
+        let Some(target) = targets.iter().find(|t| {
+            t.role == Role::Main && t.resource.group == group && t.api.kind == owner.kind
+        }) else {
+            return OwnerState::NotSharded;
+        };
+        match self
+            .api(target, meta.namespace.as_deref())
+            .get_metadata_opt(&owner.name)
+            .await
+        {
+            Ok(found) => OwnerState::of(found.as_ref().map(|o| &o.metadata), view.labels),
+            // Unknown: treat it as not settled, so the child waits (never moves ahead of it).
+            Err(e) => {
+                warn!(object = %display_name(meta), owner = %owner.name, error = %e, "cannot read the owner");
+                OwnerState::Unassigned
+            }
+        }
+    }
+
+    /// Plans object `meta` and writes its move with the object's resourceVersion; on a conflict
+    /// re-reads the object, plans again and retries with backoff ([`CONFLICT_RETRIES`] times).
+    async fn handle(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        target: &Target,
+        mut meta: ObjectMeta,
+    ) -> Written {
+        let name = meta.name.clone().unwrap_or_default();
+        let api = self.api(target, meta.namespace.as_deref());
         let mut backoff = ExponentialBuilder::default()
             .with_min_delay(CONFLICT_BACKOFF_MIN)
             .with_max_delay(CONFLICT_BACKOFF_MAX)
@@ -311,6 +446,18 @@ impl Rebalancer {
             .with_jitter()
             .build();
         loop {
+            let mv = match self.plan(view, targets, target, &meta).await {
+                Planned::Move(mv) => mv,
+                Planned::Stay => return Written::Stayed,
+                Planned::Await => {
+                    debug!(object = %display_name(&meta), "waiting for its owner to settle");
+                    return Written::Awaiting(ObjectId {
+                        resource: target.resource.clone(),
+                        namespace: meta.namespace.clone(),
+                        name,
+                    });
+                }
+            };
             self.limiter.wait().await;
             let patch = mv.patch(
                 view.labels,
@@ -331,7 +478,7 @@ impl Rebalancer {
                         return Written::Failed;
                     };
                     tokio::time::sleep(delay).await;
-                    let fresh = match api.get_metadata_opt(&name).await {
+                    meta = match api.get_metadata_opt(&name).await {
                         Ok(Some(fresh)) => fresh.metadata,
                         Ok(None) => return Written::Stayed,
                         Err(e) => {
@@ -339,26 +486,6 @@ impl Rebalancer {
                             return Written::Failed;
                         }
                     };
-                    let key = plan::key_of(
-                        &fresh,
-                        target.role,
-                        &target.resource.group,
-                        &target.api.kind,
-                    );
-                    match plan::plan(
-                        &fresh,
-                        key.as_ref(),
-                        target.role,
-                        view.ring,
-                        view.available,
-                        view.labels,
-                    ) {
-                        Some(next) => {
-                            meta = fresh;
-                            mv = next;
-                        }
-                        None => return Written::Stayed,
-                    }
                 }
                 Err(e) => {
                     warn!(object = %display_name(&meta), error = %e, "move failed");

@@ -28,7 +28,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
 use crate::metrics::Metrics;
-use crate::rebalance::{Rebalancer, RingView};
+use crate::rebalance::{ObjectId, Rebalancer, RingView, Scope};
 use crate::shard_leases::leases_of;
 use crate::webhook_config::{WebhookSettings, webhook_configuration};
 
@@ -155,10 +155,13 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
     }
 
     let scopes = schedule::scopes(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
-    let ran = if scopes.is_empty() || available.is_empty() {
+    let awaiting = schedule::same_ring(previous.as_ref(), &observed)
+        .map(|p| p.awaiting.clone())
+        .unwrap_or_default();
+    let ran = if available.is_empty() || (scopes.is_empty() && awaiting.is_empty()) {
         None
     } else {
-        Some(rebalance(ctx, ring, &roles, &available, &scopes).await?)
+        Some(rebalance(ctx, ring, &roles, &available, &scopes, awaiting).await?)
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
@@ -188,13 +191,16 @@ async fn apply_webhook_configuration(
     Ok(())
 }
 
-/// Lists and moves what `scopes` select, then counts the drains still pending and reports.
+/// Lists and moves what `scopes` select, looks again at the controlled objects `awaiting`
+/// their owners (unless everything was listed), then counts the drains still pending and
+/// reports.
 async fn rebalance(
     ctx: &Context,
     ring: &ClusterRing,
     roles: &Roles,
     available: &BTreeSet<String>,
-    scopes: &BTreeSet<crate::rebalance::Scope>,
+    scopes: &BTreeSet<Scope>,
+    awaiting: Vec<ObjectId>,
 ) -> Result<Ran, Error> {
     let started = Instant::now();
     let name = ring.name_any();
@@ -211,7 +217,16 @@ async fn rebalance(
         namespaces: &namespaces,
     };
     let scope_list: Vec<_> = scopes.iter().cloned().collect();
-    let outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
+    let mut outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
+    if !scopes.contains(&Scope::All) && !awaiting.is_empty() {
+        // A full list planned every child again; otherwise look at the waiting ones.
+        let mut seen: BTreeSet<ObjectId> = outcome.awaiting.iter().cloned().collect();
+        let rest: Vec<ObjectId> = awaiting
+            .into_iter()
+            .filter(|o| seen.insert(o.clone()))
+            .collect();
+        outcome.add(ctx.rebalancer.recheck(&view, &targets, rest).await);
+    }
     let mut pending = 0;
     for target in targets.iter().filter(|t| t.role == Role::Main) {
         // A failed count is taken as pending, so the drain check comes again soon.
@@ -228,9 +243,10 @@ async fn rebalance(
         .observe(elapsed.as_secs_f64());
     report::report(&ctx.recorder, ring, scopes, &outcome, pending, elapsed).await;
     Ok(Ran {
-        full: scopes.contains(&crate::rebalance::Scope::All),
+        full: scopes.contains(&Scope::All),
         draining: pending > 0,
         failed: outcome.errors > 0,
+        awaiting: outcome.awaiting,
     })
 }
 

@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod crd;
 pub mod fixtures;
 pub mod helm;
+pub mod history;
 pub mod launch;
 pub mod ownership;
 pub mod proxy;

@@ -1,7 +1,9 @@
-//! The single-ownership invariant, checked from the example shards' reconcile records: no object
-//! is ever reconciled by two shards at overlapping times.
+//! The single-ownership invariant, checked from the example shards' reconcile records (no object
+//! is ever reconciled by two shards at overlapping times), and the ordered handover of
+//! controlled objects, checked from the observed versions of owners and children
+//! ([`check_handover`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sharder_example::record::{Event, Line};
 
@@ -77,6 +79,7 @@ pub fn check(lines: &[Line], ended: &BTreeMap<String, u128>, now: u128) -> Repor
                         });
                 }
             }
+            Event::Write => {}
         }
     }
     for ((shard, object), start) in open {
@@ -117,6 +120,8 @@ mod tests {
             shard: shard.into(),
             object: object.into(),
             event,
+            rv: None,
+            child: None,
         }
     }
 
@@ -165,5 +170,371 @@ mod tests {
             1,
             "a still-running shard's open reconcile lasts until now"
         );
+    }
+}
+
+/// One observed version of a sharded object (owner or child), from a watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    /// Its resourceVersion: one etcd revision, ordered across resources.
+    pub rv: u64,
+    /// When it was observed (Unix nanoseconds).
+    pub t: u128,
+    /// `namespace/name` of the object.
+    pub object: String,
+    /// For a controlled object: `namespace/name` of its controller owner.
+    pub owner: Option<String>,
+    /// Its shard label.
+    pub shard: Option<String>,
+    /// Whether it carries the drain label.
+    pub draining: bool,
+    /// Whether this is its deletion.
+    pub deleted: bool,
+}
+
+/// A breach of the handover rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The object (child or owner) concerned.
+    pub object: String,
+    /// What happened.
+    pub what: String,
+}
+
+/// What the versions and records show about handovers.
+#[derive(Clone, Debug, Default)]
+pub struct Handover {
+    /// Every breach found.
+    pub violations: Vec<Violation>,
+    /// Controlled objects seen.
+    pub children: usize,
+    /// Times a child moved.
+    pub child_moves: usize,
+    /// The longest a child stayed on its owner's previous shard after the owner moved on
+    /// (nanoseconds): the allowed window between the owner's acknowledgement and the child's
+    /// move.
+    pub longest_behind: u128,
+    /// Reconcile starts and child writes checked against the owner's observed versions.
+    pub records_checked: usize,
+}
+
+/// How long after an owner moved on a shard may still act on its old copy (watch delivery).
+pub const STALE_TOLERANCE: u128 = 2_000_000_000;
+
+#[derive(Clone, Debug, Default)]
+struct Held {
+    shard: Option<String>,
+    draining: bool,
+    present: bool,
+}
+
+impl Held {
+    /// The shard that holds the object and is not letting it go.
+    fn settled(&self) -> Option<&str> {
+        (self.present && !self.draining)
+            .then_some(self.shard.as_deref())
+            .flatten()
+    }
+}
+
+/// Checks the ordered handover of controlled objects (docs/design.md §5) over the observed
+/// `versions` of owners and children and the shards' records `lines`:
+///
+/// - a child is never labelled with a shard other than the one holding its owner at that
+///   moment (in resourceVersion order), unless the owner's shard is in `dead` (owners and
+///   children of a dead shard move together);
+/// - after an owner settles on a new shard, its children follow within `bound` nanoseconds
+///   (a child still behind at `now` counts too);
+/// - a shard reconciles an owner, or writes its child, only at a version labelled with that
+///   shard and not draining, and never more than [`STALE_TOLERANCE`] after a newer version
+///   moved the owner elsewhere.
+pub fn check_handover(
+    versions: &[Version],
+    lines: &[Line],
+    dead: &BTreeSet<String>,
+    bound: u128,
+    now: u128,
+) -> Handover {
+    let mut report = Handover::default();
+    let mut sorted: Vec<&Version> = versions.iter().collect();
+    sorted.sort_by_key(|v| v.rv);
+    let mut owners: BTreeMap<&str, Held> = BTreeMap::new();
+    let mut children: BTreeMap<&str, (Held, &str)> = BTreeMap::new();
+    let mut behind: BTreeMap<&str, u128> = BTreeMap::new();
+    let mut by_owner: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for v in &sorted {
+        let held = Held {
+            shard: v.shard.clone(),
+            draining: v.draining,
+            present: !v.deleted,
+        };
+        match &v.owner {
+            Some(owner) => {
+                let previous = children
+                    .get(v.object.as_str())
+                    .map(|(h, _)| h.shard.clone());
+                if previous.is_none() {
+                    report.children += 1;
+                }
+                by_owner.entry(owner).or_default().insert(&v.object);
+                let moved =
+                    held.present && held.shard.is_some() && previous.flatten() != held.shard;
+                if moved {
+                    report.child_moves += 1;
+                    let owner_held = owners.get(owner.as_str()).cloned().unwrap_or_default();
+                    let allowed = owner_held.present
+                        && (owner_held.shard == held.shard
+                            || owner_held.shard.as_ref().is_some_and(|s| dead.contains(s)));
+                    if owner_held.present && !allowed {
+                        report.violations.push(Violation {
+                            object: v.object.clone(),
+                            what: format!(
+                                "child moved to {:?} at rv {} while its owner {owner} was on {:?} (draining: {})",
+                                held.shard, v.rv, owner_held.shard, owner_held.draining
+                            ),
+                        });
+                    }
+                }
+                children.insert(&v.object, (held, owner));
+            }
+            None => {
+                owners.insert(&v.object, held);
+            }
+        }
+        // Windows in which a child is behind its owner's settled shard.
+        let owner = v.owner.as_deref().unwrap_or(&v.object);
+        let owner_held = owners.get(owner).cloned().unwrap_or_default();
+        for child in by_owner.get(owner).into_iter().flatten() {
+            let Some((child_held, _)) = children.get(child) else {
+                continue;
+            };
+            let is_behind = child_held.present
+                && child_held.shard.is_some()
+                && owner_held
+                    .settled()
+                    .is_some_and(|s| child_held.shard.as_deref() != Some(s));
+            match (is_behind, behind.get(child).copied()) {
+                (true, None) => {
+                    behind.insert(child, v.t);
+                }
+                (false, Some(since)) => {
+                    behind.remove(child);
+                    report.longest_behind = report.longest_behind.max(v.t.saturating_sub(since));
+                }
+                _ => {}
+            }
+        }
+    }
+    for (child, since) in &behind {
+        let open = now.saturating_sub(*since);
+        report.longest_behind = report.longest_behind.max(open);
+        if open > bound {
+            report.violations.push(Violation {
+                object: (*child).to_owned(),
+                what: format!("still behind its owner after {} ms", open / 1_000_000),
+            });
+        }
+    }
+    if report.longest_behind > bound && !report.violations.iter().any(|v| v.what.contains("behind"))
+    {
+        report.violations.push(Violation {
+            object: String::new(),
+            what: format!(
+                "a child stayed behind its owner for {} ms (bound {} ms)",
+                report.longest_behind / 1_000_000,
+                bound / 1_000_000
+            ),
+        });
+    }
+    check_records(&sorted, lines, &mut report);
+    report
+}
+
+/// The reconcile-start and child-write records against the owners' observed versions.
+fn check_records(sorted: &[&Version], lines: &[Line], report: &mut Handover) {
+    let mut history: BTreeMap<&str, Vec<&Version>> = BTreeMap::new();
+    for v in sorted.iter().filter(|v| v.owner.is_none()) {
+        history.entry(&v.object).or_default().push(v);
+    }
+    for line in lines
+        .iter()
+        .filter(|l| matches!(l.event, Event::Start | Event::Write))
+    {
+        let Some(rv) = line.rv.as_deref().and_then(|r| r.parse::<u64>().ok()) else {
+            continue;
+        };
+        let Some(versions) = history.get(line.object.as_str()) else {
+            continue;
+        };
+        let Some(seen) = versions.iter().find(|v| v.rv == rv) else {
+            continue;
+        };
+        report.records_checked += 1;
+        let what = match line.event {
+            Event::Write => format!("wrote child {:?}", line.child),
+            _ => "reconciled".to_owned(),
+        };
+        if seen.shard.as_deref() != Some(line.shard.as_str()) || seen.draining {
+            report.violations.push(Violation {
+                object: line.object.clone(),
+                what: format!(
+                    "{} {what} at rv {rv}, which was on {:?} (draining: {})",
+                    line.shard, seen.shard, seen.draining
+                ),
+            });
+        }
+        let moved_away = versions.iter().find(|v| {
+            v.rv > rv
+                && v.shard.as_deref() != Some(line.shard.as_str())
+                && v.t + STALE_TOLERANCE < line.t
+        });
+        if let Some(newer) = moved_away {
+            report.violations.push(Violation {
+                object: line.object.clone(),
+                what: format!(
+                    "{} {what} at rv {rv}, {} ms after rv {} moved it to {:?}",
+                    line.shard,
+                    (line.t - newer.t) / 1_000_000,
+                    newer.rv,
+                    newer.shard
+                ),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod handover_tests {
+    use super::*;
+
+    const MS: u128 = 1_000_000;
+
+    fn owner(rv: u64, shard: Option<&str>, draining: bool) -> Version {
+        Version {
+            rv,
+            t: u128::from(rv) * 100 * MS,
+            object: "ns/o".into(),
+            owner: None,
+            shard: shard.map(Into::into),
+            draining,
+            deleted: false,
+        }
+    }
+
+    fn child(rv: u64, shard: Option<&str>) -> Version {
+        Version {
+            object: "ns/checksums-o".into(),
+            owner: Some("ns/o".into()),
+            ..owner(rv, shard, false)
+        }
+    }
+
+    fn check(versions: &[Version], lines: &[Line]) -> Handover {
+        check_handover(versions, lines, &BTreeSet::new(), 5_000 * MS, 100_000 * MS)
+    }
+
+    #[test]
+    fn todays_direct_child_move_puts_the_child_ahead_of_its_draining_owner() {
+        // What the reconciler did before ordered handover: in the pass that drains the owner
+        // off a, its child is assigned to b directly, while a still holds the owner.
+        let versions = [
+            owner(1, Some("a"), false),
+            child(2, Some("a")),
+            owner(10, Some("a"), true),
+            child(11, Some("b")),
+            owner(12, Some("b"), false),
+        ];
+        let report = check(&versions, &[]);
+        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+        assert!(report.violations[0].what.contains("child moved to"));
+    }
+
+    #[test]
+    fn a_child_following_its_acknowledged_owner_is_fine() {
+        let versions = [
+            owner(1, Some("a"), false),
+            child(2, Some("a")),
+            owner(10, Some("a"), true),
+            owner(12, Some("b"), false),
+            child(13, Some("b")),
+        ];
+        let report = check(&versions, &[]);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.child_moves, 2);
+        assert_eq!(report.longest_behind, 100 * MS, "rv 12 -> rv 13");
+    }
+
+    #[test]
+    fn owners_and_children_of_a_dead_shard_may_move_in_any_order() {
+        let versions = [
+            owner(1, Some("x"), false),
+            child(2, Some("x")),
+            child(3, Some("b")),
+            owner(4, Some("b"), false),
+        ];
+        let dead = BTreeSet::from(["x".to_owned()]);
+        let report = check_handover(&versions, &[], &dead, 5_000 * MS, 100_000 * MS);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        let alive = check(&versions, &[]);
+        assert_eq!(
+            alive.violations.len(),
+            1,
+            "x was not dead: {:?}",
+            alive.violations
+        );
+    }
+
+    #[test]
+    fn a_child_left_behind_too_long_is_a_violation() {
+        let versions = [
+            owner(1, Some("a"), false),
+            child(2, Some("a")),
+            owner(3, Some("b"), false),
+        ];
+        let report = check_handover(
+            &versions,
+            &[],
+            &BTreeSet::new(),
+            5_000 * MS,
+            300 * MS + 6_000 * MS,
+        );
+        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+        assert!(report.violations[0].what.contains("behind"));
+    }
+
+    fn start(shard: &str, rv: u64, t: u128) -> Line {
+        Line {
+            t,
+            shard: shard.into(),
+            object: "ns/o".into(),
+            event: Event::Start,
+            rv: Some(rv.to_string()),
+            child: None,
+        }
+    }
+
+    #[test]
+    fn a_shard_may_only_reconcile_an_owner_it_holds() {
+        let versions = [
+            owner(1, Some("a"), false),
+            owner(5, Some("a"), true),
+            owner(6, Some("b"), false),
+        ];
+        let fine = check(
+            &versions,
+            &[start("a", 1, 150 * MS), start("b", 6, 700 * MS)],
+        );
+        assert!(fine.violations.is_empty(), "{:?}", fine.violations);
+        assert_eq!(fine.records_checked, 2);
+        let draining = check(&versions, &[start("a", 5, 550 * MS)]);
+        assert_eq!(
+            draining.violations.len(),
+            1,
+            "a draining owner is not reconciled"
+        );
+        let not_held = check(&versions, &[start("b", 1, 150 * MS)]);
+        assert_eq!(not_held.violations.len(), 1, "b did not hold it at rv 1");
+        let stale = check(&versions, &[start("a", 1, 600 * MS + STALE_TOLERANCE + 1)]);
+        assert_eq!(stale.violations.len(), 1, "long after it moved to b");
     }
 }

@@ -1,27 +1,27 @@
 //! The whole system as real processes on the shared control plane, for end-to-end tests and the
 //! demo: webhook replicas behind a TCP proxy (the Service), reconciler replicas, example shards
 //! (`checksum-controller`) recording every reconcile, one ClusterRing over a test namespace, and a
-//! monitor of how long objects stay unassigned. Built on [`World`]; every process is started
+//! history of every version of its objects (how long they stay unassigned, whether children run
+//! ahead of their owners). Built on [`World`]; every process is started
 //! through the launchers of [`crate::launch`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use sharder_common::labels::RING_LABEL;
-use sharder_common::{ObjectKey, Ring, RingLabels, is_available};
+use sharder_common::{ObjectKey, Ring, is_available};
 use sharder_example::{checksums, configmap_name};
-use tokio::task::JoinHandle;
 
+use crate::history::History;
 use crate::launch::{Env, Reconciler, Shard, ShardFlags, Webhook};
 use crate::ownership::{self, Report};
 use crate::proxy::Proxy;
@@ -55,7 +55,17 @@ pub struct Options {
     pub reconciler_kubeconfig: Option<PathBuf>,
     /// The reconciler's `--namespace` (its leader election Lease; default: the test namespace).
     pub reconciler_namespace: Option<String>,
+    /// Run the reconciler and the shards as ServiceAccounts of the test namespace (bound to
+    /// cluster-admin), so the audit log tells their writes apart:
+    /// [`RECONCILER_ACCOUNT`] and [`SHARD_ACCOUNT`].
+    pub service_accounts: bool,
 }
+
+/// The reconciler's ServiceAccount with [`Options::service_accounts`].
+pub const RECONCILER_ACCOUNT: &str = "sharder-reconciler";
+
+/// The shards' ServiceAccount with [`Options::service_accounts`].
+pub const SHARD_ACCOUNT: &str = "shards";
 
 impl Default for Options {
     fn default() -> Self {
@@ -71,6 +81,7 @@ impl Default for Options {
             webhook_kubeconfig: None,
             reconciler_kubeconfig: None,
             reconciler_namespace: None,
+            service_accounts: false,
         }
     }
 }
@@ -90,15 +101,6 @@ pub fn unix_nanos() -> u128 {
         .map(|d| d.as_nanos())
         .unwrap_or_default()
 }
-
-/// Objects unassigned now (uid -> since when), and the longest unassigned period that ended.
-#[derive(Debug, Default)]
-struct Unassigned {
-    open: BTreeMap<String, Instant>,
-    longest_closed: Duration,
-}
-
-type Sightings = Arc<Mutex<Unassigned>>;
 
 /// Writes to the test namespace's Secrets.
 #[derive(Clone)]
@@ -150,8 +152,9 @@ pub struct System {
     reconcilers: Vec<Option<Reconciler>>,
     shards: BTreeMap<String, Shard>,
     ended: BTreeMap<String, u128>,
-    unassigned: Sightings,
-    monitor: JoinHandle<()>,
+    history: History,
+    reconciler_env: Env,
+    shard_env: Env,
 }
 
 impl Deref for System {
@@ -168,13 +171,9 @@ impl DerefMut for System {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl System {
     /// Starts everything: webhooks, the ring, reconcilers, shards; returns once a new object is
-    /// assigned by the webhook.
+    /// assigned by the webhook (with no shard, at once: start shards, then wait for it).
     pub async fn start(prefix: &str, options: Options) -> Self {
         let world = match &options.namespace {
             Some(ns) => {
@@ -184,13 +183,22 @@ impl System {
             None => World::new(prefix).await,
         };
         let proxy = Proxy::start(options.webhooks).await.expect("proxy");
-        let unassigned = Sightings::default();
-        let monitor = tokio::spawn(monitor(
-            world.client.clone(),
-            world.ns.clone(),
-            world.labels.clone(),
-            Arc::clone(&unassigned),
-        ));
+        let history = History::start(&world.client, &world.ns, &world.labels);
+        let (reconciler_env, shard_env) = if options.service_accounts {
+            (
+                world.service_account_env(RECONCILER_ACCOUNT).await,
+                world.service_account_env(SHARD_ACCOUNT).await,
+            )
+        } else {
+            let env = |kubeconfig: Option<&PathBuf>| match kubeconfig {
+                Some(kubeconfig) => Env::new(world.dir(), kubeconfig),
+                None => world.admin_env(),
+            };
+            (
+                env(options.reconciler_kubeconfig.as_ref()),
+                world.admin_env(),
+            )
+        };
         let mut system = Self {
             world,
             options,
@@ -199,8 +207,9 @@ impl System {
             reconcilers: Vec::new(),
             shards: BTreeMap::new(),
             ended: BTreeMap::new(),
-            unassigned,
-            monitor,
+            history,
+            reconciler_env,
+            shard_env,
         };
         for i in 0..system.options.webhooks {
             system.webhooks.push(None);
@@ -216,7 +225,9 @@ impl System {
         for i in 0..system.options.shards {
             system.start_shard(&format!("shard-{i}")).await;
         }
-        system.wait_until_webhook_assigns().await;
+        if system.options.shards > 0 {
+            system.wait_until_webhook_assigns().await;
+        }
         system
     }
 
@@ -253,7 +264,7 @@ impl System {
 
     /// Starts (or restarts) reconciler replica `i` (identity `replica-<i>`).
     pub async fn start_reconciler(&mut self, i: usize) {
-        let env = self.env(self.options.reconciler_kubeconfig.as_ref());
+        let env = self.reconciler_env.clone();
         let flags = self.world.reconciler_flags(
             &format!("replica-{i}"),
             self.reconciler_namespace(),
@@ -334,9 +345,7 @@ impl System {
     /// Starts an example shard with `flags` and waits until it holds its Lease.
     pub async fn start_shard_with(&mut self, flags: ShardFlags) {
         let name = flags.name.clone();
-        let mut shard = Shard::start(&self.admin_env(), &flags)
-            .await
-            .expect("shard");
+        let mut shard = Shard::start(&self.shard_env, &flags).await.expect("shard");
         shard
             .process
             .wait_ready(shard.admin)
@@ -492,8 +501,8 @@ impl System {
         eventually(what, WAIT, || self.converged()).await;
     }
 
-    /// The ownership report from every shard's records so far.
-    pub fn ownership(&self) -> Report {
+    /// Every line of every shard's reconcile record so far.
+    pub fn record_lines(&self) -> Vec<sharder_example::record::Line> {
         let mut lines = Vec::new();
         if let Ok(entries) = std::fs::read_dir(self.dir()) {
             for entry in entries.flatten() {
@@ -504,22 +513,38 @@ impl System {
                 }
             }
         }
-        ownership::check(&lines, &self.ended, unix_nanos())
+        lines
+    }
+
+    /// The ownership report from every shard's records so far.
+    pub fn ownership(&self) -> Report {
+        ownership::check(&self.record_lines(), &self.ended, unix_nanos())
     }
 
     /// The longest time any object of the namespace stayed unassigned (so far).
     pub fn longest_unassigned(&self) -> Duration {
-        let now = Instant::now();
-        let unassigned = lock(&self.unassigned);
-        unassigned
-            .open
-            .values()
-            .map(|since| now - *since)
-            .fold(unassigned.longest_closed, Duration::max)
+        self.history.longest_unassigned(unix_nanos())
+    }
+
+    /// The handover check over everything observed so far: children never ahead of their
+    /// owners, following them within the unassigned bound, shards acting only on owners they
+    /// hold (see [`ownership::check_handover`]).
+    pub fn handover(&self) -> ownership::Handover {
+        let bound = self.options.unassigned_bound().as_nanos();
+        let dead: BTreeSet<String> = self.ended.keys().cloned().collect();
+        ownership::check_handover(
+            &self.history.versions(),
+            &self.record_lines(),
+            &dead,
+            bound,
+            unix_nanos(),
+        )
     }
 
     /// Asserts the ownership invariant: no object reconciled by two shards at overlapping
-    /// times, none unassigned longer than the stated bound. Returns the report.
+    /// times, none unassigned longer than the stated bound, no child ahead of its owner or
+    /// left behind, no owner reconciled (or its child written) by a shard not holding it.
+    /// Returns the report.
     pub fn assert_single_ownership(&self) -> Report {
         let report = self.ownership();
         assert!(
@@ -534,11 +559,22 @@ impl System {
             longest <= bound,
             "an object stayed unassigned for {longest:?} (bound {bound:?})"
         );
+        let handover = self.handover();
+        assert!(
+            handover.violations.is_empty(),
+            "{} handover violations, first: {:?}",
+            handover.violations.len(),
+            handover.violations.first()
+        );
         eprintln!(
-            "ownership: {} reconciles of {} objects, {} reconciled by more than one shard over time, no overlap; longest unassigned {longest:?} (bound {bound:?})",
+            "ownership: {} reconciles of {} objects, {} reconciled by more than one shard over time, no overlap; longest unassigned {longest:?} (bound {bound:?}); {} children, {} child moves, none ahead of its owner, longest behind {:?}; {} records checked against the owners' versions",
             report.total(),
             report.reconciles.len(),
-            report.objects_with_several_shards()
+            report.objects_with_several_shards(),
+            handover.children,
+            handover.child_moves,
+            Duration::from_nanos(u64::try_from(handover.longest_behind).unwrap_or(u64::MAX)),
+            handover.records_checked,
         );
         report
     }
@@ -552,66 +588,5 @@ impl System {
             .flatten()
             .map(|i| i.shard.clone())
             .collect()
-    }
-}
-
-impl Drop for System {
-    fn drop(&mut self) {
-        self.monitor.abort();
-    }
-}
-
-/// Every 200 ms: notes when each object of `ns` (Secret or ConfigMap) is seen without a shard
-/// label and when that ends (labelled or gone).
-async fn monitor(client: Client, ns: String, labels: RingLabels, sightings: Sightings) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let configmaps: Api<ConfigMap> = Api::namespaced(client, &ns);
-    loop {
-        let mut seen: Vec<(String, bool)> = Vec::new();
-        if let Ok(list) = secrets.list_metadata(&ListParams::default()).await {
-            seen.extend(list.items.iter().map(|o| {
-                (
-                    o.uid().unwrap_or_default(),
-                    o.labels().contains_key(&labels.shard),
-                )
-            }));
-        }
-        if let Ok(list) = configmaps.list_metadata(&ListParams::default()).await {
-            seen.extend(
-                list.items
-                    .iter()
-                    .filter(|o| o.name_any().starts_with("checksums-"))
-                    .map(|o| {
-                        (
-                            o.uid().unwrap_or_default(),
-                            o.labels().contains_key(&labels.shard),
-                        )
-                    }),
-            );
-        }
-        let now = Instant::now();
-        {
-            let mut sightings = lock(&sightings);
-            let present: BTreeSet<&String> = seen.iter().map(|(uid, _)| uid).collect();
-            let mut ended: Vec<String> = sightings
-                .open
-                .keys()
-                .filter(|uid| !present.contains(uid))
-                .cloned()
-                .collect();
-            for (uid, assigned) in &seen {
-                if *assigned {
-                    ended.push(uid.clone());
-                } else {
-                    sightings.open.entry(uid.clone()).or_insert(now);
-                }
-            }
-            for uid in ended {
-                if let Some(since) = sightings.open.remove(&uid) {
-                    sightings.longest_closed = sightings.longest_closed.max(now - since);
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -287,8 +287,19 @@ impl World {
 
     /// Successful writes to objects of this namespace by `user`, per (resource, name).
     pub fn writes_by(&self, user: &str) -> BTreeMap<(String, String), usize> {
+        self.writes_by_since(user, 0)
+    }
+
+    /// How many writes the audit log holds now (for [`writes_by_since`](Self::writes_by_since)).
+    pub fn audit_mark(&self) -> usize {
+        self.cp.audited_writes().len()
+    }
+
+    /// Successful writes to objects of this namespace by `user` after the audit log held `mark`
+    /// writes, per (resource, name).
+    pub fn writes_by_since(&self, user: &str, mark: usize) -> BTreeMap<(String, String), usize> {
         let mut writes = BTreeMap::new();
-        for event in self.cp.audited_writes() {
+        for event in self.cp.audited_writes().into_iter().skip(mark) {
             let object = &event["objectRef"];
             if event["user"]["username"] == user && object["namespace"] == self.ns.as_str() {
                 let key = (

@@ -176,7 +176,9 @@ fn the_defaults_render_a_hardened_webhook_and_reconciler() {
     let role = find(&docs, "ClusterRole", "sharder-reconciler").expect("role");
     let rules = role["rules"].as_array().expect("rules");
     assert!(
-        !rules.iter().any(|r| r["verbs"] == json!(["list", "patch"])),
+        !rules
+            .iter()
+            .any(|r| r["verbs"] == json!(["get", "list", "patch"])),
         "{rules:?}"
     );
     assert!(
@@ -209,14 +211,29 @@ fn rings_from_values_grant_exactly_their_resources() {
         .as_array()
         .expect("rules")
         .iter()
-        .filter(|r| r["verbs"] == json!(["list", "patch"]))
+        .filter(|r| r["verbs"] == json!(["get", "list", "patch"]))
         .collect();
     assert_eq!(
         sharded,
         [
-            &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["list", "patch"] }),
-            &json!({ "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "patch"] }),
+            &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "patch"] }),
+            &json!({ "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "patch"] }),
         ]
+    );
+    let webhook_role = find(&docs, "ClusterRole", "sharder-webhook").expect("role");
+    let owners: Vec<&Value> = webhook_role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| r["verbs"] == json!(["get"]))
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get"] }),
+            &json!({ "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"] }),
+        ],
+        "the webhook only reads owners of the sharded resources"
     );
     assert!(find(&docs, "ServiceMonitor", "sharder").is_some());
     let notes = helm
@@ -288,23 +305,30 @@ fn tls_comes_from_cert_manager_or_an_existing_secret_when_chosen() {
     );
 }
 
+/// The Api of the kind of manifest document `doc` (namespaced ones in `namespace`).
+async fn api_for(client: &kube::Client, doc: &Value, namespace: &str) -> Api<DynamicObject> {
+    let api_version = doc["apiVersion"].as_str().expect("apiVersion");
+    let kind = doc["kind"].as_str().expect("kind");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = pinned_kind(client, &gvk)
+        .await
+        .unwrap_or_else(|e| panic!("{api_version} {kind} not served: {e}"));
+    match caps.scope {
+        Scope::Namespaced => Api::namespaced_with(client.clone(), namespace, &resource),
+        Scope::Cluster => Api::all_with(client.clone(), &resource),
+    }
+}
+
 /// Every object Helm rendered exists in the cluster.
 async fn assert_installed(cp: &ControlPlane, docs: &[Value], namespace: &str) {
     let client = cp.client().await.expect("client");
     for doc in docs {
-        let api_version = doc["apiVersion"].as_str().expect("apiVersion");
         let kind = doc["kind"].as_str().expect("kind");
         let name = doc["metadata"]["name"].as_str().expect("name");
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, caps) = pinned_kind(&client, &gvk)
+        api_for(&client, doc, namespace)
             .await
-            .unwrap_or_else(|e| panic!("{api_version} {kind} not served: {e}"));
-        let api: Api<DynamicObject> = match caps.scope {
-            Scope::Namespaced => Api::namespaced_with(client.clone(), namespace, &resource),
-            Scope::Cluster => Api::all_with(client.clone(), &resource),
-        };
-        api.get(name)
+            .get(name)
             .await
             .unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
     }
@@ -435,4 +459,39 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_and_a_crash() {
             .expect("get")
             .is_none()
     );
+}
+
+#[tokio::test]
+async fn the_statefulset_example_is_accepted_by_the_apiserver_and_its_flags_parse() {
+    use clap::Parser as _;
+
+    let manifest = include_str!("../../docs/examples/statefulset-shards.yaml");
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.expect("client");
+    let ns = cp.namespace("statefulset").await.expect("namespace");
+    let docs = documents(manifest).expect("YAML documents");
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..kube::api::PostParams::default()
+    };
+    for doc in &docs {
+        let object: DynamicObject = serde_json::from_value(doc.clone()).expect("an object");
+        api_for(&client, doc, &ns)
+            .await
+            .create(&dry_run, &object)
+            .await
+            .unwrap_or_else(|e| panic!("{} is rejected: {e}", doc["kind"]));
+    }
+    let statefulset = find(&docs, "StatefulSet", "checksum-controller").expect("a StatefulSet");
+    let args: Vec<String> = statefulset["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string").to_owned())
+        .collect();
+    let parsed = sharder_example::Args::try_parse_from(
+        std::iter::once("checksum-controller".to_owned()).chain(args),
+    )
+    .expect("the example controller accepts the manifest's flags");
+    assert!(parsed.stable_name, "stable names keep their Lease");
 }

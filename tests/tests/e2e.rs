@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use sharder_common::lease::expiry;
-use sharder_tests::system::{Options, System, WAIT};
+use sharder_example::configmap_name;
+use sharder_tests::system::{Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
 use sharder_tests::wait::eventually;
 
 fn assignment(
@@ -34,15 +35,17 @@ async fn objects_spread_over_shards_and_follow_scale_out_and_graceful_scale_in()
         "e2e-scale",
         Options {
             lease_seconds: 20,
+            service_accounts: true,
             ..Options::default()
         },
     )
     .await;
 
-    // 1. 120 objects: all assigned, children on their owner's shard, every shard used.
-    system.create_secrets(0..120).await;
+    // 1. 150 owners: all assigned, each with its child (checksums ConfigMap) on the owner's
+    // shard, every shard used.
+    system.create_secrets(0..150).await;
     system
-        .wait_converged("120 objects assigned and reconciled")
+        .wait_converged("150 objects assigned and reconciled")
         .await;
     let holdings = system.holdings().await;
     eprintln!("3 shards: {holdings:?}");
@@ -55,16 +58,18 @@ async fn objects_spread_over_shards_and_follow_scale_out_and_graceful_scale_in()
     }
     let before = assignment(&system, &system.list_secrets().await);
 
-    // 2a. Scale out 3 -> 4: the moving objects are drained, acknowledged by their old shard and
-    // reconciled by the new one; nothing else moves.
+    // 2a. Scale out 3 -> 4: the moving owners are drained, acknowledged by their old shard and
+    // reconciled by the new one; each child follows its owner once the owner is acknowledged;
+    // nothing else moves.
+    let mark = system.audit_mark();
     system.start_shard("shard-3").await;
     system
-        .wait_converged("objects rebalanced onto shard-3")
+        .wait_converged("objects and children rebalanced onto shard-3")
         .await;
     let after = assignment(&system, &system.list_secrets().await);
     let moved: Vec<&String> = before.keys().filter(|n| before[*n] != after[*n]).collect();
     eprintln!(
-        "3 -> 4: {} of 120 moved: {:?}",
+        "3 -> 4: {} of 150 moved: {:?}",
         moved.len(),
         system.holdings().await
     );
@@ -86,6 +91,44 @@ async fn objects_spread_over_shards_and_follow_scale_out_and_graceful_scale_in()
             "{name}: {shards:?}"
         );
     }
+    // Writes during the scale-out, from the audit log: per moved owner the reconciler's drain
+    // and its shard's acknowledgement (the webhook assigns inside it), per child of a moved
+    // owner the reconciler's one move after that; nothing for anything else.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let by_reconciler = system.writes_by_since(&system.service_account(RECONCILER_ACCOUNT), mark);
+    let by_shards = system.writes_by_since(&system.service_account(SHARD_ACCOUNT), mark);
+    let writes = |by: &BTreeMap<(String, String), usize>, resource: &str, name: &str| {
+        by.get(&(resource.to_owned(), name.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    };
+    for name in before.keys() {
+        let child = configmap_name(name);
+        let moving = usize::from(moved.contains(&name));
+        assert_eq!(
+            (
+                writes(&by_reconciler, "secrets", name),
+                writes(&by_shards, "secrets", name),
+                writes(&by_reconciler, "configmaps", &child),
+                writes(&by_shards, "configmaps", &child),
+            ),
+            (moving, moving, moving, 0),
+            "{name} (moved: {})",
+            moving == 1
+        );
+    }
+    let handover = system.handover();
+    assert!(
+        handover.violations.is_empty(),
+        "{:?}",
+        handover.violations.first()
+    );
+    eprintln!(
+        "3 -> 4: {} owners moved with 2 writes each, {} children with 1 write each after their owner; longest a child stayed behind its acknowledged owner: {} ms",
+        moved.len(),
+        moved.len(),
+        handover.longest_behind / 1_000_000
+    );
 
     // 2b + 3. Scale in 4 -> 2 by graceful stops: the Leases are released and the objects
     // reassigned without waiting for the Leases to expire.
@@ -278,5 +321,89 @@ async fn writes_succeed_with_the_webhook_down_and_the_sweep_assigns_them() {
 
     system.start_webhook(0).await;
     system.wait_until_webhook_assigns().await;
+    system.assert_single_ownership();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rolling_update_of_stable_shard_names_moves_nothing() {
+    let mut system = System::start(
+        "e2e-roll",
+        Options {
+            shards: 0,
+            lease_seconds: 10,
+            ..Options::default()
+        },
+    )
+    .await;
+    let names: Vec<String> = (0..4).map(|i| format!("shard-{i}")).collect();
+    for name in &names {
+        let mut flags = system.shard_flags(name);
+        flags.extra.push("--stable-name".into());
+        system.start_shard_with(flags).await;
+    }
+    system.wait_until_webhook_assigns().await;
+    system.create_secrets(0..80).await;
+    system
+        .wait_converged("80 objects and their children on 4 stable shards")
+        .await;
+    let before = assignment(&system, &system.list_secrets().await);
+
+    // Restart each shard in turn: SIGTERM (the Lease is kept), then the same name again, well
+    // within the lease duration: it takes its own Lease back at once.
+    let mark = system.audit_mark();
+    let logged = system.log("reconciler-0").lines().count();
+    for name in &names {
+        assert!(system.stop_shard(name), "{name} exits cleanly on SIGTERM");
+        assert_eq!(
+            count_lines(
+                &system,
+                name,
+                "controllers stopped, shard lease kept (it runs out unless this name comes back)"
+            ),
+            count_lines(&system, name, "checksum controller stopped"),
+            "{name} keeps its lease on every stop"
+        );
+        let holder = system.shard_leases().await[name]
+            .spec
+            .clone()
+            .and_then(|s| s.holder_identity);
+        assert_eq!(holder.as_deref(), Some(name.as_str()), "not released");
+        let mut flags = system.shard_flags(name);
+        flags.extra.push("--stable-name".into());
+        system.start_shard_with(flags).await;
+    }
+    system
+        .wait_converged("every object where it was after the roll")
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let after = assignment(&system, &system.list_secrets().await);
+    assert_eq!(after, before, "nothing moved");
+    let moves: Vec<String> = system
+        .log("reconciler-0")
+        .lines()
+        .skip(logged)
+        .filter(|l| l.contains(r#""message":"moved""#) || l.contains(r#""message":"draining""#))
+        .map(str::to_owned)
+        .collect();
+    assert!(moves.is_empty(), "the reconciler moved: {moves:?}");
+    let written: usize = system
+        .cp
+        .audited_writes()
+        .into_iter()
+        .skip(mark)
+        .filter(|e| {
+            e["objectRef"]["namespace"] == system.ns.as_str()
+                && matches!(
+                    e["objectRef"]["resource"].as_str(),
+                    Some("secrets" | "configmaps")
+                )
+        })
+        .count();
+    assert_eq!(written, 0, "no write to any sharded object during the roll");
+    eprintln!(
+        "roll of 4 stable shards: 0 moves, 0 writes; {:?}",
+        system.holdings().await
+    );
     system.assert_single_ownership();
 }

@@ -10,6 +10,7 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::Value;
+use sharder_common::handover::{OwnerState, child_shard};
 use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingLabels, Role, Roles};
 
 /// Everything the webhook needs of one ClusterRing: its label keys, which resources it shards
@@ -69,11 +70,16 @@ pub enum SkipReason {
     ResourceNotSharded,
     /// The request carries no object (e.g. DELETE).
     NoObject,
+    /// A controlled object whose owner no shard holds yet (unassigned or not found): the
+    /// reconciler's sweep assigns it once the owner is held.
+    OwnerNotHeld,
+    /// A controlled object whose owner could not be read: the reconciler's sweep assigns it.
+    OwnerUnknown,
 }
 
 impl SkipReason {
     /// Every reason, for metrics.
-    pub const ALL: [SkipReason; 8] = [
+    pub const ALL: [SkipReason; 10] = [
         Self::UnknownRing,
         Self::InvalidRing,
         Self::NoShardAvailable,
@@ -82,6 +88,8 @@ impl SkipReason {
         Self::MalformedOwnerReference,
         Self::ResourceNotSharded,
         Self::NoObject,
+        Self::OwnerNotHeld,
+        Self::OwnerUnknown,
     ];
 
     /// The reason as a metric label value.
@@ -95,6 +103,8 @@ impl SkipReason {
             Self::MalformedOwnerReference => "malformed_owner_reference",
             Self::ResourceNotSharded => "resource_not_sharded",
             Self::NoObject => "no_object",
+            Self::OwnerNotHeld => "owner_not_held",
+            Self::OwnerUnknown => "owner_unknown",
         }
     }
 }
@@ -119,6 +129,14 @@ pub enum Decision {
         /// The JSON patch for the object.
         patch: Patch,
     },
+    /// A controlled object: it goes where its owner is held now, which only the owner's state
+    /// tells ([`decide_child`]).
+    FollowOwner {
+        /// The object's key on the ring (its owner's key).
+        key: ObjectKey,
+        /// Its controller owner.
+        owner: OwnerRef,
+    },
     /// Allowed without a patch.
     Skip {
         /// Why.
@@ -126,6 +144,19 @@ pub enum Decision {
         /// Details for the log line.
         detail: String,
     },
+}
+
+/// The controller owner of a controlled object under admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRef {
+    /// The owner's `apiVersion`.
+    pub api_version: String,
+    /// The owner's kind.
+    pub kind: String,
+    /// The owner's namespace: the object's (`None`: cluster-scoped).
+    pub namespace: Option<String>,
+    /// The owner's name.
+    pub name: String,
 }
 
 /// The JSON pointer `/metadata/labels[/key]` (RFC 6901 escaping by jsonptr).
@@ -206,10 +237,64 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnaps
     let Some(shard) = ring.ring.shard_for(key.as_str()) else {
         return skip(SkipReason::NoShardAvailable, String::new());
     };
+    if role == Role::Controlled {
+        let controller = object
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true));
+        if let Some(controller) = controller {
+            return Decision::FollowOwner {
+                key,
+                owner: OwnerRef {
+                    api_version: controller.api_version.clone(),
+                    kind: controller.kind.clone(),
+                    namespace: request.namespace.clone(),
+                    name: controller.name.clone(),
+                },
+            };
+        }
+    }
     Decision::Assign {
         patch: assignment_patch(labels, &ring.labels, shard),
         shard: shard.to_owned(),
         key,
+    }
+}
+
+/// The decision for a controlled object ([`Decision::FollowOwner`]) once its owner's state is
+/// known: the shard that holds the owner now, never the ring's choice ahead of it
+/// (`sharder_common::handover`); skipped while no shard holds the owner.
+pub fn decide_child(
+    request: &AdmissionRequest<DynamicObject>,
+    ring: &RingSnapshot,
+    key: ObjectKey,
+    owner: &OwnerState,
+) -> Decision {
+    let Some(desired) = ring.ring.shard_for(key.as_str()) else {
+        return Decision::Skip {
+            reason: SkipReason::NoShardAvailable,
+            detail: String::new(),
+        };
+    };
+    match child_shard(owner, desired, |s| ring.ring.contains(s)) {
+        Some(shard) => Decision::Assign {
+            patch: assignment_patch(
+                request
+                    .object
+                    .as_ref()
+                    .and_then(|o| o.metadata.labels.as_ref()),
+                &ring.labels,
+                shard,
+            ),
+            shard: shard.to_owned(),
+            key,
+        },
+        None => Decision::Skip {
+            reason: SkipReason::OwnerNotHeld,
+            detail: format!("owner {}", owner.as_str()),
+        },
     }
 }
 
@@ -255,21 +340,37 @@ pub enum ReviewError {
     Version(String),
 }
 
-/// The pure path from request body to response body: parse the review, decide, answer.
-pub fn review(
-    body: &[u8],
-    ring: Option<&RingSnapshot>,
-) -> Result<(AdmissionRequest<DynamicObject>, Decision, Vec<u8>), ReviewError> {
+/// Parses a request body into the AdmissionRequest it carries.
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
     let review: AdmissionReview<DynamicObject> =
         serde_json::from_slice(body).map_err(ReviewError::Parse)?;
     if review.types.api_version != "admission.k8s.io/v1" {
         return Err(ReviewError::Version(review.types.api_version));
     }
-    let request: AdmissionRequest<DynamicObject> =
-        review.try_into().map_err(|_| ReviewError::NoRequest)?;
-    let decision = decide(&request, ring);
-    let body = serde_json::to_vec(&respond(&request, &decision).into_review())
-        .map_err(ReviewError::Parse)?;
+    review.try_into().map_err(|_| ReviewError::NoRequest)
+}
+
+/// The response body (an AdmissionReview) for `decision`.
+pub fn encode(
+    request: &AdmissionRequest<DynamicObject>,
+    decision: &Decision,
+) -> Result<Vec<u8>, ReviewError> {
+    serde_json::to_vec(&respond(request, decision).into_review()).map_err(ReviewError::Parse)
+}
+
+/// The pure path from request body to response body for a known owner state: parse the
+/// review, decide (a controlled object by `owner`), answer.
+pub fn review(
+    body: &[u8],
+    ring: Option<&RingSnapshot>,
+    owner: &OwnerState,
+) -> Result<(AdmissionRequest<DynamicObject>, Decision, Vec<u8>), ReviewError> {
+    let request = parse(body)?;
+    let decision = match (decide(&request, ring), ring) {
+        (Decision::FollowOwner { key, .. }, Some(ring)) => decide_child(&request, ring, key, owner),
+        (decision, _) => decision,
+    };
+    let body = encode(&request, &decision)?;
     Ok((request, decision, body))
 }
 

@@ -19,6 +19,7 @@ use tracing::info;
 
 pub mod admission;
 pub mod metrics;
+pub mod owners;
 pub mod ring_source;
 pub mod server;
 pub mod tls;
@@ -159,6 +160,7 @@ pub async fn run_with_client(
 
     let mut tasks = Tasks::new(shutdown.clone());
     tasks.spawn("admin server", admin);
+    let owners = Arc::new(owners::ApiOwners::new(client.clone()));
     tasks.spawn(
         "ring source",
         ring_source::run(
@@ -181,6 +183,7 @@ pub async fn run_with_client(
     );
     let app = server::router(
         rings,
+        owners,
         metrics,
         server::Limits {
             max_body_bytes: args.max_body_bytes,

@@ -17,6 +17,14 @@ pub struct SkipLabels {
     pub reason: String,
 }
 
+/// Labels of the owner lookup counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OwnerLabels {
+    /// The owner's state (`settled`, `draining`, `unassigned`, `missing`, `not_sharded`) or
+    /// `error`.
+    pub result: &'static str,
+}
+
 /// Labels of the request latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -37,6 +45,8 @@ pub struct Metrics {
     pub available_shards: Family<RingLabel, Gauge>,
     /// Ring snapshot rebuilds per ring.
     pub ring_rebuilds: Family<RingLabel, Counter>,
+    /// Owner reads for new controlled objects, by result.
+    pub owner_lookups: Family<OwnerLabels, Counter>,
 }
 
 impl Metrics {
@@ -73,6 +83,12 @@ impl Metrics {
                 registry,
                 "sharder_webhook_ring_rebuilds",
                 "Ring snapshot rebuilds per ClusterRing",
+                Family::default(),
+            ),
+            owner_lookups: register(
+                registry,
+                "sharder_webhook_owner_lookups",
+                "Owner reads for new controlled objects (they follow their owner's current shard), by result",
                 Family::default(),
             ),
         }

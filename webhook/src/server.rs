@@ -21,8 +21,12 @@ use tracing::{debug, warn};
 use sharder_common::endpoint::WEBHOOK_PATH_PREFIX;
 use sharder_runtime::metrics::ResourceLabels;
 
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionRequest;
+
 use crate::admission::{self, Decision, SkipReason};
-use crate::metrics::{Metrics, RequestLabels, SkipLabels};
+use crate::metrics::{Metrics, OwnerLabels, RequestLabels, SkipLabels};
+use crate::owners::Owners;
 use crate::ring_source::Rings;
 
 /// Limits of the HTTP layer.
@@ -49,11 +53,18 @@ impl Default for Limits {
 #[derive(Clone)]
 struct AppState {
     rings: Arc<Rings>,
+    owners: Arc<dyn Owners>,
     metrics: Metrics,
 }
 
-/// The webhook's routes over the published rings.
-pub fn router(rings: Arc<Rings>, metrics: Metrics, limits: Limits) -> Router {
+/// The webhook's routes over the published rings; owners of controlled objects are read from
+/// `owners`.
+pub fn router(
+    rings: Arc<Rings>,
+    owners: Arc<dyn Owners>,
+    metrics: Metrics,
+    limits: Limits,
+) -> Router {
     Router::new()
         .route(&format!("{WEBHOOK_PATH_PREFIX}{{ring}}"), post(handle))
         .fallback(|| async {
@@ -68,13 +79,54 @@ pub fn router(rings: Arc<Rings>, metrics: Metrics, limits: Limits) -> Router {
             StatusCode::SERVICE_UNAVAILABLE,
             limits.request_timeout,
         ))
-        .with_state(AppState { rings, metrics })
+        .with_state(AppState {
+            rings,
+            owners,
+            metrics,
+        })
+}
+
+/// Parses and decides; for a controlled object reads its owner and decides again.
+async fn decide(
+    state: &AppState,
+    ring: &str,
+    body: &[u8],
+) -> Result<(AdmissionRequest<DynamicObject>, Decision), admission::ReviewError> {
+    let request = admission::parse(body)?;
+    let snapshot = state.rings.get(ring);
+    let decision = admission::decide(&request, snapshot.as_deref());
+    let (Decision::FollowOwner { key, owner }, Some(snapshot)) = (&decision, &snapshot) else {
+        return Ok((request, decision));
+    };
+    let looked_up = state.owners.state(snapshot, owner).await;
+    let result = match &looked_up {
+        Ok(owner) => owner.as_str(),
+        Err(_) => "error",
+    };
+    state
+        .metrics
+        .owner_lookups
+        .get_or_create(&OwnerLabels { result })
+        .inc();
+    let decision = match looked_up {
+        Ok(owner) => admission::decide_child(&request, snapshot, key.clone(), &owner),
+        Err(reason) => Decision::Skip {
+            reason: SkipReason::OwnerUnknown,
+            detail: reason,
+        },
+    };
+    Ok((request, decision))
 }
 
 async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: Bytes) -> Response {
     let started = Instant::now();
-    let snapshot = state.rings.get(&ring);
-    let (outcome, response) = match admission::review(&body, snapshot.as_deref()) {
+    let reviewed = match decide(&state, &ring, &body).await {
+        Ok((request, decision)) => {
+            admission::encode(&request, &decision).map(|body| (request, decision, body))
+        }
+        Err(e) => Err(e),
+    };
+    let (outcome, response) = match reviewed {
         Err(e) => {
             warn!(clusterring = %ring, error = %e, "bad admission request");
             (
@@ -83,54 +135,7 @@ async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: B
             )
         }
         Ok((request, decision, body)) => {
-            let counted = !request.dry_run;
-            let (group, resource) = (&request.resource.group, &request.resource.resource);
-            let namespace = request.namespace.as_deref().unwrap_or_default();
-            let outcome = match &decision {
-                Decision::Assign { key, shard, .. } => {
-                    if counted {
-                        state
-                            .metrics
-                            .assignments
-                            .get_or_create(&ResourceLabels {
-                                clusterring: ring.clone(),
-                                group: group.clone(),
-                                resource: resource.clone(),
-                            })
-                            .inc();
-                    }
-                    debug!(clusterring = %ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
-                    "assigned"
-                }
-                Decision::AlreadyAssigned => "already_assigned",
-                Decision::Skip { reason, detail } => {
-                    if counted {
-                        state
-                            .metrics
-                            .not_assigned
-                            .get_or_create(&SkipLabels {
-                                clusterring: ring.clone(),
-                                reason: reason.as_str().to_owned(),
-                            })
-                            .inc();
-                    }
-                    let name = &request.name;
-                    match reason {
-                        SkipReason::UnknownRing
-                        | SkipReason::InvalidRing
-                        | SkipReason::NoShardAvailable
-                        | SkipReason::MalformedOwnerReference => warn!(
-                            clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
-                            "object allowed without a shard"
-                        ),
-                        _ => debug!(
-                            clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
-                            "object allowed without a shard"
-                        ),
-                    }
-                    "skipped"
-                }
-            };
+            let outcome = record(&state.metrics, &ring, &request, &decision);
             (
                 outcome,
                 ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
@@ -143,6 +148,63 @@ async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: B
         .get_or_create(&RequestLabels { outcome })
         .observe(started.elapsed().as_secs_f64());
     response
+}
+
+/// Counts and logs a decision; returns the request's outcome label.
+fn record(
+    metrics: &Metrics,
+    ring: &str,
+    request: &AdmissionRequest<DynamicObject>,
+    decision: &Decision,
+) -> &'static str {
+    let counted = !request.dry_run;
+    let (group, resource) = (&request.resource.group, &request.resource.resource);
+    let namespace = request.namespace.as_deref().unwrap_or_default();
+    match decision {
+        Decision::Assign { key, shard, .. } => {
+            if counted {
+                metrics
+                    .assignments
+                    .get_or_create(&ResourceLabels {
+                        clusterring: ring.to_owned(),
+                        group: group.clone(),
+                        resource: resource.clone(),
+                    })
+                    .inc();
+            }
+            debug!(clusterring = %ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
+            "assigned"
+        }
+        Decision::AlreadyAssigned => "already_assigned",
+        Decision::FollowOwner { .. } => "skipped",
+        Decision::Skip { reason, detail } => {
+            if counted {
+                metrics
+                    .not_assigned
+                    .get_or_create(&SkipLabels {
+                        clusterring: ring.to_owned(),
+                        reason: reason.as_str().to_owned(),
+                    })
+                    .inc();
+            }
+            let name = &request.name;
+            match reason {
+                SkipReason::UnknownRing
+                | SkipReason::InvalidRing
+                | SkipReason::NoShardAvailable
+                | SkipReason::MalformedOwnerReference
+                | SkipReason::OwnerUnknown => warn!(
+                    clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
+                    "object allowed without a shard"
+                ),
+                _ => debug!(
+                    clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
+                    "object allowed without a shard"
+                ),
+            }
+            "skipped"
+        }
+    }
 }
 
 #[cfg(test)]

@@ -371,6 +371,82 @@ async fn objects_get_the_shard_the_ring_computes_and_children_follow_their_owner
 }
 
 #[tokio::test]
+async fn a_new_child_goes_to_the_shard_holding_its_owner_not_ahead_of_it() {
+    let shards = ["shard-a", "shard-b", "shard-c"];
+    let s = setup("handover", &shards, &[]).await;
+    s.wait_until_registered().await;
+    let ring = Ring::new(shards);
+    let pp = PostParams::default();
+    // An owner the ring would put on one shard, held (draining) by another: its new children
+    // go to the holder, not to the ring's choice.
+    let name = "owner-draining";
+    let desired = ring
+        .shard_for(
+            ObjectKey::main("", "Secret", Some(&s.ns), name)
+                .expect("named")
+                .as_str(),
+        )
+        .expect("shard")
+        .to_owned();
+    let holder = shards
+        .iter()
+        .find(|sh| **sh != desired)
+        .expect("another shard");
+    let mut draining = secret(name);
+    draining.metadata.labels = Some(
+        [
+            (s.labels.shard.clone(), (*holder).to_owned()),
+            (s.labels.drain.clone(), "true".to_owned()),
+        ]
+        .into(),
+    );
+    let owner = s.secrets().create(&pp, &draining).await.expect("owner");
+    let child = s
+        .configmaps()
+        .create(&pp, &child_of(&owner, "child-of-draining"))
+        .await
+        .expect("child");
+    assert_eq!(
+        s.shard_of(&child).as_deref(),
+        Some(*holder),
+        "the holder, not the ring's choice {desired}"
+    );
+
+    // An owner no shard holds yet: its child stays unassigned (the reconciler's sweep assigns
+    // it once the owner is held); the write still succeeds.
+    // (A generateName owner has no name at admission, so the webhook leaves it unassigned.)
+    let mut unheld = secret("");
+    unheld.metadata.name = None;
+    unheld.metadata.generate_name = Some("owner-unheld-".into());
+    let owner = s.secrets().create(&pp, &unheld).await.expect("owner");
+    assert_eq!(s.shard_of(&owner), None);
+    let child = s
+        .configmaps()
+        .create(&pp, &child_of(&owner, "child-of-unheld"))
+        .await
+        .expect("created unassigned");
+    assert_eq!(s.shard_of(&child), None);
+    let metrics = s.webhook.metrics().await;
+    assert!(
+        metric_value(
+            &metrics,
+            "sharder_webhook_owner_lookups_total",
+            &[("result", "draining")]
+        ) >= Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "sharder_webhook_not_assigned_total",
+            &[("clusterring", &s.ring), ("reason", "owner_not_held")]
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
 async fn with_no_shard_available_creates_succeed_unlabelled_until_one_is() {
     let s = setup("noshard", &[], &["released"]).await;
     s.wait_until_registered().await;

@@ -60,6 +60,26 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $all | uniq | sortAlpha | join "," -}}
 {{- end -}}
 
+{{/*
+RBAC rules over the sharded resources, one per API group, with the given verbs:
+include "sharder.shardedResourceRules" (dict "root" . "verbs" (list "get"))
+*/}}
+{{- define "sharder.shardedResourceRules" -}}
+{{- $byGroup := dict }}
+{{- range (include "sharder.shardedResources" .root | splitList ",") }}
+{{- if . }}
+{{- $parts := splitList "/" . }}
+{{- $group := index $parts 0 }}
+{{- $_ := set $byGroup $group (append (get $byGroup $group | default list) (index $parts 1)) }}
+{{- end }}
+{{- end }}
+{{- range $group, $resources := $byGroup }}
+- apiGroups: [{{ $group | quote }}]
+  resources: {{ $resources | toJson }}
+  verbs: {{ $.verbs | toJson }}
+{{- end }}
+{{- end -}}
+
 {{/* policy/v1 from Kubernetes 1.21 on, policy/v1beta1 on 1.20. */}}
 {{- define "sharder.pdbApiVersion" -}}
 {{- if semverCompare ">=1.21-0" .Capabilities.KubeVersion.Version -}}

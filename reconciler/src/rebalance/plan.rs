@@ -5,6 +5,7 @@ use std::fmt;
 
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
+use sharder_common::handover::{OwnerState, child_shard};
 use sharder_common::{ObjectKey, Ring, RingLabels, Role};
 
 /// Why an object moves (the `reason` of the move log line).
@@ -82,12 +83,11 @@ pub fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> Option<
         .flatten()
 }
 
-/// The move `meta` needs, or `None` if it stays: no key, no shard available, already on its
-/// desired shard, or already draining.
+/// The move a **main** object `meta` needs, or `None` if it stays: no key, no shard available,
+/// already on its desired shard, or already draining (its shard acknowledges).
 pub fn plan(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
-    role: Role,
     ring: &Ring,
     available: &BTreeSet<String>,
     labels: &RingLabels,
@@ -98,18 +98,12 @@ pub fn plan(
     let draining = object_labels.is_some_and(|l| l.contains_key(&labels.drain));
     match current {
         Some(current) if current == desired && !draining => None,
-        Some(current) if available.contains(current) && current != desired => match role {
-            Role::Main if draining => None,
-            Role::Main => Some(Move::Drain {
+        Some(current) if available.contains(current) && current != desired => {
+            (!draining).then(|| Move::Drain {
                 from: current.clone(),
                 to: desired.to_owned(),
-            }),
-            Role::Controlled => Some(Move::Assign {
-                from: Some(current.clone()),
-                to: desired.to_owned(),
-                reason: Reason::Drain,
-            }),
-        },
+            })
+        }
         // On its desired shard but with a leftover drain label: clear it by re-assigning.
         Some(current) if available.contains(current) => Some(Move::Assign {
             from: Some(current.clone()),
@@ -126,6 +120,87 @@ pub fn plan(
             to: desired.to_owned(),
             reason: Reason::Unassigned,
         }),
+    }
+}
+
+/// What a controlled object needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChildPlan {
+    /// This write.
+    Move(Move),
+    /// Nothing now.
+    Stay,
+    /// Nothing yet: it waits on a live shard for its owner to settle on its new shard (look
+    /// again soon).
+    AwaitOwner,
+}
+
+/// The first step for a **controlled** object `meta`: what can be decided without its owner
+/// (`Some`), or `None` when the owner's state decides.
+///
+/// A child on its desired shard stays; a leftover drain label is cleared; a child on a dead
+/// shard moves to its desired shard at once (1 write; its owner moves there directly too).
+pub fn plan_child(
+    meta: &ObjectMeta,
+    key: Option<&ObjectKey>,
+    ring: &Ring,
+    available: &BTreeSet<String>,
+    labels: &RingLabels,
+) -> Option<ChildPlan> {
+    let Some(desired) = key.and_then(|k| ring.shard_for(k.as_str())) else {
+        return Some(ChildPlan::Stay);
+    };
+    let object_labels = meta.labels.as_ref();
+    let current = object_labels.and_then(|l| l.get(&labels.shard));
+    let draining = object_labels.is_some_and(|l| l.contains_key(&labels.drain));
+    let assign = |reason| {
+        Some(ChildPlan::Move(Move::Assign {
+            from: current.cloned(),
+            to: desired.to_owned(),
+            reason,
+        }))
+    };
+    match current {
+        Some(current) if current == desired && !draining => Some(ChildPlan::Stay),
+        Some(current) if current == desired => assign(Reason::Drain),
+        Some(current) if !available.contains(current) => assign(Reason::DeadShard),
+        _ => None,
+    }
+}
+
+/// The second step for a controlled object whose first step needed its owner: it follows its
+/// owner's current holder ([`child_shard`]), never ahead of it. Already there (the owner has
+/// yet to move, or is draining off that shard): it waits. No holder: an assigned child waits,
+/// an unassigned one stays unassigned until the next sweep; a child whose owner is missing
+/// stays (the garbage collector removes it, or the owner appears).
+pub fn follow_owner(
+    meta: &ObjectMeta,
+    key: Option<&ObjectKey>,
+    ring: &Ring,
+    available: &BTreeSet<String>,
+    labels: &RingLabels,
+    owner: &OwnerState,
+) -> ChildPlan {
+    let Some(desired) = key.and_then(|k| ring.shard_for(k.as_str())) else {
+        return ChildPlan::Stay;
+    };
+    let current = meta.labels.as_ref().and_then(|l| l.get(&labels.shard));
+    match (
+        child_shard(owner, desired, |s| available.contains(s)),
+        current,
+    ) {
+        (Some(to), Some(current)) if current == to => ChildPlan::AwaitOwner,
+        (Some(to), current) => ChildPlan::Move(Move::Assign {
+            from: current.cloned(),
+            to: to.to_owned(),
+            reason: if current.is_some() {
+                Reason::Drain
+            } else {
+                Reason::Unassigned
+            },
+        }),
+        (None, Some(_)) if *owner != OwnerState::Missing => ChildPlan::AwaitOwner,
+        (None, _) => ChildPlan::Stay,
     }
 }
 
@@ -169,14 +244,9 @@ mod tests {
             .expect("some object maps to the shard")
     }
 
-    fn run(
-        meta: &ObjectMeta,
-        role: Role,
-        ring: &Ring,
-        available: &BTreeSet<String>,
-    ) -> Option<Move> {
-        let key = key_of(meta, role, "", "Secret");
-        plan(meta, key.as_ref(), role, ring, available, &labels())
+    fn run(meta: &ObjectMeta, ring: &Ring, available: &BTreeSet<String>) -> Option<Move> {
+        let key = key_of(meta, Role::Main, "", "Secret");
+        plan(meta, key.as_ref(), ring, available, &labels())
     }
 
     #[test]
@@ -242,59 +312,174 @@ mod tests {
             ),
         ];
         for (what, meta, want) in table {
-            assert_eq!(run(&meta, Role::Main, &ring, &available), want, "{what}");
+            assert_eq!(run(&meta, &ring, &available), want, "{what}");
         }
     }
 
-    #[test]
-    fn controlled_objects_follow_their_owner_directly() {
-        let ring = Ring::new(["a", "b"]);
-        let owner = name_on(&ring, "a");
-        let mut child = meta("child", Some("b"), false);
+    /// A child of a Secret whose desired shard on `ring` is `a`, labelled `shard`.
+    fn child_on(ring: &Ring, shard: Option<&str>, drain: bool) -> (ObjectMeta, Option<ObjectKey>) {
+        let mut child = meta("child", shard, drain);
         child.owner_references = Some(vec![OwnerReference {
             api_version: "v1".into(),
             kind: "Secret".into(),
-            name: owner,
+            name: name_on(ring, "a"),
             uid: "u".into(),
             controller: Some(true),
             block_owner_deletion: None,
         }]);
+        let key = key_of(&child, Role::Controlled, "", "ConfigMap");
+        (child, key)
+    }
+
+    fn assign(from: Option<&str>, to: &str, reason: Reason) -> ChildPlan {
+        ChildPlan::Move(Move::Assign {
+            from: from.map(Into::into),
+            to: to.into(),
+            reason,
+        })
+    }
+
+    #[test]
+    fn children_decided_without_their_owner() {
+        let ring = Ring::new(["a", "b"]);
+        let available = set(&["a", "b"]);
+        let table = [
+            ("on its shard", Some("a"), false, Some(ChildPlan::Stay)),
+            (
+                "leftover drain label",
+                Some("a"),
+                true,
+                Some(assign(Some("a"), "a", Reason::Drain)),
+            ),
+            (
+                "on a dead shard: moves with its owner, 1 write",
+                Some("gone"),
+                false,
+                Some(assign(Some("gone"), "a", Reason::DeadShard)),
+            ),
+            (
+                "on a live other shard: the owner decides",
+                Some("b"),
+                false,
+                None,
+            ),
+            ("unassigned: the owner decides", None, false, None),
+        ];
+        for (what, shard, drain, want) in table {
+            let (child, key) = child_on(&ring, shard, drain);
+            assert_eq!(
+                plan_child(&child, key.as_ref(), &ring, &available, &labels()),
+                want,
+                "{what}"
+            );
+        }
+        let orphan = meta("child", Some("b"), false);
         assert_eq!(
-            run(&child, Role::Controlled, &ring, &set(&["a", "b"])),
-            Some(Move::Assign {
-                from: Some("b".into()),
-                to: "a".into(),
-                reason: Reason::Drain
-            })
+            plan_child(&orphan, None, &ring, &available, &labels()),
+            Some(ChildPlan::Stay),
+            "no controller reference"
         );
+    }
+
+    #[test]
+    fn children_follow_their_owners_current_holder_never_ahead_of_it() {
+        let ring = Ring::new(["a", "b"]);
+        let available = set(&["a", "b"]);
+        let settled = |s: &str| OwnerState::Settled(s.into());
+        let draining = |s: &str| OwnerState::Draining(s.into());
+        let table = [
+            // Scale-out: the owner is drained off b (desired a); its child on b waits until
+            // the owner carries a, then follows it with one write.
+            (
+                "owner draining, child on its shard",
+                Some("b"),
+                draining("b"),
+                ChildPlan::AwaitOwner,
+            ),
+            (
+                "owner not drained yet",
+                Some("b"),
+                settled("b"),
+                ChildPlan::AwaitOwner,
+            ),
+            (
+                "owner settled on its new shard",
+                Some("b"),
+                settled("a"),
+                assign(Some("b"), "a", Reason::Drain),
+            ),
+            (
+                "owner unassigned (acknowledged)",
+                Some("b"),
+                OwnerState::Unassigned,
+                ChildPlan::AwaitOwner,
+            ),
+            // Unassigned children go where the owner is held now.
+            (
+                "unassigned child, owner draining off b",
+                None,
+                draining("b"),
+                assign(None, "b", Reason::Unassigned),
+            ),
+            (
+                "unassigned child, owner settled on b",
+                None,
+                settled("b"),
+                assign(None, "b", Reason::Unassigned),
+            ),
+            (
+                "unassigned child, unassigned owner",
+                None,
+                OwnerState::Unassigned,
+                ChildPlan::Stay,
+            ),
+            (
+                "owner missing",
+                Some("b"),
+                OwnerState::Missing,
+                ChildPlan::Stay,
+            ),
+            // An owner on a dead shard moves to the ring's choice directly, and so does its child.
+            (
+                "owner on a dead shard",
+                Some("b"),
+                settled("gone"),
+                assign(Some("b"), "a", Reason::Drain),
+            ),
+            (
+                "owner draining off a dead shard",
+                None,
+                draining("gone"),
+                assign(None, "a", Reason::Unassigned),
+            ),
+            (
+                "owner not sharded by the ring",
+                Some("b"),
+                OwnerState::NotSharded,
+                assign(Some("b"), "a", Reason::Drain),
+            ),
+        ];
+        for (what, shard, owner, want) in table {
+            let (child, key) = child_on(&ring, shard, false);
+            assert_eq!(
+                follow_owner(&child, key.as_ref(), &ring, &available, &labels(), &owner),
+                want,
+                "{what}"
+            );
+        }
     }
 
     #[test]
     fn objects_without_key_or_without_shards_stay() {
         let ring = Ring::new(["a"]);
-        let orphan = meta("child", None, false);
-        assert_eq!(
-            run(&orphan, Role::Controlled, &ring, &set(&["a"])),
-            None,
-            "no controller reference"
-        );
         let unnamed = ObjectMeta {
             name: None,
             ..meta("x", None, false)
         };
-        assert_eq!(
-            run(&unnamed, Role::Main, &ring, &set(&["a"])),
-            None,
-            "no name"
-        );
+        assert_eq!(run(&unnamed, &ring, &set(&["a"])), None, "no name");
         let empty = Ring::new(Vec::<String>::new());
         assert_eq!(
-            run(
-                &meta("x", Some("gone"), false),
-                Role::Main,
-                &empty,
-                &set(&[])
-            ),
+            run(&meta("x", Some("gone"), false), &empty, &set(&[])),
             None,
             "no shard"
         );

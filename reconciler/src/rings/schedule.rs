@@ -16,7 +16,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::rebalance::Scope;
+use crate::rebalance::{ObjectId, Scope};
+
+/// The most controlled objects remembered as waiting for their owners; beyond it they are not
+/// remembered one by one and the next drain check lists everything again.
+pub const MAX_AWAITING: usize = 10_000;
 
 /// The shortest requeue, so a busy ring never spins.
 pub const MIN_REQUEUE: Duration = Duration::from_millis(100);
@@ -60,10 +64,15 @@ pub struct Progress {
     pub last_sweep: Instant,
     /// Whether drains were pending after the last rebalance.
     pub draining: bool,
+    /// Controlled objects waiting on a live shard for their owner to settle (looked at again
+    /// at every reconcile until they followed it).
+    pub awaiting: Vec<ObjectId>,
+    /// More objects waited than [`MAX_AWAITING`]: the next reconcile lists everything.
+    pub relist: bool,
 }
 
 /// How a rebalance went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ran {
     /// Whether it listed everything.
     pub full: bool,
@@ -71,6 +80,8 @@ pub struct Ran {
     pub draining: bool,
     /// Whether any list or write failed (the same work is then tried again).
     pub failed: bool,
+    /// Controlled objects still waiting for their owners.
+    pub awaiting: Vec<ObjectId>,
 }
 
 /// The remembered progress of the ring `observed` shows, if it is the same ring.
@@ -97,6 +108,7 @@ pub fn scopes(
         return [Scope::All].into();
     };
     if p.generation != observed.generation
+        || p.relist
         || observed.available.difference(&p.available).next().is_some()
         || now.saturating_duration_since(p.last_full) >= intervals.resync
     {
@@ -131,13 +143,21 @@ pub fn progress_after(
         last_full: previous.map_or(now, |p| p.last_full),
         last_sweep: previous.map_or(now, |p| p.last_sweep),
         draining: previous.is_some_and(|p| p.draining),
+        awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
+        relist: previous.is_some_and(|p| p.relist),
     };
     if let Some(ran) = ran {
         if ran.full {
             next.last_full = now;
         }
         next.last_sweep = now;
-        next.draining = ran.draining;
+        next.relist = ran.awaiting.len() > MAX_AWAITING;
+        next.awaiting = if next.relist {
+            Vec::new()
+        } else {
+            ran.awaiting
+        };
+        next.draining = ran.draining || next.relist || !next.awaiting.is_empty();
         if ran.failed {
             next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
         }
@@ -192,6 +212,8 @@ mod tests {
             last_full: at,
             last_sweep: at,
             draining: false,
+            awaiting: Vec::new(),
+            relist: false,
         }
     }
 
@@ -272,8 +294,9 @@ mod tests {
             full: true,
             draining: true,
             failed: false,
+            awaiting: Vec::new(),
         };
-        let after = progress_after(Some(&known), &observed(&abc, 1), Some(full), later);
+        let after = progress_after(Some(&known), &observed(&abc, 1), Some(full.clone()), later);
         assert_eq!(
             (
                 after.available.clone(),
@@ -300,6 +323,47 @@ mod tests {
         assert_eq!(
             (first.applied_generation, first.last_full),
             (Some(3), later)
+        );
+    }
+
+    fn child(name: &str) -> ObjectId {
+        ObjectId {
+            resource: sharder_common::GroupResource::new("", "configmaps"),
+            namespace: Some("ns".into()),
+            name: name.into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn children_waiting_for_their_owners_keep_the_drain_checks_coming() {
+        let t0 = Instant::now();
+        let ab = set(&["a", "b"]);
+        let known = progress(&["a", "b"], t0);
+        let ran = Ran {
+            full: false,
+            draining: false,
+            failed: false,
+            awaiting: vec![child("c-1")],
+        };
+        let after = progress_after(Some(&known), &observed(&ab, 1), Some(ran), t0);
+        assert_eq!(after.awaiting, [child("c-1")]);
+        assert!(after.draining, "a waiting child keeps the ring draining");
+        assert_eq!(requeue_after(&after, &INTERVALS, t0), INTERVALS.drain_check);
+
+        let too_many = Ran {
+            full: false,
+            draining: false,
+            failed: false,
+            awaiting: (0..=MAX_AWAITING)
+                .map(|i| child(&format!("c-{i}")))
+                .collect(),
+        };
+        let after = progress_after(Some(&known), &observed(&ab, 1), Some(too_many), t0);
+        assert!(after.awaiting.is_empty(), "not remembered one by one");
+        assert_eq!(
+            scopes(Some(&after), &observed(&ab, 1), &INTERVALS, t0),
+            [Scope::All].into(),
+            "the next reconcile lists everything instead"
         );
     }
 

@@ -1,7 +1,7 @@
 //! Table tests of the pure admission path: review bytes in, decision and response bytes out.
 
 use serde_json::{Value, json};
-use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
+use sharder_common::{ClusterRingSpec, GroupResource, OwnerState, RingResource};
 
 use super::*;
 
@@ -100,9 +100,18 @@ fn object(kind: &str, metadata: Value) -> Value {
 }
 
 /// Runs the pure path and returns the decision, the response JSON, and the object after
-/// applying the response's patch.
+/// applying the response's patch. Owners of controlled objects count as not sharded (their
+/// children follow the ring alone); [`run_with_owner`] gives their state.
 fn run(req: &Req, ring: Option<&RingSnapshot>) -> (Decision, Value, Value) {
-    let (_, decision, response) = review(&body(req), ring).expect("valid review");
+    run_with_owner(req, ring, &OwnerState::NotSharded)
+}
+
+fn run_with_owner(
+    req: &Req,
+    ring: Option<&RingSnapshot>,
+    owner: &OwnerState,
+) -> (Decision, Value, Value) {
+    let (_, decision, response) = review(&body(req), ring, owner).expect("valid review");
     let response: Value = serde_json::from_slice(&response).expect("json response");
     let mut patched = req.object.clone();
     if let Some(patch) = response["response"].get("patch") {
@@ -257,6 +266,78 @@ fn controlled_object_lands_on_its_owners_shard() {
             ring.ring.shard_for(&owner_key),
             "owner {owner}"
         );
+    }
+}
+
+fn child_of(owner: &str) -> Req {
+    configmap(object(
+        "ConfigMap",
+        json!({"name": "child", "namespace": "default", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Secret", "name": owner, "uid": "u", "controller": true}
+        ]}),
+    ))
+}
+
+#[test]
+fn a_controlled_object_needs_its_owners_state_to_be_decided() {
+    let ring = snapshot(&["shard-a", "shard-b"]);
+    let request = parse(&body(&child_of("s1"))).expect("valid");
+    match decide(&request, Some(&ring)) {
+        Decision::FollowOwner { key, owner } => {
+            assert_eq!(key.as_str(), "/Secret/default/s1");
+            assert_eq!(
+                owner,
+                OwnerRef {
+                    api_version: "v1".into(),
+                    kind: "Secret".into(),
+                    namespace: Some("default".into()),
+                    name: "s1".into(),
+                }
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_new_child_goes_where_its_owner_is_held_now_never_ahead_of_it() {
+    let ring = snapshot(&["shard-a", "shard-b", "shard-c"]);
+    let desired = ring
+        .ring
+        .shard_for("/Secret/default/s1")
+        .expect("shard")
+        .to_owned();
+    let other = ["shard-a", "shard-b", "shard-c"]
+        .into_iter()
+        .find(|s| *s != desired)
+        .expect("another shard");
+    let table = [
+        // The owner drains off `other` (the ring now picks `desired`): `other` still holds it.
+        (OwnerState::Draining(other.into()), Some(other)),
+        (OwnerState::Settled(other.into()), Some(other)),
+        (OwnerState::Settled(desired.clone()), Some(desired.as_str())),
+        // Its holder is dead: the owner moves to the ring's choice directly, so does the child.
+        (OwnerState::Settled("gone".into()), Some(desired.as_str())),
+        // No shard holds the owner: the child is left to the reconciler's sweep.
+        (OwnerState::Unassigned, None),
+        (OwnerState::Missing, None),
+    ];
+    for (owner, want) in table {
+        let (decision, response, patched) = run_with_owner(&child_of("s1"), Some(&ring), &owner);
+        assert_eq!(shard_of(&patched), want, "{owner:?}");
+        if want.is_none() {
+            assert!(
+                matches!(
+                    decision,
+                    Decision::Skip {
+                        reason: SkipReason::OwnerNotHeld,
+                        ..
+                    }
+                ),
+                "{owner:?}: {decision:?}"
+            );
+            assert!(response["response"].get("patch").is_none());
+        }
     }
 }
 
@@ -465,7 +546,7 @@ fn bodies_that_are_not_reviews_are_errors_that_say_why() {
         ),
     ];
     for (body, want) in table {
-        let err = review(body, None).expect_err("invalid");
+        let err = review(body, None, &OwnerState::Missing).expect_err("invalid");
         assert!(err.to_string().contains(want), "{err}");
     }
 }

@@ -5,19 +5,36 @@ use axum::http::{Method, Request};
 use http_body_util::BodyExt;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use sharder_common::{ClusterRingSpec, RingResource};
+use sharder_common::{ClusterRingSpec, GroupResource, OwnerState, RingResource};
 use tower::ServiceExt;
 
 use super::*;
 use crate::admission::RingSnapshot;
 
+/// Owners of one known state (or a failing read).
+struct FixedOwners(Result<OwnerState, String>);
+
+impl Owners for FixedOwners {
+    fn state<'a>(
+        &'a self,
+        _: &'a RingSnapshot,
+        _: &'a crate::admission::OwnerRef,
+    ) -> futures::future::BoxFuture<'a, Result<OwnerState, String>> {
+        Box::pin(async move { self.0.clone() })
+    }
+}
+
 fn app(limits: Limits) -> (Router, Metrics) {
+    app_with_owners(limits, Ok(OwnerState::NotSharded))
+}
+
+fn app_with_owners(limits: Limits, owners: Result<OwnerState, String>) -> (Router, Metrics) {
     let rings = Arc::new(Rings::default());
     let spec = ClusterRingSpec {
         resources: vec![RingResource {
             group: String::new(),
             resource: "secrets".into(),
-            controlled_resources: vec![],
+            controlled_resources: vec![GroupResource::new("", "configmaps")],
         }],
         namespace_selector: None,
     };
@@ -29,7 +46,75 @@ fn app(limits: Limits) -> (Router, Metrics) {
         .into(),
     );
     let metrics = Metrics::new(&mut Registry::default());
-    (router(rings, metrics.clone(), limits), metrics)
+    let owners = Arc::new(FixedOwners(owners));
+    (router(rings, owners, metrics.clone(), limits), metrics)
+}
+
+fn child_review() -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-2",
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "name": "child",
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {},
+            "object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+                "name": "child", "namespace": "default",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Secret", "name": "owner", "uid": "u", "controller": true}]
+            }},
+            "dryRun": false,
+        }
+    }))
+    .expect("json")
+}
+
+#[tokio::test]
+async fn a_child_is_labelled_with_the_shard_its_owner_is_held_by() {
+    let (app, metrics) = app_with_owners(
+        Limits::default(),
+        Ok(OwnerState::Draining("shard-b".into())),
+    );
+    let (status, body) = call(app, Method::POST, PATH, child_review()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("\"patch\""), "{body}");
+    let lookups = |result| {
+        metrics
+            .owner_lookups
+            .get_or_create(&OwnerLabels { result })
+            .get()
+    };
+    assert_eq!(lookups("draining"), 1);
+    let labels = ResourceLabels {
+        clusterring: "example".into(),
+        group: String::new(),
+        resource: "configmaps".into(),
+    };
+    assert_eq!(metrics.assignments.get_or_create(&labels).get(), 1);
+}
+
+#[tokio::test]
+async fn a_child_whose_owner_cannot_be_read_is_left_to_the_reconciler() {
+    let (app, metrics) = app_with_owners(Limits::default(), Err("timeout".into()));
+    let (status, body) = call(app, Method::POST, PATH, child_review()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!body.contains("\"patch\""), "{body}");
+    assert!(body.contains("\"allowed\":true"), "never denied: {body}");
+    let skipped = SkipLabels {
+        clusterring: "example".into(),
+        reason: "owner_unknown".into(),
+    };
+    assert_eq!(metrics.not_assigned.get_or_create(&skipped).get(), 1);
+    assert_eq!(
+        metrics
+            .owner_lookups
+            .get_or_create(&OwnerLabels { result: "error" })
+            .get(),
+        1
+    );
 }
 
 fn review(dry_run: bool) -> Vec<u8> {
