@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup, start_reconciler, wait_first_rebalance};
+use sharder_tests::launch::Reconciler;
 
 /// What the rebalancing and crash benchmarks measured.
 #[derive(Clone, Debug)]
@@ -147,6 +148,42 @@ impl Accounts {
     }
 }
 
+/// The reconciler of the moving benchmarks (`name` logs in `dir`): writes unlimited in rate,
+/// [`CONCURRENCY`] in flight, drain checks every 500 ms, no periodic sweep; returns once its
+/// first full rebalance of the `n` objects is done.
+pub(crate) async fn start_moving_reconciler(
+    setup: &RingSetup,
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    webhooks: &Webhooks,
+    args: &Args,
+    n: usize,
+) -> Result<Reconciler, Error> {
+    let mut reconciler = start_reconciler(
+        setup,
+        dir,
+        kubeconfig,
+        webhooks,
+        &[
+            "--max-writes-per-second",
+            "0",
+            "--max-concurrent-writes",
+            &CONCURRENCY.to_string(),
+            "--drain-check-interval",
+            "500ms",
+            "--sweep-interval",
+            "1h",
+        ],
+        args.malloc_arena_max,
+    )
+    .await?;
+    wait_first_rebalance(&mut reconciler, n).await?;
+    Ok(reconciler)
+}
+
+/// Writes in flight of the moving benchmarks' reconciler (and of the raw PATCH baseline).
+pub(crate) const CONCURRENCY: usize = 16;
+
 /// Writes to the namespace's Secrets by `user` among `events`.
 pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
     events
@@ -188,7 +225,7 @@ pub async fn run(
 ) -> Result<RebalanceResult, Error> {
     let n = args.rebalance_objects;
     let lease = Duration::from_secs(args.lease_seconds);
-    let concurrency = 16;
+    let concurrency = CONCURRENCY;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
     let setup = RingSetup::new(cp, "bench-rebalance", false, 0).await?;
     let Accounts {
@@ -216,25 +253,8 @@ pub async fn run(
     let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
     let rate = setup.create_assigned(0..n, &three).await?;
     eprintln!("[bench]   {n} objects created ({rate:.0}/s)");
-    let mut reconciler = start_reconciler(
-        &setup,
-        dir.path(),
-        &kubeconfig,
-        webhooks,
-        &[
-            "--max-writes-per-second",
-            "0",
-            "--max-concurrent-writes",
-            &concurrency.to_string(),
-            "--drain-check-interval",
-            "500ms",
-            "--sweep-interval",
-            "1h",
-        ],
-        args.malloc_arena_max,
-    )
-    .await?;
-    wait_first_rebalance(&mut reconciler, n).await?;
+    let reconciler =
+        start_moving_reconciler(&setup, dir.path(), &kubeconfig, webhooks, args, n).await?;
     let before = converge(&setup, &three).await?;
 
     // Scale-out 3 -> 4.

@@ -11,9 +11,11 @@ use sharder_common::Ring;
 use sharder_sdk::lease::OnStop;
 use sharder_tests::ControlPlane;
 
-use crate::rebalance::{Accounts, BenchShard, converge, start_shard, wait_ready, writes_by};
+use crate::rebalance::{
+    Accounts, BenchShard, converge, start_moving_reconciler, start_shard, wait_ready, writes_by,
+};
 use crate::webhooks::Webhooks;
-use crate::{Args, Error, RingSetup, start_reconciler, wait_first_rebalance};
+use crate::{Args, Error, RingSetup};
 
 /// Shards rolled.
 pub const SHARDS: usize = 4;
@@ -95,23 +97,8 @@ pub async fn run(
         wait_ready(&setup, name).await?;
     }
     setup.create_assigned(0..n, &ring_of(&names)).await?;
-    let mut reconciler = start_reconciler(
-        &setup,
-        dir.path(),
-        &kubeconfig,
-        webhooks,
-        &[
-            "--max-writes-per-second",
-            "0",
-            "--drain-check-interval",
-            "500ms",
-            "--sweep-interval",
-            "1h",
-        ],
-        args.malloc_arena_max,
-    )
-    .await?;
-    wait_first_rebalance(&mut reconciler, n).await?;
+    let reconciler =
+        start_moving_reconciler(&setup, dir.path(), &kubeconfig, webhooks, args, n).await?;
     converge(&setup, &ring_of(&names)).await?;
 
     let mut rolls = Vec::new();
