@@ -227,7 +227,10 @@ impl ControlPlane {
                     .args(["--service-cluster-ip-range", "10.96.0.0/16"])
                     .args(["--audit-policy-file", &path_str(&audit_policy)])
                     .args(["--audit-log-path", &path_str(&dir.join("audit.log"))])
-                    .args(["--audit-log-mode", "blocking"]);
+                    .args(["--audit-log-mode", "blocking"])
+                    // 0 would mean lumberjack's default: rotation at 100 MB, after which the
+                    // counts of a long run (the benchmarks) would start over mid-measurement.
+                    .args(["--audit-log-maxsize", "1000000"]);
                 let serving = format!("Serving securely on 127.0.0.1:{secure_port}");
                 (apiserver, serving, secure_port)
             })
