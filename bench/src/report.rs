@@ -252,7 +252,7 @@ impl Report {
                 - none.iter().copied().fold(f64::MAX, f64::min);
             let _ = writeln!(
                 out,
-                "Why missed: both webhooks share the TLS stack, the runtime and the MutatingWebhookConfiguration; what the sharder does per review beyond the floor (ring lookup, object key, metrics, timeout and concurrency layers) costs microseconds (`cargo bench -p sharder-bench --bench review`: about 1.2 us over the floor's pure path), far less than the difference here. The no-webhook rounds alone spread {spread:.2} ms at p50 across rounds on this 2-core machine, the same order as the gap, so the gap is mostly noise; more rounds on a quieter machine would tell. A per-request cost to cut regardless: metric label Strings allocated per request.\n"
+                "Why missed: both webhooks are processes with the same TLS stack (rustls, axum) behind the same MutatingWebhookConfiguration; what the sharder does per review beyond the floor (ring lookup, object key, metrics, timeout and concurrency layers) costs microseconds (`cargo bench -p sharder-bench --bench review`: about 1.2 us over the floor's pure path), far less than the difference here. The no-webhook rounds alone spread {spread:.2} ms at p50 across rounds on this 2-core machine, the same order as the gap, so the gap is mostly noise; more rounds on a quieter machine would tell. A per-request cost to cut regardless: metric label Strings allocated per request.\n"
             );
         }
     }
