@@ -14,12 +14,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube::Api;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -29,8 +32,10 @@ pub mod rings;
 pub mod shard_leases;
 pub mod webhook_config;
 
-/// Readiness condition: the process runs (standbys are ready too; only the leader acts).
-pub const STARTED: &str = "started";
+/// Readiness condition: the leader's watches (shard Leases, ClusterRings, webhook
+/// configurations) have listed. A standby has nothing to list and is ready: it takes over when
+/// the leader goes.
+pub const CONTROLLERS_SYNCED: &str = "controllers-synced";
 
 /// Flags of `sharder-reconciler` (each with an environment variable fallback).
 #[derive(clap::Parser, Clone, Debug)]
@@ -63,6 +68,11 @@ pub struct Args {
     /// PEM CA bundle that signed the webhook's certificate (the webhook configurations' caBundle).
     #[arg(long, env = "SHARDER_WEBHOOK_CA_FILE")]
     pub webhook_ca_file: PathBuf,
+
+    /// How often `--webhook-ca-file` is checked for changes (a changed bundle goes into every
+    /// webhook configuration).
+    #[arg(long, env = "SHARDER_WEBHOOK_CA_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub webhook_ca_reload_interval: Duration,
 
     /// Base URL of the webhook (e.g. `https://127.0.0.1:9443`) instead of a Service.
     #[arg(
@@ -139,6 +149,15 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The webhook CA file does not hold a usable PEM bundle.
+    #[error("--webhook-ca-file {path}: {reason}")]
+    CaBundle {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// Pure logic reported an error (for example an invalid namespaceSelector).
     #[error(transparent)]
     Common(#[from] sharder_common::Error),
@@ -211,25 +230,38 @@ pub async fn run_with_client(
     client: kube::Client,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let ca_bundle = std::fs::read(&args.webhook_ca_file).map_err(|source| Error::CaFile {
-        path: args.webhook_ca_file.clone(),
-        source,
-    })?;
+    let (ca_sender, ca) = watch::channel(webhook_config::ca::read(&args.webhook_ca_file)?);
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
-    let readiness = Readiness::new([STARTED]);
+    let readiness = Readiness::new([CONTROLLERS_SYNCED]);
     let (admin_addr, admin) = sharder_runtime::admin::bind(
         args.common.admin.admin_addr,
         sharder_runtime::admin::router(Arc::new(registry), readiness.clone()),
         shutdown.clone(),
     )
     .await?;
-    readiness.set(STARTED, true);
+    readiness.set(CONTROLLERS_SYNCED, true);
     let identity = identity(&args);
     info!(%admin_addr, %identity, "reconciler started, waiting for leadership");
 
     let mut tasks = Tasks::new(shutdown.clone());
     tasks.spawn("admin server", admin);
+    tasks.spawn(
+        "CA reload",
+        webhook_config::ca::reload_on_change(
+            args.webhook_ca_file.clone(),
+            ca_sender,
+            args.webhook_ca_reload_interval,
+            shutdown.clone(),
+        ),
+    );
+    let leader_gauge = metrics
+        .leader
+        .get_or_create(&metrics::LeaderLabels {
+            name: args.leader_election_name.clone(),
+        })
+        .clone();
+    leader_gauge.set(0);
     let keeper = LeaseKeeper::new(
         client.clone(),
         LeaseConfig {
@@ -243,16 +275,21 @@ pub async fn run_with_client(
     );
     let leading = hold(keeper, &shutdown, OnStop::Release, |holding: Holding| {
         info!(%identity, "leading");
+        leader_gauge.set(1);
         lead(
             args,
             client,
-            identity.clone(),
-            metrics,
-            ca_bundle,
+            Leader {
+                identity: identity.clone(),
+                metrics,
+                ca,
+                readiness,
+            },
             holding.stop,
         )
     })
     .await;
+    leader_gauge.set(0);
     let led = match leading {
         Ok(()) => Ok(()),
         Err(HoldError::Lost(_)) => Err(Error::LeadershipLost),
@@ -267,16 +304,70 @@ pub async fn run_with_client(
     Ok(served?)
 }
 
-/// The leader's work: the shard lease controller and the ring controller as supervised tasks
-/// until `stop`.
+/// What the leader is given besides its flags and client.
+struct Leader {
+    identity: String,
+    metrics: metrics::Metrics,
+    ca: watch::Receiver<Vec<u8>>,
+    readiness: Readiness,
+}
+
+/// Whether a controller's main watch has listed once. Any number of tasks may wait on it
+/// (kube's `Store::wait_until_ready` wakes only one waiter, and the controller itself is one).
+#[derive(Clone, Debug)]
+pub struct Listed(watch::Receiver<bool>);
+
+impl Listed {
+    /// Waits until the watch listed; `false` if it ended before.
+    pub async fn wait(mut self) -> bool {
+        self.0.wait_for(|listed| *listed).await.is_ok()
+    }
+}
+
+/// A controller over `api` (objects selected by `config`) whose main watch says when it listed.
+pub fn listed_controller<K>(api: Api<K>, config: watcher::Config) -> (Controller<K>, Listed)
+where
+    K: Clone + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let (listed, rx) = watch::channel(false);
+    let stream = reflector::reflector(writer, watcher::watcher(api, config))
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                listed.send_replace(true);
+            }
+        })
+        .applied_objects();
+    (
+        kube_runtime::Controller::for_stream(stream, store),
+        Listed(rx),
+    )
+}
+
+/// Sets [`CONTROLLERS_SYNCED`] false until every one of `watches` has listed, then true.
+async fn ready_when_listed(readiness: Readiness, watches: Vec<Listed>) {
+    readiness.set(CONTROLLERS_SYNCED, false);
+    let listed = futures::future::join_all(watches.into_iter().map(Listed::wait)).await;
+    if listed.into_iter().all(|l| l) {
+        readiness.set(CONTROLLERS_SYNCED, true);
+        info!("watches listed, ready");
+    }
+}
+
+/// The leader's work: the shard lease, ring and webhook configuration controllers as
+/// supervised tasks until `stop`; ready once their watches listed.
 async fn lead(
     args: Args,
     client: kube::Client,
-    identity: String,
-    metrics: metrics::Metrics,
-    ca_bundle: Vec<u8>,
+    leader: Leader,
     stop: CancellationToken,
 ) -> Result<(), Error> {
+    let Leader {
+        identity,
+        metrics,
+        ca,
+        readiness,
+    } = leader;
     let webhook = webhook_config::WebhookSettings {
         target: match &args.webhook_url {
             Some(url) => webhook_config::WebhookTarget::Url(url.clone()),
@@ -286,12 +377,25 @@ async fn lead(
                 port: args.webhook_service_port,
             },
         },
-        ca_bundle,
+        ca_bundle: Vec::new(),
         timeout_seconds: args.webhook_timeout_seconds,
         excluded_namespaces: vec!["kube-system".to_owned(), args.namespace.clone()],
     };
-    let ring_controller = rings::controller(client.clone(), &args.clusterring_selector);
-    let lease_controller = shard_leases::controller(client.clone());
+    let (ring_controller, rings_listed) =
+        rings::controller(client.clone(), &args.clusterring_selector);
+    let (configuration_controller, configurations_listed) = webhook_config::controller::controller(
+        client.clone(),
+        &args.clusterring_selector,
+        ca.clone(),
+    );
+    let configuration_ctx = Arc::new(webhook_config::controller::Context {
+        client: client.clone(),
+        settings: webhook.clone(),
+        ca,
+        resync: args.resync_interval,
+        metrics: metrics.clone(),
+    });
+    let (lease_controller, leases_listed) = shard_leases::controller(client.clone());
     let lease_store = lease_controller.store();
     let lease_ctx = Arc::new(shard_leases::Context {
         client: client.clone(),
@@ -317,10 +421,14 @@ async fn lead(
             instance: Some(identity),
         },
     );
+    let synced = tokio::spawn(ready_when_listed(
+        readiness,
+        vec![leases_listed, rings_listed, configurations_listed],
+    ));
     let ring_ctx = Arc::new(rings::Context::new(
         client,
         lease_store,
-        webhook,
+        webhook.excluded_namespaces,
         rebalancer,
         rings::Intervals {
             resync: args.resync_interval,
@@ -337,7 +445,38 @@ async fn lead(
     );
     tasks.spawn(
         "ring controller",
-        rings::run(ring_controller, ring_ctx, stop),
+        rings::run(ring_controller, ring_ctx, stop.clone()),
     );
-    Ok(tasks.supervise().await?)
+    tasks.spawn(
+        "webhook configuration controller",
+        webhook_config::controller::run(configuration_controller, configuration_ctx, stop),
+    );
+    let result = tasks.supervise().await;
+    synced.abort();
+    Ok(result?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_leader_is_ready_only_once_every_watch_listed() {
+        let readiness = Readiness::new([CONTROLLERS_SYNCED]);
+        readiness.set(CONTROLLERS_SYNCED, true);
+        let (leases, leases_listed) = watch::channel(false);
+        let (rings, rings_listed) = watch::channel(false);
+        let synced = tokio::spawn(ready_when_listed(
+            readiness.clone(),
+            vec![Listed(leases_listed), Listed(rings_listed)],
+        ));
+        tokio::task::yield_now().await;
+        assert!(!readiness.is_ready(), "not ready when leading starts");
+        leases.send_replace(true);
+        tokio::task::yield_now().await;
+        assert!(!readiness.is_ready(), "one watch still lists");
+        rings.send_replace(true);
+        synced.await.expect("task");
+        assert!(readiness.is_ready());
+    }
 }

@@ -20,6 +20,22 @@ pub struct ShardLabels {
     pub state: String,
 }
 
+/// Labels of the webhook configuration write counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigurationWriteLabels {
+    /// The ClusterRing.
+    pub clusterring: String,
+    /// Why it was written: `missing`, `ca_bundle` or `changed`.
+    pub reason: String,
+}
+
+/// Labels of the leader gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaderLabels {
+    /// The leader election Lease.
+    pub name: String,
+}
+
 /// All metrics of the reconciler.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -35,6 +51,10 @@ pub struct Metrics {
     pub available_shards: Family<RingLabel, Gauge>,
     /// 1 for the current state of each shard Lease.
     pub shard_state: Family<ShardLabels, Gauge>,
+    /// Webhook configuration writes by reason.
+    pub webhook_configuration_writes: Family<ConfigurationWriteLabels, Counter>,
+    /// 1 while this replica leads.
+    pub leader: Family<LeaderLabels, Gauge>,
 }
 
 impl Metrics {
@@ -77,6 +97,18 @@ impl Metrics {
                 registry,
                 "sharder_reconciler_shard_state",
                 "1 for the current state of each shard Lease",
+                Family::default(),
+            ),
+            webhook_configuration_writes: register(
+                registry,
+                "sharder_reconciler_webhook_configuration_writes",
+                "Webhook configuration writes by reason (missing, ca_bundle, changed)",
+                Family::default(),
+            ),
+            leader: register(
+                registry,
+                "leader_election_master_status",
+                "1 while this replica is the leader (name: the leader election Lease)",
                 Family::default(),
             ),
         }

@@ -1,19 +1,18 @@
-//! The ring controller: per ClusterRing, keeps its MutatingWebhookConfiguration (server-side
-//! apply, owned by the ring), its status, and rebalances its objects when the set of available
-//! shards changes, when the ring changes, periodically, and with follow-up sweeps after drains.
+//! The ring controller: per ClusterRing, keeps its status and rebalances its objects when the
+//! set of available shards changes, when the ring changes, periodically, and with follow-up
+//! sweeps after drains.
 //!
 //! It is triggered by ClusterRing and shard Lease events and reads Leases from the shard lease
 //! controller's store; it never watches or caches sharded objects. Its parts: [`schedule`] (when
-//! to list what: pure), [`discovery`], [`namespaces`], [`status`], [`report`]; the webhook
-//! configuration is [`crate::webhook_config`], the lists and writes [`crate::rebalance`].
+//! to list what: pure), [`discovery`], [`namespaces`], [`status`], [`report`]; the lists and
+//! writes are [`crate::rebalance`]. The webhook configurations have their own controller
+//! ([`crate::webhook_config::controller`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -24,13 +23,12 @@ use sharder_common::{ClusterRing, Ring, Role, Roles, is_available};
 use sharder_runtime::metrics::RingLabel;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, info, info_span, warn};
+use tracing::{Instrument as _, info_span, warn};
 
 use crate::Error;
 use crate::metrics::Metrics;
 use crate::rebalance::{ObjectId, Rebalancer, RingView, Scope};
 use crate::shard_leases::leases_of;
-use crate::webhook_config::{WebhookSettings, webhook_configuration};
 
 pub mod discovery;
 pub mod namespaces;
@@ -58,8 +56,8 @@ pub struct Context {
     pub client: Client,
     /// Shard Leases (from the shard lease controller).
     pub leases: Store<Lease>,
-    /// Webhook configuration settings.
-    pub webhook: WebhookSettings,
+    /// Namespaces excluded when a ring has no namespaceSelector.
+    pub excluded_namespaces: Vec<String>,
     /// Writes moves.
     pub rebalancer: Rebalancer,
     /// Timing.
@@ -76,7 +74,7 @@ impl Context {
     pub fn new(
         client: Client,
         leases: Store<Lease>,
-        webhook: WebhookSettings,
+        excluded_namespaces: Vec<String>,
         rebalancer: Rebalancer,
         intervals: Intervals,
         metrics: Metrics,
@@ -85,7 +83,7 @@ impl Context {
         Self {
             client,
             leases,
-            webhook,
+            excluded_namespaces,
             rebalancer,
             intervals,
             metrics,
@@ -150,9 +148,6 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
     };
 
     let previous = ctx.progress().get(name).cloned();
-    if schedule::needs_webhook_configuration(previous.as_ref(), &observed) {
-        apply_webhook_configuration(ctx, ring, &roles, observed.generation).await?;
-    }
 
     let scopes = schedule::scopes(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
     let awaiting = schedule::same_ring(previous.as_ref(), &observed)
@@ -171,26 +166,6 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
     Ok(Action::requeue(wait))
 }
 
-async fn apply_webhook_configuration(
-    ctx: &Context,
-    ring: &ClusterRing,
-    roles: &Roles,
-    generation: i64,
-) -> Result<(), Error> {
-    let mwc = webhook_configuration(ring, roles, &ctx.webhook);
-    let mwc_name = mwc.metadata.name.clone().unwrap_or_default();
-    Api::<MutatingWebhookConfiguration>::all(ctx.client.clone())
-        .patch(
-            &mwc_name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&mwc),
-        )
-        .await
-        .map_err(Error::Kube)?;
-    info!(webhook_configuration = %mwc_name, generation, "webhook configuration applied");
-    Ok(())
-}
-
 /// Lists and moves what `scopes` select, looks again at the controlled objects `awaiting`
 /// their owners (unless everything was listed), then counts the drains still pending and
 /// reports.
@@ -206,7 +181,7 @@ async fn rebalance(
     let name = ring.name_any();
     let targets = discovery::targets(&ctx.client, roles).await;
     let namespaces =
-        namespaces::namespaces(&ctx.client, &ring.spec, &ctx.webhook.excluded_namespaces).await?;
+        namespaces::namespaces(&ctx.client, &ring.spec, &ctx.excluded_namespaces).await?;
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
     let view = RingView {
@@ -257,12 +232,14 @@ fn error_policy(ring: Arc<ClusterRing>, error: &Error, _: Arc<Context>) -> Actio
 
 /// The controller over the ClusterRings matching `selector` (empty: all), triggered by their
 /// shard Leases too.
-pub fn controller(client: Client, selector: &str) -> Controller<ClusterRing> {
+pub fn controller(client: Client, selector: &str) -> (Controller<ClusterRing>, crate::Listed) {
     let mut config = watcher::Config::default();
     if !selector.is_empty() {
         config = config.labels(selector);
     }
-    Controller::new(Api::<ClusterRing>::all(client.clone()), config)
+    let (controller, listed) =
+        crate::listed_controller(Api::<ClusterRing>::all(client.clone()), config);
+    let controller = controller
         .watches(
             Api::<Lease>::all(client),
             watcher::Config::default().labels(RING_LABEL),
@@ -273,7 +250,8 @@ pub fn controller(client: Client, selector: &str) -> Controller<ClusterRing> {
                     .map(|ring| ObjectRef::<ClusterRing>::new(ring))
             },
         )
-        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
+        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
+    (controller, listed)
 }
 
 /// Runs the ring controller until `shutdown`; returns an error if it ends before.

@@ -202,8 +202,8 @@ fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) -> Action {
 
 /// The controller over shard Leases (selector: the ring label exists), and its Lease store
 /// (which the ring controller reads).
-pub fn controller(client: Client) -> Controller<Lease> {
-    Controller::new(
+pub fn controller(client: Client) -> (Controller<Lease>, crate::Listed) {
+    crate::listed_controller(
         Api::<Lease>::all(client),
         watcher::Config::default().labels(RING_LABEL),
     )

@@ -1,5 +1,7 @@
 //! The MutatingWebhookConfiguration of one ClusterRing (docs/design.md §6), built as a pure function of
 //! the ring and the reconciler's flags, and owned by the ring so it goes when the ring goes.
+//! [`controller`] keeps it so in the cluster, [`drift`] tells what differs, [`ca`] follows the
+//! CA file.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +18,10 @@ use kube::{Resource, ResourceExt};
 use sharder_common::endpoint::webhook_path;
 use sharder_common::labels::{RING_LABEL, ring_label_name};
 use sharder_common::{ClusterRing, Roles};
+
+pub mod ca;
+pub mod controller;
+pub mod drift;
 
 /// Label key the apiserver (1.21+) puts on every namespace with its name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 
 pub mod admin;
 pub mod duration;
+pub mod files;
 pub mod lease;
 pub mod logging;
 pub mod metrics;

@@ -9,9 +9,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, ObjectKey, RingLabels};
@@ -23,6 +27,10 @@ use crate::crd::install_cluster_ring_crd;
 use crate::fixtures::{child_of, secret, secrets_ring, shard_lease};
 use crate::launch::{Env, Reconciler, ReconcilerFlags, Webhook};
 use crate::wait::eventually;
+
+/// Label of the canary ConfigMaps of [`World::wait_until_admission_sees_configurations`]
+/// (value: the test namespace).
+pub const CANARY_LABEL: &str = "sharder-test/canary";
 
 /// How long waits for the system to act may take before a test fails.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -330,6 +338,96 @@ impl World {
                 let _ = this.secrets().delete(&name, &DeleteParams::default()).await;
                 this.shard_of(&created)
                     .ok_or_else(|| "not labelled".to_owned())
+            }
+        })
+        .await;
+    }
+
+    /// Waits until the apiserver's admission chain has seen every webhook configuration change
+    /// made so far (its configurations come from an informer, a little behind the writes): a
+    /// blocking configuration (failurePolicy Fail, pointing nowhere, for ConfigMaps labelled
+    /// `sharder-test/canary`) is created and then deleted, each step waited for by creating a
+    /// canary ConfigMap; the informer handles events in order, so having seen the deletion it
+    /// has seen everything before it.
+    pub async fn wait_until_admission_sees_configurations(&mut self) {
+        let name = format!("sharder-test-barrier-{}", self.ns);
+        let blocker = MutatingWebhookConfiguration {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            webhooks: Some(vec![MutatingWebhook {
+                name: "barrier.sharder.test".into(),
+                admission_review_versions: vec!["v1".into()],
+                client_config: WebhookClientConfig {
+                    url: Some("https://127.0.0.1:9/barrier".into()),
+                    ..WebhookClientConfig::default()
+                },
+                failure_policy: Some("Fail".into()),
+                side_effects: "None".into(),
+                timeout_seconds: Some(2),
+                object_selector: Some(LabelSelector {
+                    match_labels: Some([(CANARY_LABEL.to_owned(), self.ns.clone())].into()),
+                    match_expressions: None,
+                }),
+                rules: Some(vec![RuleWithOperations {
+                    api_groups: Some(vec![String::new()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["CREATE".into()]),
+                    resources: Some(vec!["configmaps".into()]),
+                    scope: Some("Namespaced".into()),
+                }]),
+                ..MutatingWebhook::default()
+            }]),
+        };
+        let configurations = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
+        configurations
+            .create(&PostParams::default(), &blocker)
+            .await
+            .expect("barrier configuration");
+        let mut attempt = self.probes;
+        self.probes += 1000;
+        let this = &*self;
+        let mut canary = move || {
+            attempt += 1;
+            let name = format!("canary-{attempt}");
+            let mut cm = ConfigMap::default();
+            cm.metadata.name = Some(name.clone());
+            cm.metadata.labels = Some([(CANARY_LABEL.to_owned(), this.ns.clone())].into());
+            async move {
+                let created = this.configmaps().create(&PostParams::default(), &cm).await;
+                if created.is_ok() {
+                    let _ = this
+                        .configmaps()
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                }
+                created.is_ok()
+            }
+        };
+        eventually("admission sees the barrier configuration", WAIT, || {
+            let attempt = canary();
+            async move {
+                if attempt.await {
+                    Err("created")
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+        configurations
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete barrier configuration");
+        eventually("admission sees the barrier deleted", WAIT, || {
+            let attempt = canary();
+            async move {
+                if attempt.await {
+                    Ok(())
+                } else {
+                    Err("refused")
+                }
             }
         })
         .await;

@@ -387,7 +387,7 @@ async fn a_rolling_update_of_stable_shard_names_moves_nothing() {
         .map(str::to_owned)
         .collect();
     assert!(moves.is_empty(), "the reconciler moved: {moves:?}");
-    let written: usize = system
+    let written: Vec<String> = system
         .cp
         .audited_writes()
         .into_iter()
@@ -399,8 +399,23 @@ async fn a_rolling_update_of_stable_shard_names_moves_nothing() {
                     Some("secrets" | "configmaps")
                 )
         })
-        .count();
-    assert_eq!(written, 0, "no write to any sharded object during the roll");
+        .map(|e| {
+            format!(
+                "{} {} {}/{} by {} at {}",
+                e["verb"],
+                e["objectRef"]["resource"],
+                e["objectRef"]["name"],
+                e["objectRef"]["subresource"],
+                e["user"]["username"],
+                e["requestReceivedTimestamp"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        written,
+        Vec::<String>::new(),
+        "no write to any sharded object during the roll"
+    );
     eprintln!(
         "roll of 4 stable shards: 0 moves, 0 writes; {:?}",
         system.holdings().await

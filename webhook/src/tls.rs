@@ -1,9 +1,8 @@
 //! The serving certificate: loaded from PEM files and reloaded when their contents change.
 //!
-//! Kubernetes updates Secret volumes by swapping a symlink (`..data`), which inotify on the file
-//! path does not report; so the files are re-read every `--tls-reload-interval` and compared with
-//! what was loaded. A pair that does not load (for example the certificate already replaced but
-//! not yet the key) keeps the previous certificate in service and is retried on the next tick.
+//! The files are re-read every `--tls-reload-interval`; a pair that does not load (for example
+//! the certificate already replaced but not yet the key) keeps the previous certificate in
+//! service and is retried on the next tick.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +13,7 @@ use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::Error;
 
@@ -91,40 +90,28 @@ impl TlsFiles {
 }
 
 /// Re-reads the files every `interval` until `shutdown` and swaps in a new certificate when the
-/// contents change and load. New connections get the new certificate; open ones keep theirs.
+/// contents change and load ([`sharder_runtime::files::reload_on_change`]). New connections get
+/// the new certificate; open ones keep theirs.
 pub async fn reload_on_change(
     files: TlsFiles,
     config: RustlsConfig,
-    mut loaded: PemPair,
+    loaded: PemPair,
     interval: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            _ = ticker.tick() => {}
-        }
-        let current = match files.read() {
-            Ok(current) => current,
-            Err(e) => {
-                warn!(error = %e, "cannot read the TLS files, keeping the loaded certificate");
-                continue;
-            }
-        };
-        if current == loaded {
-            continue;
-        }
-        match files.server_config(&current.0, &current.1) {
-            Ok(server_config) => {
-                config.reload_from_config(Arc::new(server_config));
-                loaded = current;
-                info!(cert = %files.cert.display(), "serving certificate reloaded");
-            }
-            Err(e) => {
-                warn!(error = %e, "changed TLS files do not load yet, keeping the loaded certificate");
-            }
-        }
-    }
+    sharder_runtime::files::reload_on_change(
+        "the TLS files",
+        interval,
+        loaded,
+        || files.read(),
+        |(cert, key)| {
+            let server_config = files.server_config(cert, key)?;
+            config.reload_from_config(Arc::new(server_config));
+            info!(cert = %files.cert.display(), "serving certificate reloaded");
+            Ok(())
+        },
+        shutdown,
+    )
+    .await;
+    Ok(())
 }

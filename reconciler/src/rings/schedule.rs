@@ -56,8 +56,6 @@ pub struct Progress {
     pub generation: i64,
     /// The available shards last rebalanced for.
     pub available: BTreeSet<String>,
-    /// The generation whose webhook configuration was applied.
-    pub applied_generation: Option<i64>,
     /// When the last full list ended.
     pub last_full: Instant,
     /// When the last rebalance of any scope ended.
@@ -92,11 +90,6 @@ pub fn same_ring<'p>(
     progress.filter(|p| p.uid == observed.uid)
 }
 
-/// Whether the ring's webhook configuration must be (re)applied: not yet for this generation.
-pub fn needs_webhook_configuration(progress: Option<&Progress>, observed: &Observed<'_>) -> bool {
-    same_ring(progress, observed).and_then(|p| p.applied_generation) != Some(observed.generation)
-}
-
 /// The lists to run now.
 pub fn scopes(
     progress: Option<&Progress>,
@@ -125,8 +118,7 @@ pub fn scopes(
     scopes
 }
 
-/// What to remember after a reconcile at `now`: the observed ring, the webhook configuration
-/// applied, and how the rebalance went (`None`: nothing was listed). After a failed rebalance
+/// What to remember after a reconcile at `now`: the observed ring and how the rebalance went (`None`: nothing was listed). After a failed rebalance
 /// the previous shard set is kept, so the next reconcile retries the same work.
 pub fn progress_after(
     progress: Option<&Progress>,
@@ -139,7 +131,6 @@ pub fn progress_after(
         uid: observed.uid.to_owned(),
         generation: observed.generation,
         available: observed.available.clone(),
-        applied_generation: Some(observed.generation),
         last_full: previous.map_or(now, |p| p.last_full),
         last_sweep: previous.map_or(now, |p| p.last_sweep),
         draining: previous.is_some_and(|p| p.draining),
@@ -208,7 +199,6 @@ mod tests {
             uid: "uid-1".into(),
             generation: 1,
             available: set(available),
-            applied_generation: Some(1),
             last_full: at,
             last_sweep: at,
             draining: false,
@@ -320,10 +310,7 @@ mod tests {
         );
 
         let first = progress_after(None, &observed(&ab, 3), None, later);
-        assert_eq!(
-            (first.applied_generation, first.last_full),
-            (Some(3), later)
-        );
+        assert_eq!((first.generation, first.last_full), (3, later));
     }
 
     fn child(name: &str) -> ObjectId {
@@ -365,24 +352,6 @@ mod tests {
             [Scope::All].into(),
             "the next reconcile lists everything instead"
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_webhook_configuration_is_applied_once_per_generation_and_ring() {
-        let t0 = Instant::now();
-        let ab = set(&["a", "b"]);
-        let known = progress(&["a", "b"], t0);
-        assert!(needs_webhook_configuration(None, &observed(&ab, 1)));
-        assert!(!needs_webhook_configuration(
-            Some(&known),
-            &observed(&ab, 1)
-        ));
-        assert!(needs_webhook_configuration(Some(&known), &observed(&ab, 2)));
-        let other = Observed {
-            uid: "uid-2",
-            ..observed(&ab, 1)
-        };
-        assert!(needs_webhook_configuration(Some(&known), &other));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,7 +7,8 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use sharder_reconciler::webhook_config::configuration_name;
-use sharder_tests::wait::eventually;
+use sharder_tests::launch::Reconciler;
+use sharder_tests::wait::{eventually, http_get, metric_value};
 
 use crate::{Test, WAIT};
 
@@ -33,6 +34,17 @@ async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
         .trim_start_matches("replica-")
         .parse()
         .expect("replica index");
+    // The leader reports itself once its watches listed; the standby is ready too (it has
+    // nothing to list) and does not lead.
+    eventually("the leader is ready and says so", WAIT, || async {
+        leading_and_ready(&w.reconcilers[index]).await
+    })
+    .await;
+    assert_eq!(
+        leading_and_ready(&w.reconcilers[1 - index]).await,
+        Err((false, true)),
+        "the standby: not leading, ready"
+    );
     w.reconcilers[index].process.kill();
 
     let standby = format!("replica-{}", 1 - index);
@@ -59,6 +71,27 @@ async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
     })
     .await;
     assert!(w.reconciler_log(1 - index).contains("leading"));
+    eventually("the new leader is ready and says so", WAIT, || async {
+        leading_and_ready(&w.reconcilers[1 - index]).await
+    })
+    .await;
+}
+
+/// Whether `reconciler` says it leads (`leader_election_master_status`) and is ready
+/// (`/readyz`): `Ok` when both, else both as they are.
+async fn leading_and_ready(reconciler: &Reconciler) -> Result<(), (bool, bool)> {
+    let metrics = reconciler.metrics().await;
+    let leading = metric_value(
+        &metrics,
+        "leader_election_master_status",
+        &[("name", "sharder-reconciler")],
+    ) == Some(1.0);
+    let ready = matches!(http_get(reconciler.admin, "/readyz").await, Ok((200, _)));
+    if leading && ready {
+        Ok(())
+    } else {
+        Err((leading, ready))
+    }
 }
 
 #[tokio::test]

@@ -84,13 +84,20 @@ impl Test {
 
     /// Starts reconciler replica `replica-<i>` (leader election in the test namespace).
     async fn start_reconciler(&mut self) {
+        self.start_reconciler_with(Duration::from_secs(1), &[])
+            .await;
+    }
+
+    /// The same with sweeps every `sweep` and `extra` flags.
+    async fn start_reconciler_with(&mut self, sweep: Duration, extra: &[&str]) {
         let i = self.reconcilers.len();
-        let flags = self.world.reconciler_flags(
+        let mut flags = self.world.reconciler_flags(
             &format!("replica-{i}"),
             &self.world.ns,
             &self.webhook_url(),
-            Duration::from_secs(1),
+            sweep,
         );
+        flags.extra.extend(extra.iter().map(|s| (*s).to_owned()));
         let reconciler = self
             .world
             .start_reconciler(&format!("reconciler-{i}"), &self.reconciler_env, &flags)

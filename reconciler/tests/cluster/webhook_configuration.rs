@@ -1,18 +1,23 @@
 //! One MutatingWebhookConfiguration per ring: created with the ring's resources, pointing at
-//! the webhook, updated when the ring changes, garbage-collected with the ring; the ring's
-//! status reports its shards.
+//! the webhook, updated when the ring changes, garbage-collected with the ring, restored when
+//! deleted or edited, following the CA file; the ring's status reports its shards.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::ClusterRing;
 use sharder_reconciler::webhook_config::configuration_name;
+use sharder_tests::certs::TestCa;
 use sharder_tests::control_plane::NAMESPACE_LABEL;
-use sharder_tests::wait::eventually;
+use sharder_tests::fixtures::secret;
+use sharder_tests::wait::{eventually, metric_value};
+use tokio_util::sync::CancellationToken;
 
 use crate::{Test, WAIT};
 
@@ -108,4 +113,242 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
         },
     )
     .await;
+}
+
+/// How many times the reconciler wrote ring `ring`'s configuration for `reason`.
+fn configuration_writes(metrics: &str, ring: &str, reason: &str) -> f64 {
+    metric_value(
+        metrics,
+        "sharder_reconciler_webhook_configuration_writes_total",
+        &[("clusterring", ring), ("reason", reason)],
+    )
+    .unwrap_or(0.0)
+}
+
+/// Writes `contents` to `path` at once (a rename), as a volume update does.
+fn replace_file(path: &Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+#[tokio::test]
+async fn a_deleted_or_edited_webhook_configuration_is_restored_and_assignment_goes_on() {
+    let mut w = Test::new("drift").await;
+    w.add_shard_lease("shard-a", 3600).await;
+    w.start_webhook().await;
+    // No sweep during the test: only the webhook can assign new objects.
+    w.start_reconciler_with(Duration::from_secs(3600), &[])
+        .await;
+    w.create_ring().await;
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    let name = configuration_name(&w.ring);
+    let our_selector = |mwc: &MutatingWebhookConfiguration| {
+        mwc.webhooks
+            .as_ref()
+            .and_then(|h| h[0].object_selector.clone())
+    };
+    let created = eventually("webhook configuration created", WAIT, || async {
+        mwcs.get_opt(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "absent".to_owned())
+    })
+    .await;
+    let wanted_selector = our_selector(&created);
+    w.wait_until_webhook_assigns().await;
+
+    // Deleted: recreated, and new objects are assigned again.
+    mwcs.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete configuration");
+    let old_uid = created.metadata.uid.clone();
+    eventually("deleted configuration recreated", WAIT, || async {
+        let mwc = mwcs.get_opt(&name).await.map_err(|e| e.to_string())?;
+        match mwc {
+            Some(m) if m.metadata.uid != old_uid => Ok(()),
+            other => Err(format!("{:?}", other.map(|m| m.metadata.uid))),
+        }
+    })
+    .await;
+    w.wait_until_webhook_assigns().await;
+
+    // Edited (an object selector no object matches, as a careless `kubectl edit` might leave
+    // it): restored.
+    let mut edited = mwcs.get(&name).await.expect("get");
+    edited.webhooks.as_mut().expect("webhooks")[0].object_selector = Some(LabelSelector {
+        match_labels: Some([("nothing".to_owned(), "matches".to_owned())].into()),
+        match_expressions: None,
+    });
+    mwcs.replace(&name, &PostParams::default(), &edited)
+        .await
+        .expect("edit configuration");
+    eventually("edited configuration restored", WAIT, || async {
+        let mwc = mwcs.get(&name).await.map_err(|e| e.to_string())?;
+        (our_selector(&mwc) == wanted_selector)
+            .then_some(())
+            .ok_or(format!("{:?}", our_selector(&mwc)))
+    })
+    .await;
+    w.wait_until_webhook_assigns().await;
+
+    // Another manager's label and a ring change that leaves the configuration as it is: no
+    // write (a broken comparison would write at every event, its own included).
+    let patch = json!({"metadata": {"labels": {"team": "platform"}}});
+    mwcs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("label configuration");
+    Api::<ClusterRing>::all(w.client.clone())
+        .patch(&w.ring, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("label ring");
+
+    // Deleted once more, so the counts below include every event before.
+    mwcs.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete configuration");
+    let reconciler = &w.reconcilers[0];
+    let metrics = eventually("second deletion repaired", WAIT, || async {
+        let metrics = reconciler.metrics().await;
+        (configuration_writes(&metrics, &w.ring, "missing") >= 3.0)
+            .then_some(metrics.clone())
+            .ok_or(metrics)
+    })
+    .await;
+    assert_eq!(configuration_writes(&metrics, &w.ring, "missing"), 3.0);
+    assert_eq!(configuration_writes(&metrics, &w.ring, "changed"), 1.0);
+    assert_eq!(configuration_writes(&metrics, &w.ring, "ca_bundle"), 0.0);
+    let restored = mwcs.get(&name).await.expect("get");
+    assert_eq!(
+        restored.labels().get("team"),
+        None,
+        "a recreated configuration has only the reconciler's labels"
+    );
+    let log = w.reconciler_log(0);
+    assert!(
+        log.contains(r#""reason":"changed","fields":"objectSelector""#),
+        "the repair names what drifted:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_rotated_ca_reaches_every_configuration_without_a_failed_call() {
+    let mut w = Test::new("ca-rotation").await;
+    w.add_shard_lease("shard-a", 3600).await;
+    let webhook = w
+        .world
+        .start_webhook(
+            "webhook",
+            &w.world.admin_env(),
+            &["--tls-reload-interval", "100ms"],
+        )
+        .await;
+    w.webhook = Some(webhook);
+    w.start_reconciler_with(
+        Duration::from_secs(3600),
+        &["--webhook-ca-reload-interval", "100ms"],
+    )
+    .await;
+    w.create_ring().await;
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    let name = configuration_name(&w.ring);
+    let bundle_is = |want: String| {
+        let mwcs = mwcs.clone();
+        let name = name.clone();
+        async move {
+            eventually("caBundle updated", WAIT, || async {
+                let mwc = mwcs.get_opt(&name).await.map_err(|e| e.to_string())?;
+                let have = mwc
+                    .and_then(|m| m.webhooks)
+                    .and_then(|h| h[0].client_config.ca_bundle.clone())
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+                (have.as_deref() == Some(want.as_str()))
+                    .then_some(())
+                    .ok_or(have)
+            })
+            .await;
+        }
+    };
+    let old_ca = std::fs::read_to_string(w.ca_file()).expect("ca");
+    bundle_is(old_ca.clone()).await;
+    w.wait_until_webhook_assigns().await;
+
+    // Objects are created one after another for the whole rotation; each must come back
+    // assigned (a failed webhook call lets it through unassigned: failurePolicy Ignore).
+    let stop = CancellationToken::new();
+    let creator = tokio::spawn({
+        let secrets = w.secrets();
+        let shard = w.labels.shard.clone();
+        let stop = stop.clone();
+        async move {
+            let (mut assigned, mut missed, mut failed) = (0, Vec::new(), Vec::new());
+            for i in 0.. {
+                if stop.is_cancelled() {
+                    break;
+                }
+                let name = format!("rotation-{i}");
+                match secrets.create(&PostParams::default(), &secret(&name)).await {
+                    Ok(s) if s.labels().contains_key(&shard) => assigned += 1,
+                    Ok(_) => missed.push(name),
+                    Err(e) => failed.push(format!("{name}: {e}")),
+                }
+            }
+            (assigned, missed, failed)
+        }
+    });
+
+    // 1. Old and new CA in the file: every configuration carries both.
+    let new_ca = TestCa::new("rotated-ca").expect("ca");
+    let both = format!("{old_ca}{}", new_ca.pem());
+    replace_file(&w.ca_file(), &both);
+    bundle_is(both).await;
+    w.wait_until_admission_sees_configurations().await;
+
+    // 2. The webhook serves a certificate of the new CA.
+    let cert = new_ca.serving_cert("webhook").expect("cert");
+    let webhook = w.webhook.as_mut().expect("webhook");
+    let skip = webhook.process.lines().len();
+    replace_file(&w.world.dir().join("tls.key"), &cert.key_pem);
+    replace_file(&w.world.dir().join("tls.crt"), &cert.cert_pem);
+    webhook
+        .process
+        .wait_for_message("serving certificate reloaded", skip, WAIT)
+        .await
+        .expect("certificate reloaded");
+
+    // 3. Only the new CA.
+    replace_file(&w.ca_file(), &new_ca.pem());
+    bundle_is(new_ca.pem()).await;
+    w.wait_until_admission_sees_configurations().await;
+
+    // A broken bundle is refused with a clear warning and changes nothing.
+    let skip = w.reconcilers[0].process.lines().len();
+    replace_file(&w.ca_file(), "not a certificate\n");
+    let warning = w.reconcilers[0]
+        .process
+        .wait_for("a refused CA file", skip, WAIT, |l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("webhook CA file"))
+        })
+        .await
+        .expect("warning");
+    assert!(
+        warning["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("--webhook-ca-file ")),
+        "the warning names the flag: {warning}"
+    );
+    w.wait_until_webhook_assigns().await;
+
+    stop.cancel();
+    let (assigned, missed, failed) = creator.await.expect("creator");
+    assert!(failed.is_empty(), "creates failed: {failed:?}");
+    assert!(missed.is_empty(), "created unassigned: {missed:?}");
+    assert!(assigned > 0, "objects were created during the rotation");
+    bundle_is(new_ca.pem()).await;
+    let metrics = w.reconcilers[0].metrics().await;
+    assert_eq!(configuration_writes(&metrics, &w.ring, "ca_bundle"), 2.0);
+    assert_eq!(configuration_writes(&metrics, &w.ring, "changed"), 0.0);
+    println!("created {assigned} objects during the rotation, all assigned");
 }
