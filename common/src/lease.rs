@@ -16,6 +16,7 @@
 //! A lease missing `renewTime` or a positive `leaseDurationSeconds` counts as expired by any
 //! amount (as in the reference implementation): `uncertain` when held, `orphaned` when not.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
@@ -176,6 +177,23 @@ pub fn takeover_spec(current: &LeaseSpec, now: Timestamp) -> LeaseSpec {
         lease_transitions: Some(current.lease_transitions.unwrap_or(0).saturating_add(1)),
         ..current.clone()
     }
+}
+
+/// The shard names of a ring's Leases that occur in more than one namespace, each with its
+/// namespaces. A ring's shards are told apart by name alone (the shard label's value), so such
+/// a name is ambiguous: two shards would watch the same objects.
+pub fn conflicting_names<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut by_name: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for lease in leases {
+        by_name
+            .entry(lease.metadata.name.clone().unwrap_or_default())
+            .or_default()
+            .insert(lease.metadata.namespace.clone().unwrap_or_default());
+    }
+    by_name.retain(|_, namespaces| namespaces.len() > 1);
+    by_name
 }
 
 #[cfg(test)]
@@ -407,5 +425,43 @@ mod tests {
         let spec = takeover_spec(&current, at(0));
         assert_eq!(spec.lease_transitions, Some(5));
         assert_eq!(spec.lease_duration_seconds, Some(14));
+    }
+
+    #[test]
+    fn a_shard_name_in_two_namespaces_is_a_conflict() {
+        let lease = |namespace: &str, name: &str| Lease {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            },
+            spec: None,
+        };
+        type Expected<'a> = Vec<(&'a str, Vec<&'a str>)>;
+        let cases: Vec<(Vec<Lease>, Expected<'_>)> = vec![
+            (vec![], vec![]),
+            (vec![lease("a", "s-0"), lease("a", "s-1")], vec![]),
+            (
+                vec![lease("a", "s-0"), lease("b", "s-0"), lease("a", "s-1")],
+                vec![("s-0", vec!["a", "b"])],
+            ),
+            (
+                vec![
+                    lease("c", "s-1"),
+                    lease("a", "s-1"),
+                    lease("b", "s-1"),
+                    lease("a", "s-2"),
+                    lease("b", "s-2"),
+                ],
+                vec![("s-1", vec!["a", "b", "c"]), ("s-2", vec!["a", "b"])],
+            ),
+        ];
+        for (leases, expected) in cases {
+            let expected: BTreeMap<String, BTreeSet<String>> = expected
+                .into_iter()
+                .map(|(n, ns)| (n.to_owned(), ns.into_iter().map(str::to_owned).collect()))
+                .collect();
+            assert_eq!(conflicting_names(&leases), expected);
+        }
     }
 }

@@ -400,7 +400,8 @@ async fn lead(
     let lease_ctx = Arc::new(shard_leases::Context {
         client: client.clone(),
         metrics: metrics.clone(),
-        rings: (!args.clusterring_selector.is_empty()).then(|| ring_controller.store()),
+        rings: (!args.clusterring_selector.is_empty())
+            .then(|| (ring_controller.store(), rings_listed.clone())),
     });
     // Both controllers start at once. A ring reconciled before all its shard Leases are in the
     // store sees fewer shards: it moves nothing off them, and each shard appearing later counts

@@ -9,15 +9,40 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sharder_runtime::metrics::{ResourceLabels, RingLabel, register};
 
-/// Labels of the shard state gauge.
+/// Labels of the shard state set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabels {
     /// The ClusterRing.
     pub clusterring: String,
+    /// The Lease's namespace.
+    pub namespace: String,
     /// The shard (Lease name).
     pub shard: String,
     /// The state (`ready`, `expired`, `uncertain`, `dead`, `orphaned`).
     pub state: String,
+}
+
+/// Labels of the failed write counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailedWriteLabels {
+    /// The ClusterRing.
+    pub clusterring: String,
+    /// API group of the resource.
+    pub group: String,
+    /// The resource.
+    pub resource: String,
+    /// `conflict` (still conflicting after retries) or `error` (the apiserver refused or failed).
+    pub reason: String,
+}
+
+/// Labels of the failed rebalance counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailedRebalanceLabels {
+    /// The ClusterRing.
+    pub clusterring: String,
+    /// `list` (a list failed), `write` (a write failed) or `reconcile` (the ring's reconcile
+    /// failed, e.g. its status or the namespaces could not be read or written).
+    pub reason: String,
 }
 
 /// Labels of the webhook configuration write counter.
@@ -49,8 +74,14 @@ pub struct Metrics {
     pub shards: Family<RingLabel, Gauge>,
     /// Available shards per ring.
     pub available_shards: Family<RingLabel, Gauge>,
-    /// 1 for the current state of each shard Lease.
+    /// State set per shard Lease: 1 for its current state, 0 for the others.
     pub shard_state: Family<ShardLabels, Gauge>,
+    /// Hash rings calculated (one per rebalance).
+    pub ring_calculations: Family<RingLabel, Counter>,
+    /// Object writes that failed after retries.
+    pub failed_writes: Family<FailedWriteLabels, Counter>,
+    /// Rebalances (or ring reconciles) that failed, by reason.
+    pub failed_rebalances: Family<FailedRebalanceLabels, Counter>,
     /// Webhook configuration writes by reason.
     pub webhook_configuration_writes: Family<ConfigurationWriteLabels, Counter>,
     /// 1 while this replica leads.
@@ -83,20 +114,38 @@ impl Metrics {
             ),
             shards: register(
                 registry,
-                "sharder_reconciler_ring_shards",
-                "Shard Leases per ClusterRing",
+                "kube_clusterring_status_shards",
+                "The ClusterRing's number of shard Leases",
                 Family::default(),
             ),
             available_shards: register(
                 registry,
-                "sharder_reconciler_ring_available_shards",
-                "Available shards per ClusterRing",
+                "kube_clusterring_status_available_shards",
+                "The ClusterRing's number of available shards",
                 Family::default(),
             ),
             shard_state: register(
                 registry,
-                "sharder_reconciler_shard_state",
-                "1 for the current state of each shard Lease",
+                "controller_sharding_shard_state",
+                "State set of each shard Lease: 1 for its current state, 0 for the others",
+                Family::default(),
+            ),
+            ring_calculations: register(
+                registry,
+                "controller_sharding_ring_calculations",
+                "Hash rings calculated from the shard Leases per ClusterRing",
+                Family::default(),
+            ),
+            failed_writes: register(
+                registry,
+                "sharder_reconciler_failed_writes",
+                "Object writes (drains, assignments) that failed after retries",
+                Family::default(),
+            ),
+            failed_rebalances: register(
+                registry,
+                "sharder_reconciler_failed_rebalances",
+                "Rebalances and ring reconciles that failed, by reason (list, write, reconcile)",
                 Family::default(),
             ),
             webhook_configuration_writes: register(

@@ -23,7 +23,7 @@ use plan::ChildPlan;
 pub use plan::{Move, Reason};
 use sharder_common::OwnerState;
 
-use crate::metrics::Metrics;
+use crate::metrics::{FailedWriteLabels, Metrics};
 
 /// The first wait after a write conflict (409); it doubles (with jitter) up to
 /// [`CONFLICT_BACKOFF_MAX`].
@@ -129,8 +129,10 @@ pub struct Outcome {
     pub drained: usize,
     /// Direct assignments, by reason.
     pub assigned: BTreeMap<Reason, usize>,
-    /// Writes that failed after retries.
+    /// Lists and writes that failed (writes after retries).
     pub errors: usize,
+    /// Of those, failed lists.
+    pub failed_lists: usize,
     /// Controlled objects waiting on a live shard for their owner to settle on its new shard
     /// (looked at again at every drain check until they followed it).
     pub awaiting: Vec<ObjectId>,
@@ -158,6 +160,7 @@ impl Outcome {
         self.listed += other.listed;
         self.drained += other.drained;
         self.errors += other.errors;
+        self.failed_lists += other.failed_lists;
         for (reason, n) in other.assigned {
             *self.assigned.entry(reason).or_default() += n;
         }
@@ -317,6 +320,7 @@ impl Rebalancer {
                 Err(e) => {
                     warn!(resource = %target.resource, error = %e, "cannot list objects");
                     outcome.errors += 1;
+                    outcome.failed_lists += 1;
                     return outcome;
                 }
             };
@@ -475,6 +479,7 @@ impl Rebalancer {
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let Some(delay) = backoff.next() else {
                         warn!(object = %display_name(&meta), "move still conflicting after retries");
+                        self.count_failure(view, target, "conflict");
                         return Written::Failed;
                     };
                     tokio::time::sleep(delay).await;
@@ -483,16 +488,30 @@ impl Rebalancer {
                         Ok(None) => return Written::Stayed,
                         Err(e) => {
                             warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
+                            self.count_failure(view, target, "error");
                             return Written::Failed;
                         }
                     };
                 }
                 Err(e) => {
                     warn!(object = %display_name(&meta), error = %e, "move failed");
+                    self.count_failure(view, target, "error");
                     return Written::Failed;
                 }
             }
         }
+    }
+
+    fn count_failure(&self, view: &RingView<'_>, target: &Target, reason: &str) {
+        self.metrics
+            .failed_writes
+            .get_or_create(&FailedWriteLabels {
+                clusterring: view.name.to_owned(),
+                group: target.resource.group.clone(),
+                resource: target.resource.resource.clone(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     fn log_and_count(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta, mv: &Move) {

@@ -8,7 +8,7 @@
 //! writes are [`crate::rebalance`]. The webhook configurations have their own controller
 //! ([`crate::webhook_config::controller`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +18,9 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use sharder_common::cluster_ring::CONDITION_READY;
 use sharder_common::labels::RING_LABEL;
+use sharder_common::lease::conflicting_names;
 use sharder_common::{ClusterRing, Ring, Role, Roles, is_available};
 use sharder_runtime::metrics::RingLabel;
 use tokio::time::Instant;
@@ -26,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info_span, warn};
 
 use crate::Error;
-use crate::metrics::Metrics;
+use crate::metrics::{FailedRebalanceLabels, Metrics};
 use crate::rebalance::{ObjectId, Rebalancer, RingView, Scope};
 use crate::shard_leases::leases_of;
 
@@ -134,6 +136,7 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
         shards: leases.len(),
         available: available.len(),
         invalid: None,
+        conflicting: None,
     };
 
     let roles = match ring.spec.roles() {
@@ -146,6 +149,29 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
             return Ok(Action::await_change());
         }
     };
+
+    let conflicts = conflicting_names(leases.iter().map(AsRef::as_ref));
+    if !conflicts.is_empty() {
+        let described = describe_conflicts(&conflicts);
+        counts.conflicting = Some(&described);
+        let reported = ring.status.iter().flat_map(|s| &s.conditions).any(|c| {
+            c.type_ == CONDITION_READY && c.reason == status::REASON_CONFLICTING_SHARD_NAMES
+        });
+        status::patch_status(&ctx.client, ring, counts).await?;
+        if !reported {
+            warn!(conflicts = %described, "shard names in more than one namespace: nothing is moved until each name is in one namespace");
+            report::warning(
+                &ctx.recorder,
+                ring,
+                status::REASON_CONFLICTING_SHARD_NAMES,
+                format!("shard names in more than one namespace: {described}; nothing is moved until each name is in one namespace"),
+            )
+            .await;
+        }
+        // Lease changes bring the ring back; the progress is kept, so the rebalance after the
+        // conflict compares with the shards before it.
+        return Ok(Action::await_change());
+    }
 
     let previous = ctx.progress().get(name).cloned();
 
@@ -164,6 +190,20 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
 
     status::patch_status(&ctx.client, ring, counts).await?;
     Ok(Action::requeue(wait))
+}
+
+/// `shard-a (ns-1, ns-2), shard-b (...)`.
+fn describe_conflicts(conflicts: &BTreeMap<String, BTreeSet<String>>) -> String {
+    conflicts
+        .iter()
+        .map(|(name, namespaces)| {
+            format!(
+                "{name} ({})",
+                namespaces.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Lists and moves what `scopes` select, looks again at the controlled objects `awaiting`
@@ -191,6 +231,10 @@ async fn rebalance(
         available,
         namespaces: &namespaces,
     };
+    ctx.metrics
+        .ring_calculations
+        .get_or_create(&RingLabel::new(&name))
+        .inc();
     let scope_list: Vec<_> = scopes.iter().cloned().collect();
     let mut outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
     if !scopes.contains(&Scope::All) && !awaiting.is_empty() {
@@ -217,6 +261,30 @@ async fn rebalance(
         .get_or_create(&RingLabel::new(&name))
         .observe(elapsed.as_secs_f64());
     report::report(&ctx.recorder, ring, scopes, &outcome, pending, elapsed).await;
+    if outcome.errors > 0 {
+        let failed_writes = outcome.errors - outcome.failed_lists;
+        for (reason, n) in [("list", outcome.failed_lists), ("write", failed_writes)] {
+            if n > 0 {
+                ctx.metrics
+                    .failed_rebalances
+                    .get_or_create(&FailedRebalanceLabels {
+                        clusterring: name.clone(),
+                        reason: reason.to_owned(),
+                    })
+                    .inc();
+            }
+        }
+        report::warning(
+            &ctx.recorder,
+            ring,
+            "RebalanceFailed",
+            format!(
+                "{} lists and {failed_writes} writes failed (the reconciler's log names them); the same work is tried again",
+                outcome.failed_lists
+            ),
+        )
+        .await;
+    }
     Ok(Ran {
         full: scopes.contains(&Scope::All),
         draining: pending > 0,
@@ -225,8 +293,15 @@ async fn rebalance(
     })
 }
 
-fn error_policy(ring: Arc<ClusterRing>, error: &Error, _: Arc<Context>) -> Action {
+fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(clusterring = %ring.name_any(), error = %error, "ring reconcile failed, retrying");
+    ctx.metrics
+        .failed_rebalances
+        .get_or_create(&FailedRebalanceLabels {
+            clusterring: ring.name_any(),
+            reason: "reconcile".to_owned(),
+        })
+        .inc();
     Action::requeue(ERROR_REQUEUE)
 }
 

@@ -43,9 +43,9 @@ pub struct Context {
     pub client: Client,
     /// Metrics.
     pub metrics: Metrics,
-    /// The managed ClusterRings when `--clusterring-selector` limits them (`None`: all rings);
-    /// Leases of other rings are left alone.
-    pub rings: Option<Store<ClusterRing>>,
+    /// The managed ClusterRings when `--clusterring-selector` limits them (`None`: all rings),
+    /// and when their watch listed; Leases of other rings are left alone.
+    pub rings: Option<(Store<ClusterRing>, crate::Listed)>,
 }
 
 /// What the controller does with a Lease.
@@ -103,15 +103,18 @@ async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error
     let namespace = lease.namespace().unwrap_or_default();
     let ring = lease.labels().get(RING_LABEL).cloned().unwrap_or_default();
     let span = info_span!("shard_lease", clusterring = %ring, shard = %name, %namespace);
+    info!(shard = %name, "DEBUG lease reconcile");
     async move {
-        if let Some(rings) = &ctx.rings
-            && rings.get(&ObjectRef::new(&ring)).is_none()
-        {
-            // Not a ring of ours (or not listed yet): look again shortly.
-            return Ok(Action::requeue(UNKNOWN_RING_REQUEUE));
+        if let Some((rings, listed)) = &ctx.rings {
+            // Until the rings listed, every ring would look unknown.
+            listed.clone().wait().await;
+            if rings.get(&ObjectRef::new(&ring)).is_none() {
+                // Not a ring of ours (or created a moment ago): look again shortly.
+                return Ok(Action::requeue(UNKNOWN_RING_REQUEUE));
+            }
         }
         let (status, action) = decide(&lease, Timestamp::now());
-        record_state(&ctx.metrics, &ring, &name, Some(status.state));
+        record_state(&ctx.metrics, &ring, &namespace, &name, Some(status.state));
         let api = Api::<Lease>::namespaced(ctx.client.clone(), &namespace);
         match action {
             LeaseAction::TakeOver(spec) => {
@@ -145,7 +148,7 @@ async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error
                 match api.delete(&name, &params).await {
                     Ok(_) => {
                         info!("deleted orphaned shard lease");
-                        record_state(&ctx.metrics, &ring, &name, None);
+                        record_state(&ctx.metrics, &ring, &namespace, &name, None);
                         Ok(Action::await_change())
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
@@ -174,10 +177,17 @@ async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error
 }
 
 /// Sets the state gauge of a shard: 1 for `state`, 0 for the others; `None` removes them.
-fn record_state(metrics: &Metrics, ring: &str, shard: &str, state: Option<ShardState>) {
+fn record_state(
+    metrics: &Metrics,
+    ring: &str,
+    namespace: &str,
+    shard: &str,
+    state: Option<ShardState>,
+) {
     for candidate in ShardState::ALL {
         let labels = ShardLabels {
             clusterring: ring.to_owned(),
+            namespace: namespace.to_owned(),
             shard: shard.to_owned(),
             state: candidate.as_str().to_owned(),
         };

@@ -81,8 +81,8 @@ impl Metrics {
             ),
             ring_rebuilds: register(
                 registry,
-                "sharder_webhook_ring_rebuilds",
-                "Ring snapshot rebuilds per ClusterRing",
+                "controller_sharding_ring_calculations",
+                "Hash rings calculated from the shard Leases per ClusterRing (snapshot rebuilds)",
                 Family::default(),
             ),
             owner_lookups: register(

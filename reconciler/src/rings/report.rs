@@ -1,5 +1,6 @@
-//! Reporting a rebalance: one summary log line, and a `Rebalanced` Event on the ClusterRing
-//! when anything moved.
+//! Reporting on a ring: one summary log line per rebalance, a `Rebalanced` Event on the
+//! ClusterRing when anything moved, a `Warning` Event when a rebalance failed or when shard
+//! names are ambiguous.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -48,13 +49,38 @@ pub async fn report(
         outcome.errors,
         elapsed.as_millis()
     );
-    let event = Event {
-        type_: EventType::Normal,
-        reason: "Rebalanced".into(),
-        note: Some(note),
-        action: "Rebalance".into(),
-        secondary: None,
-    };
+    publish(
+        recorder,
+        ring,
+        Event {
+            type_: EventType::Normal,
+            reason: "Rebalanced".into(),
+            note: Some(note),
+            action: "Rebalance".into(),
+            secondary: None,
+        },
+    )
+    .await;
+}
+
+/// Publishes a `Warning` Event `reason` with `note` on `ring`.
+pub async fn warning(recorder: &Recorder, ring: &ClusterRing, reason: &str, note: String) {
+    publish(
+        recorder,
+        ring,
+        Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Rebalance".into(),
+            secondary: None,
+        },
+    )
+    .await;
+}
+
+/// Publishes `event` on `ring` (a failure is logged: Events are best effort).
+async fn publish(recorder: &Recorder, ring: &ClusterRing, event: Event) {
     let reference = ring.object_ref(&());
     let mut result = recorder.publish(&event, &reference).await;
     if matches!(&result, Err(kube::Error::Api(s)) if s.code == 422) {
@@ -65,6 +91,6 @@ pub async fn report(
         result = recorder.publish(&event, &in_default).await;
     }
     if let Err(e) = result {
-        warn!(error = %e, "cannot publish the rebalance Event");
+        warn!(error = %e, reason = %event.reason, "cannot publish an Event on the ClusterRing");
     }
 }

@@ -11,6 +11,9 @@ use sharder_common::{ClusterRing, ClusterRingStatus};
 
 use crate::Error;
 
+/// Reason of the `Ready` condition when shard names are ambiguous.
+pub const REASON_CONFLICTING_SHARD_NAMES: &str = "ConflictingShardNames";
+
 /// What the status reports.
 #[derive(Clone, Copy, Debug)]
 pub struct Counts<'a> {
@@ -20,6 +23,8 @@ pub struct Counts<'a> {
     pub available: usize,
     /// Why the spec is invalid, if it is.
     pub invalid: Option<&'a str>,
+    /// Shard names in more than one namespace, if any (described).
+    pub conflicting: Option<&'a str>,
 }
 
 /// The `Ready` condition for `counts` at generation `generation`; its transition time moves
@@ -34,15 +39,23 @@ pub fn ready_condition(
         shards,
         available,
         invalid,
+        conflicting,
     } = counts;
-    let (status, reason, message) = match invalid {
-        Some(reason) => ("False", "InvalidSpec", reason.to_owned()),
-        None if available > 0 => (
+    let (status, reason, message) = match (invalid, conflicting) {
+        (Some(reason), _) => ("False", "InvalidSpec", reason.to_owned()),
+        (None, Some(names)) => (
+            "False",
+            REASON_CONFLICTING_SHARD_NAMES,
+            format!(
+                "shard names in more than one namespace: {names}; nothing is moved until each name is in one namespace"
+            ),
+        ),
+        (None, None) if available > 0 => (
             "True",
             "ShardsAvailable",
             format!("{available} of {shards} shards available"),
         ),
-        None => (
+        (None, None) => (
             "False",
             "NoShardsAvailable",
             format!("0 of {shards} shards available"),
@@ -116,6 +129,7 @@ mod tests {
             shards: 3,
             available,
             invalid,
+            conflicting: None,
         }
     }
 
@@ -136,6 +150,24 @@ mod tests {
             ),
             (
                 counts(2, Some("spec.resources[0] ...")),
+                "False",
+                "InvalidSpec",
+                "spec.resources[0] ...",
+            ),
+            (
+                Counts {
+                    conflicting: Some("shard-a (ns-1, ns-2)"),
+                    ..counts(2, None)
+                },
+                "False",
+                "ConflictingShardNames",
+                "shard names in more than one namespace: shard-a (ns-1, ns-2); nothing is moved until each name is in one namespace",
+            ),
+            (
+                Counts {
+                    conflicting: Some("shard-a (ns-1, ns-2)"),
+                    ..counts(2, Some("spec.resources[0] ..."))
+                },
                 "False",
                 "InvalidSpec",
                 "spec.resources[0] ...",

@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostPa
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
-use sharder_tests::fixtures::{secret, secrets_ring};
+use sharder_tests::fixtures::{secret, secrets_ring, shard_lease};
 use sharder_tests::wait::eventually;
 
 use crate::{Test, WAIT};
@@ -483,4 +483,339 @@ async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_a
     for name in &names {
         let _ = widgets.delete(name, &DeleteParams::default()).await;
     }
+}
+
+#[tokio::test]
+async fn a_shard_name_in_two_namespaces_stops_rebalancing_until_it_is_resolved() {
+    let mut w = Test::new("conflict").await;
+    w.create_ring().await;
+    w.add_shard_lease("shard-a", 3600).await;
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    w.wait_until_webhook_assigns().await;
+    w.create_objects(40).await;
+    let rings = Api::<ClusterRing>::all(w.client.clone());
+    let ready = |ring: &ClusterRing| {
+        ring.status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+            .unwrap_or_default()
+    };
+
+    // Another namespace's Lease with the same shard name for the same ring.
+    let other = w.cp.namespace("conflict-other").await.expect("namespace");
+    let twin =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(w.client.clone(), &other);
+    twin.create(
+        &PostParams::default(),
+        &shard_lease(&other, &w.ring, "shard-a", true, 3600),
+    )
+    .await
+    .expect("twin lease");
+    let expected = format!("shard-a ({}, {other})", w.ns);
+    let (_, _, message) = eventually("the ring reports the conflict", WAIT, || async {
+        let ring = rings.get(&w.ring).await.map_err(|e| e.to_string())?;
+        let (status, reason, message) = ready(&ring);
+        (status == "False" && reason == "ConflictingShardNames")
+            .then(|| (status.clone(), reason.clone(), message.clone()))
+            .ok_or(format!("{status} {reason} {message}"))
+    })
+    .await;
+    assert!(message.contains(&expected), "{message}");
+
+    // A new shard would move objects; with ambiguous membership nothing moves. The reconcile
+    // that counts the new shard in the status is the one that would have drained.
+    let mark = w.audit_mark();
+    w.add_shard_lease("shard-b", 3600).await;
+    eventually("the status counts the new shard", WAIT, || async {
+        let ring = rings.get(&w.ring).await.map_err(|e| e.to_string())?;
+        let status = ring.status.clone().unwrap_or_default();
+        (status.shards == Some(3) && ready(&ring).1 == "ConflictingShardNames")
+            .then_some(())
+            .ok_or(format!("{status:?}"))
+    })
+    .await;
+    let draining = w
+        .list_secrets()
+        .await
+        .values()
+        .filter(|s| w.draining(*s))
+        .count();
+    assert_eq!(draining, 0, "nothing drained while the names conflict");
+    assert!(
+        w.writes_by_since(&w.reconciler_user(), mark).is_empty(),
+        "no object written while the names conflict"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.client.clone());
+    let warned = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .any(|e| {
+            e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("ConflictingShardNames")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.ring.as_str())
+        });
+    assert!(warned, "a Warning Event on the ClusterRing");
+
+    // Resolved: the scale-out to shard-b goes ahead.
+    twin.delete("shard-a", &DeleteParams::default())
+        .await
+        .expect("delete twin");
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let moving = w
+        .list_secrets()
+        .await
+        .keys()
+        .filter(|n| two.shard_for(&w.key(n)) == Some("shard-b"))
+        .count();
+    assert!(moving > 0);
+    eventually("the moving objects drain once resolved", WAIT, || async {
+        let drained = w
+            .list_secrets()
+            .await
+            .values()
+            .filter(|s| w.draining(*s))
+            .count();
+        (drained == moving)
+            .then_some(())
+            .ok_or(format!("{drained} of {moving}"))
+    })
+    .await;
+    eventually("the ring is ready again", WAIT, || async {
+        let ring = rings.get(&w.ring).await.map_err(|e| e.to_string())?;
+        let (_, reason, _) = ready(&ring);
+        (reason == "ShardsAvailable").then_some(()).ok_or(reason)
+    })
+    .await;
+}
+
+/// Label of the Secrets the refusing configuration of
+/// [`refused_writes_are_counted_reported_and_retried`] rejects updates of (value: namespace).
+const FROZEN_LABEL: &str = "sharder-test/frozen";
+
+#[tokio::test]
+async fn refused_writes_are_counted_reported_and_retried() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use sharder_tests::wait::metric_value;
+
+    let mut w = Test::new("refused").await;
+    w.create_ring().await;
+    w.add_shard_lease("shard-a", 3600).await;
+    // No webhook: the sweep assigns every object, so every assignment is a reconciler write.
+    w.start_reconciler().await;
+
+    // Updates of frozen Secrets are refused (failurePolicy Fail, nothing listens).
+    let refusing = MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(format!("refuse-{}", w.ns)),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "refuse.sharder.test".into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: WebhookClientConfig {
+                url: Some("https://127.0.0.1:9/refuse".into()),
+                ..WebhookClientConfig::default()
+            },
+            failure_policy: Some("Fail".into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(2),
+            object_selector: Some(LabelSelector {
+                match_labels: Some([(FROZEN_LABEL.to_owned(), w.ns.clone())].into()),
+                match_expressions: None,
+            }),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec!["UPDATE".into()]),
+                resources: Some(vec!["secrets".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..MutatingWebhook::default()
+        }]),
+    };
+    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    configurations
+        .create(&PostParams::default(), &refusing)
+        .await
+        .expect("refusing configuration");
+    let frozen = |name: &str| {
+        let mut s = secret(name);
+        s.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(FROZEN_LABEL.to_owned(), w.ns.clone());
+        s
+    };
+    // The first frozen Secret is also the probe: once its update is refused, the apiserver
+    // applies the configuration.
+    let secrets = w.secrets();
+    secrets
+        .create(&PostParams::default(), &frozen("object-frozen-0"))
+        .await
+        .expect("object-frozen-0");
+    let touch = json!({"metadata": {"annotations": {"touched": "yes"}}});
+    eventually("updates of frozen Secrets are refused", WAIT, || async {
+        match secrets
+            .patch(
+                "object-frozen-0",
+                &PatchParams::default(),
+                &Patch::Merge(&touch),
+            )
+            .await
+        {
+            Err(_) => Ok(()),
+            Ok(_) => Err("accepted"),
+        }
+    })
+    .await;
+    for i in 1..5 {
+        secrets
+            .create(
+                &PostParams::default(),
+                &frozen(&format!("object-frozen-{i}")),
+            )
+            .await
+            .expect("frozen");
+    }
+    for i in 0..5 {
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(&format!("object-plain-{i}")),
+            )
+            .await
+            .expect("plain");
+    }
+
+    // The plain ones are assigned; the frozen ones fail, counted and reported.
+    let reconciler = &w.reconcilers[0];
+    let ring = w.ring.clone();
+    let failed = |metrics: &str, name: &str, labels: &[(&str, &str)]| {
+        let mut all = vec![("clusterring", ring.as_str())];
+        all.extend_from_slice(labels);
+        metric_value(metrics, name, &all).unwrap_or(0.0)
+    };
+    eventually("failed writes counted", WAIT, || async {
+        let assigned = w
+            .list_secrets()
+            .await
+            .values()
+            .filter(|s| w.shard_of(*s).is_some())
+            .count();
+        let metrics = reconciler.metrics().await;
+        let writes = failed(
+            &metrics,
+            "sharder_reconciler_failed_writes_total",
+            &[("group", ""), ("resource", "secrets"), ("reason", "error")],
+        );
+        let rebalances = failed(
+            &metrics,
+            "sharder_reconciler_failed_rebalances_total",
+            &[("reason", "write")],
+        );
+        (assigned == 5 && writes >= 5.0 && rebalances >= 1.0)
+            .then_some(())
+            .ok_or(format!(
+                "{assigned} assigned, {writes} failed writes, {rebalances} failed rebalances"
+            ))
+    })
+    .await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.client.clone());
+    eventually("a RebalanceFailed Warning on the ring", WAIT, || async {
+        let items = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        items
+            .iter()
+            .any(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("RebalanceFailed")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.ring.as_str())
+            })
+            .then_some(())
+            .ok_or("no event".to_owned())
+    })
+    .await;
+
+    // Once the writes are accepted again the same work succeeds.
+    configurations
+        .delete(&format!("refuse-{}", w.ns), &DeleteParams::default())
+        .await
+        .expect("delete refusing configuration");
+    eventually(
+        "every object assigned once writes are accepted",
+        WAIT,
+        || async {
+            let unassigned = w
+                .list_secrets()
+                .await
+                .values()
+                .filter(|s| w.shard_of(*s).is_none())
+                .count();
+            (unassigned == 0)
+                .then_some(())
+                .ok_or(format!("{unassigned} unassigned"))
+        },
+    )
+    .await;
+
+    // What an operator reads: moves, shard states (a state set), ring status, calculations.
+    let metrics = reconciler.metrics().await;
+    let value = |name: &str, labels: &[(&str, &str)]| metric_value(&metrics, name, labels);
+    assert_eq!(
+        value(
+            "controller_sharding_movements_total",
+            &[
+                ("clusterring", &ring),
+                ("group", ""),
+                ("resource", "secrets")
+            ]
+        ),
+        Some(10.0),
+        "one assignment per object:\n{metrics}"
+    );
+    let state = |state: &str| {
+        value(
+            "controller_sharding_shard_state",
+            &[
+                ("clusterring", &ring),
+                ("namespace", &w.ns),
+                ("shard", "shard-a"),
+                ("state", state),
+            ],
+        )
+    };
+    assert_eq!(state("ready"), Some(1.0), "{metrics}");
+    for other in ["expired", "uncertain", "dead", "orphaned"] {
+        assert_eq!(state(other), Some(0.0), "{other}");
+    }
+    assert_eq!(
+        value("kube_clusterring_status_shards", &[("clusterring", &ring)]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "kube_clusterring_status_available_shards",
+            &[("clusterring", &ring)]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        value(
+            "controller_sharding_ring_calculations_total",
+            &[("clusterring", &ring)]
+        )
+        .is_some_and(|n| n >= 1.0)
+    );
 }
