@@ -128,7 +128,7 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<
             target: WebhookTarget::Url(url),
             ca_bundle: webhooks.ca_pem.as_bytes().to_vec(),
             timeout_seconds: 10,
-            excluded_namespaces: Vec::new(),
+            namespace_selector: Default::default(),
         },
     );
     mwc.metadata.managed_fields = None;

@@ -279,7 +279,12 @@ pub async fn start_reconciler(
         webhook_url: format!("https://{}", webhooks.sharder.addr),
         ca_file: webhooks.ca_file.clone(),
         ring_selector: format!("{NAMESPACE_LABEL}={}", setup.ns),
-        extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        // The bench's ring selects its namespace, which is also the reconciler's.
+        extra: ["--namespace-selector", "{}"]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect(),
     };
     Ok(Reconciler::start(&format!("reconciler-{}", setup.ns), &env, &flags).await?)
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
@@ -98,6 +99,12 @@ pub struct Args {
     #[arg(long, env = "SHARDER_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 5)]
     pub webhook_timeout_seconds: i32,
 
+    /// The namespaces every ring is limited to, as a JSON LabelSelector (`matchLabels`,
+    /// `matchExpressions`), in addition to the ring's own namespaceSelector. Default: every
+    /// namespace but `kube-system` and `--namespace`.
+    #[arg(long, env = "SHARDER_NAMESPACE_SELECTOR", value_parser = parse_namespace_selector)]
+    pub namespace_selector: Option<LabelSelector>,
+
     /// Label selector of the ClusterRings this reconciler manages (empty: all). Shard Leases of
     /// other rings are left alone.
     #[arg(long, env = "SHARDER_CLUSTERRING_SELECTOR", default_value = "")]
@@ -166,6 +173,10 @@ pub enum Error {
     #[error(transparent)]
     Runtime(#[from] sharder_runtime::Error),
 
+    /// The global namespace selector and a ring's cannot be combined.
+    #[error("--namespace-selector: {0}")]
+    NamespaceSelector(String),
+
     /// Leader election failed.
     #[error("leader election: {0}")]
     Lease(#[from] sharder_runtime::lease::LeaseError),
@@ -177,6 +188,14 @@ pub enum Error {
     /// A controller ended without being asked to stop (its watch ended).
     #[error("the {0} ended without being asked to stop")]
     ControllerEnded(&'static str),
+}
+
+/// Parses `--namespace-selector`: a JSON LabelSelector that is also a valid selector.
+fn parse_namespace_selector(value: &str) -> Result<LabelSelector, String> {
+    let selector: LabelSelector = serde_json::from_str(value)
+        .map_err(|e| format!("not a JSON LabelSelector (matchLabels, matchExpressions): {e}"))?;
+    kube::core::Selector::try_from(selector.clone()).map_err(|e| format!("{e}: {value}"))?;
+    Ok(selector)
 }
 
 fn identity(args: &Args) -> String {
@@ -379,7 +398,10 @@ async fn lead(
         },
         ca_bundle: Vec::new(),
         timeout_seconds: args.webhook_timeout_seconds,
-        excluded_namespaces: vec!["kube-system".to_owned(), args.namespace.clone()],
+        namespace_selector: webhook_config::global_namespace_selector(
+            args.namespace_selector.as_ref(),
+            &args.namespace,
+        ),
     };
     let (ring_controller, rings_listed) =
         rings::controller(client.clone(), &args.clusterring_selector);
@@ -429,7 +451,7 @@ async fn lead(
     let ring_ctx = Arc::new(rings::Context::new(
         client,
         lease_store,
-        webhook.excluded_namespaces,
+        webhook.namespace_selector.clone(),
         rebalancer,
         rings::Intervals {
             resync: args.resync_interval,
@@ -460,6 +482,27 @@ async fn lead(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_namespace_selector_flag_is_a_json_label_selector() {
+        let parsed = parse_namespace_selector(
+            r#"{"matchExpressions":[{"key":"team","operator":"NotIn","values":["infra"]}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(parsed.match_expressions.expect("expressions").len(), 1);
+        assert!(parse_namespace_selector(r#"{"matchLabels":{"team":"a"}}"#).is_ok());
+        assert_eq!(parse_namespace_selector("{}"), Ok(LabelSelector::default()));
+        let not_json = parse_namespace_selector("team=a").expect_err("not JSON");
+        assert!(
+            not_json.starts_with("not a JSON LabelSelector"),
+            "{not_json}"
+        );
+        let bad_operator = parse_namespace_selector(
+            r#"{"matchExpressions":[{"key":"team","operator":"Near","values":["a"]}]}"#,
+        )
+        .expect_err("bad operator");
+        assert!(bad_operator.contains("Near"), "{bad_operator}");
+    }
 
     #[tokio::test]
     async fn the_leader_is_ready_only_once_every_watch_listed() {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -58,8 +59,8 @@ pub struct Context {
     pub client: Client,
     /// Shard Leases (from the shard lease controller).
     pub leases: Store<Lease>,
-    /// Namespaces excluded when a ring has no namespaceSelector.
-    pub excluded_namespaces: Vec<String>,
+    /// The global namespace selector (see `crate::webhook_config::global_namespace_selector`).
+    pub namespace_selector: LabelSelector,
     /// Writes moves.
     pub rebalancer: Rebalancer,
     /// Timing.
@@ -76,7 +77,7 @@ impl Context {
     pub fn new(
         client: Client,
         leases: Store<Lease>,
-        excluded_namespaces: Vec<String>,
+        namespace_selector: LabelSelector,
         rebalancer: Rebalancer,
         intervals: Intervals,
         metrics: Metrics,
@@ -85,7 +86,7 @@ impl Context {
         Self {
             client,
             leases,
-            excluded_namespaces,
+            namespace_selector,
             rebalancer,
             intervals,
             metrics,
@@ -221,7 +222,7 @@ async fn rebalance(
     let name = ring.name_any();
     let targets = discovery::targets(&ctx.client, roles).await;
     let namespaces =
-        namespaces::namespaces(&ctx.client, &ring.spec, &ctx.excluded_namespaces).await?;
+        namespaces::namespaces(&ctx.client, &ring.spec, &ctx.namespace_selector).await?;
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
     let view = RingView {

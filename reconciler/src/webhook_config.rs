@@ -51,9 +51,8 @@ pub struct WebhookSettings {
     pub ca_bundle: Vec<u8>,
     /// `timeoutSeconds` of the webhook call.
     pub timeout_seconds: i32,
-    /// Namespaces excluded when the ring has no namespaceSelector (kube-system and the
-    /// sharder's own namespace).
-    pub excluded_namespaces: Vec<String>,
+    /// The namespaces every ring is limited to ([`global_namespace_selector`]).
+    pub namespace_selector: LabelSelector,
 }
 
 /// The name of a ring's webhook configuration: `sharder-` + the ring's 63-character label name
@@ -62,18 +61,47 @@ pub fn configuration_name(ring: &str) -> String {
     format!("sharder-{}", ring_label_name(ring))
 }
 
-/// The default namespaceSelector: every namespace but the excluded ones (by the
-/// `kubernetes.io/metadata.name` label, so it takes effect on 1.21+ apiservers; the reconciler
-/// additionally filters by namespace name when it lists objects).
-pub fn default_namespace_selector(excluded: &[String]) -> LabelSelector {
-    LabelSelector {
+/// The selector every ring is limited to: `flag` (`--namespace-selector`) as given, or by
+/// default every namespace but `kube-system` and the sharder's own namespace `own` (by the
+/// `kubernetes.io/metadata.name` label the apiserver puts on every namespace since 1.21).
+pub fn global_namespace_selector(flag: Option<&LabelSelector>, own: &str) -> LabelSelector {
+    flag.cloned().unwrap_or_else(|| LabelSelector {
         match_labels: None,
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: NAMESPACE_NAME_LABEL.into(),
             operator: "NotIn".into(),
-            values: Some(excluded.to_vec()),
+            values: Some(vec!["kube-system".to_owned(), own.to_owned()]),
         }]),
+    })
+}
+
+/// Both selectors at once (a namespace must match each): their label matches become `In`
+/// expressions, so one key wanted with two values selects nothing rather than one of them.
+pub fn both_selectors(a: Option<&LabelSelector>, b: &LabelSelector) -> LabelSelector {
+    let mut expressions = Vec::new();
+    for selector in a.into_iter().chain([b]) {
+        for (key, value) in selector.match_labels.iter().flatten() {
+            expressions.push(LabelSelectorRequirement {
+                key: key.clone(),
+                operator: "In".into(),
+                values: Some(vec![value.clone()]),
+            });
+        }
+        expressions.extend(selector.match_expressions.iter().flatten().cloned());
     }
+    LabelSelector {
+        match_labels: None,
+        match_expressions: (!expressions.is_empty()).then_some(expressions),
+    }
+}
+
+/// The namespaces ring `spec` shards in: its own namespaceSelector (none: all) and the global
+/// one.
+pub fn ring_namespace_selector(
+    spec: &sharder_common::ClusterRingSpec,
+    global: &LabelSelector,
+) -> LabelSelector {
+    both_selectors(spec.namespace_selector.as_ref(), global)
 }
 
 /// The webhook configuration of `ring`, whose resources have `roles` (see
@@ -160,12 +188,10 @@ pub fn webhook_configuration(
                     values: None,
                 }]),
             }),
-            namespace_selector: Some(
-                ring.spec
-                    .namespace_selector
-                    .clone()
-                    .unwrap_or_else(|| default_namespace_selector(&settings.excluded_namespaces)),
-            ),
+            namespace_selector: Some(ring_namespace_selector(
+                &ring.spec,
+                &settings.namespace_selector,
+            )),
             rules: Some(rules),
             ..MutatingWebhook::default()
         }]),
@@ -213,7 +239,7 @@ mod tests {
             target,
             ca_bundle: b"---CA---".to_vec(),
             timeout_seconds: 5,
-            excluded_namespaces: vec!["kube-system".into(), "sharding-system".into()],
+            namespace_selector: global_namespace_selector(None, "sharding-system"),
         }
     }
 
@@ -304,28 +330,79 @@ mod tests {
     }
 
     #[test]
-    fn namespace_selector_is_the_rings_or_a_default_excluding_system_namespaces() {
+    fn every_ring_is_limited_to_the_global_selector_by_default_not_the_sharders_namespace() {
+        let not_in = |values: &[&str]| LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.into(),
+            operator: "NotIn".into(),
+            values: Some(values.iter().map(|v| (*v).to_owned()).collect()),
+        };
+        let selector_of = |mwc: MutatingWebhookConfiguration| {
+            mwc.webhooks.expect("webhooks")[0]
+                .namespace_selector
+                .clone()
+                .expect("selector")
+        };
         let default = webhook_configuration(&ring(None), &roles(), &settings(service()));
-        let selector = default.webhooks.expect("webhooks")[0]
-            .namespace_selector
-            .clone()
-            .expect("selector");
-        let expr = &selector.match_expressions.expect("expressions")[0];
-        assert_eq!(expr.operator, "NotIn");
         assert_eq!(
-            expr.values.clone().expect("values"),
-            ["kube-system", "sharding-system"]
+            selector_of(default).match_expressions,
+            Some(vec![not_in(&["kube-system", "sharding-system"])])
+        );
+        let given = LabelSelector {
+            match_labels: Some([("sharded".to_owned(), "yes".to_owned())].into()),
+            match_expressions: None,
+        };
+        assert_eq!(
+            global_namespace_selector(Some(&given), "sharding-system"),
+            given,
+            "a given selector is used as it is"
         );
 
         let own = LabelSelector {
             match_labels: Some([("team".to_owned(), "a".to_owned())].into()),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "Exists".into(),
+                values: None,
+            }]),
+        };
+        let mwc = webhook_configuration(&ring(Some(own)), &roles(), &settings(service()));
+        let team_a = LabelSelectorRequirement {
+            key: "team".into(),
+            operator: "In".into(),
+            values: Some(vec!["a".into()]),
+        };
+        let tier = LabelSelectorRequirement {
+            key: "tier".into(),
+            operator: "Exists".into(),
+            values: None,
+        };
+        assert_eq!(
+            selector_of(mwc),
+            LabelSelector {
+                match_labels: None,
+                match_expressions: Some(vec![
+                    team_a,
+                    tier,
+                    not_in(&["kube-system", "sharding-system"])
+                ]),
+            }
+        );
+    }
+
+    #[test]
+    fn one_key_wanted_with_two_values_selects_nothing_rather_than_either() {
+        let team = |v: &str| LabelSelector {
+            match_labels: Some([("team".to_owned(), v.to_owned())].into()),
             match_expressions: None,
         };
-        let mwc = webhook_configuration(&ring(Some(own.clone())), &roles(), &settings(service()));
-        assert_eq!(
-            mwc.webhooks.expect("webhooks")[0].namespace_selector,
-            Some(own)
-        );
+        let both = both_selectors(Some(&team("a")), &team("b"));
+        let selector = kube::core::Selector::try_from(both).expect("valid");
+        let labels = |v: &str| [("team".to_owned(), v.to_owned())].into();
+        use kube::core::SelectorExt as _;
+        assert!(!selector.matches(&labels("a")));
+        assert!(!selector.matches(&labels("b")));
+        let one = kube::core::Selector::try_from(both_selectors(None, &team("a"))).expect("valid");
+        assert!(one.matches(&labels("a")));
     }
 
     #[test]

@@ -170,6 +170,9 @@ impl World {
                 &format!("{}ms", sweep.as_millis()),
                 "--drain-check-interval",
                 "500ms",
+                // Every test ring selects its namespace, which is also the reconciler's.
+                "--namespace-selector",
+                "{}",
             ]
             .iter()
             .map(|s| (*s).to_owned())

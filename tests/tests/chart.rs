@@ -80,6 +80,10 @@ fn the_chart_lints_clean_and_bad_values_are_named() {
             json!({ "clusterRings": [{ "name": "Bad Name", "resources": [{ "resource": "secrets" }] }] }),
             "/clusterRings/0/name",
         ),
+        (
+            json!({ "reconciler": { "namespaceSelector": { "matchExpressions": [{ "key": "a", "operator": "Near" }] } } }),
+            "/reconciler/namespaceSelector/matchExpressions/0/operator",
+        ),
     ] {
         let report = helm.lint(&values, None).expect("lint");
         let errors = report["errors"].to_string();
@@ -151,6 +155,12 @@ fn the_defaults_render_a_hardened_webhook_and_reconciler() {
         json!([{ "key": "ca.crt", "path": "ca.crt" }])
     );
     let reconciler_args = args(reconciler);
+    assert!(
+        !reconciler_args
+            .iter()
+            .any(|a| a.starts_with("--namespace-selector")),
+        "the reconciler's default (all but kube-system and its namespace): {reconciler_args:?}"
+    );
     for flag in [
         "--webhook-ca-file=/etc/sharder/ca/ca.crt",
         "--webhook-service-name=sharder-webhook",
@@ -186,6 +196,29 @@ fn the_defaults_render_a_hardened_webhook_and_reconciler() {
             .expect("notes")
             .contains("Next steps")
     );
+}
+
+#[test]
+fn a_global_namespace_selector_reaches_the_reconciler_as_json() {
+    let helm = Helm::get().expect("helm");
+    let selector = json!({ "matchExpressions": [
+        { "key": "sharding.example.com/disabled", "operator": "DoesNotExist" },
+        { "key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "sharder-system"] }
+    ] });
+    let docs = helm
+        .render(
+            &json!({ "reconciler": { "namespaceSelector": selector } }),
+            "sharder",
+            "sharder-system",
+        )
+        .expect("render");
+    let reconciler = find(&docs, "Deployment", "sharder-reconciler").expect("reconciler");
+    let flag = args(reconciler)
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--namespace-selector=").map(str::to_owned))
+        .expect("--namespace-selector");
+    let parsed: Value = serde_json::from_str(&flag).expect("JSON");
+    assert_eq!(parsed, selector);
 }
 
 #[test]

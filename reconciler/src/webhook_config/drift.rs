@@ -174,7 +174,7 @@ mod tests {
                 target: WebhookTarget::Url("https://127.0.0.1:9443".into()),
                 ca_bundle: ca.to_vec(),
                 timeout_seconds: 5,
-                excluded_namespaces: vec!["kube-system".into()],
+                namespace_selector: LabelSelector::default(),
             },
         )
     }

@@ -819,3 +819,89 @@ async fn refused_writes_are_counted_reported_and_retried() {
         .is_some_and(|n| n >= 1.0)
     );
 }
+
+#[tokio::test]
+async fn the_write_rate_limit_holds_across_rings() {
+    const RATE: f64 = 20.0;
+    const PER_RING: usize = 30;
+    let mut w = Test::new("rate-a").await;
+    let other = sharder_tests::world::World::new("rate-b").await;
+    for world in [&w.world, &other] {
+        world.create_ring().await;
+        world.add_shard_lease("shard-a", 3600).await;
+        for i in 0..PER_RING {
+            world
+                .secrets()
+                .create(&PostParams::default(), &secret(&format!("object-{i}")))
+                .await
+                .expect("secret");
+        }
+    }
+    // One reconciler for both rings (no webhook: every object is assigned by a reconciler write).
+    let mut flags = w.world.reconciler_flags(
+        "replica-0",
+        &w.world.ns,
+        "https://127.0.0.1:9",
+        Duration::from_secs(1),
+    );
+    flags.ring_selector = format!(
+        "{} in ({}, {})",
+        sharder_tests::control_plane::NAMESPACE_LABEL,
+        w.world.ns,
+        other.ns
+    );
+    flags.extra.extend(
+        ["--max-writes-per-second", "20"]
+            .iter()
+            .map(|s| (*s).to_owned()),
+    );
+    let reconciler = w
+        .world
+        .start_reconciler("reconciler-0", &w.reconciler_env, &flags)
+        .await;
+    w.reconcilers.push(reconciler);
+    let user = w.reconciler_user();
+    eventually("every object of both rings assigned", WAIT, || async {
+        let mut unassigned = 0;
+        for world in [&w.world, &other] {
+            unassigned += world
+                .list_secrets()
+                .await
+                .values()
+                .filter(|s| world.shard_of(*s).is_none())
+                .count();
+        }
+        (unassigned == 0)
+            .then_some(())
+            .ok_or(format!("{unassigned} unassigned"))
+    })
+    .await;
+
+    // When the apiserver received each of the reconciler's writes to the two namespaces.
+    let received: Vec<Timestamp> =
+        w.cp.audited_writes()
+            .into_iter()
+            .filter(|e| {
+                e["user"]["username"] == user.as_str()
+                    && e["objectRef"]["resource"] == "secrets"
+                    && [w.world.ns.as_str(), other.ns.as_str()]
+                        .contains(&e["objectRef"]["namespace"].as_str().unwrap_or_default())
+            })
+            .filter_map(|e| e["requestReceivedTimestamp"].as_str()?.parse().ok())
+            .collect();
+    assert_eq!(received.len(), 2 * PER_RING, "one write per object");
+    let first = received.iter().min().expect("writes");
+    let last = received.iter().max().expect("writes");
+    let span = last.duration_since(*first).as_secs_f64();
+    let floor = (received.len() - 1) as f64 / RATE;
+    println!(
+        "{} writes to 2 rings at --max-writes-per-second 20: {span:.2} s (at least {floor:.2} s)",
+        received.len()
+    );
+    // Slots are 1/RATE apart; the apiserver's receive times may jitter by a few milliseconds.
+    assert!(
+        span >= floor * 0.95,
+        "{} writes took {span:.2} s, less than {floor:.2} s: the limit did not hold across rings",
+        received.len()
+    );
+}

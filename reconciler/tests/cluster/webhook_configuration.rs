@@ -7,15 +7,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::ClusterRing;
 use sharder_reconciler::webhook_config::configuration_name;
 use sharder_tests::certs::TestCa;
 use sharder_tests::control_plane::NAMESPACE_LABEL;
-use sharder_tests::fixtures::secret;
+use sharder_tests::fixtures::{secret, secrets_ring};
 use sharder_tests::wait::{eventually, metric_value};
 use tokio_util::sync::CancellationToken;
 
@@ -54,11 +55,39 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
         hook.client_config.url.as_deref(),
         Some(w.webhook.as_ref().expect("webhook").url(&w.ring).as_str())
     );
+    // The ring's selector (its namespace), the default global one and never the reconciler's
+    // own namespace.
+    let expressions: Vec<(String, String, Vec<String>)> = hook
+        .namespace_selector
+        .iter()
+        .flat_map(|s| s.match_expressions.iter().flatten())
+        .map(|e| {
+            (
+                e.key.clone(),
+                e.operator.clone(),
+                e.values.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
     assert_eq!(
-        hook.namespace_selector
-            .as_ref()
-            .and_then(|s| s.match_labels.clone()),
-        Some([(NAMESPACE_LABEL.to_owned(), w.ns.clone())].into())
+        expressions,
+        [
+            (
+                NAMESPACE_LABEL.to_owned(),
+                "In".to_owned(),
+                vec![w.ns.clone()]
+            ),
+            (
+                "kubernetes.io/metadata.name".to_owned(),
+                "NotIn".to_owned(),
+                vec!["kube-system".to_owned()]
+            ),
+            (
+                "kubernetes.io/metadata.name".to_owned(),
+                "NotIn".to_owned(),
+                vec![w.ns.clone()]
+            ),
+        ]
     );
 
     // Status reflects the shards.
@@ -351,4 +380,126 @@ async fn a_rotated_ca_reaches_every_configuration_without_a_failed_call() {
     assert_eq!(configuration_writes(&metrics, &w.ring, "ca_bundle"), 2.0);
     assert_eq!(configuration_writes(&metrics, &w.ring, "changed"), 0.0);
     println!("created {assigned} objects during the rotation, all assigned");
+}
+
+#[tokio::test]
+async fn the_global_namespace_selector_limits_every_ring_and_its_lists() {
+    const GROUP: &str = "sharder-test/group";
+    const EXCLUDED: &str = "sharder-test/excluded";
+    let mut w = Test::new("global").await;
+    let other = w.cp.namespace("global-b").await.expect("namespace");
+    let namespaces = Api::<Namespace>::all(w.client.clone());
+    for (ns, excluded) in [(w.ns.clone(), false), (other.clone(), true)] {
+        let mut labels = json!({ GROUP: w.ns });
+        if excluded {
+            labels[EXCLUDED] = json!("yes");
+        }
+        namespaces
+            .patch(
+                &ns,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .expect("label namespace");
+    }
+    // The ring selects both namespaces; the global selector leaves one out.
+    let mut ring = secrets_ring(&w.ring, Some(&w.ns));
+    ring.spec.namespace_selector = Some(LabelSelector {
+        match_labels: Some([(GROUP.to_owned(), w.ns.clone())].into()),
+        match_expressions: None,
+    });
+    Api::<ClusterRing>::all(w.client.clone())
+        .create(&PostParams::default(), &ring)
+        .await
+        .expect("ring");
+    w.add_shard_lease("shard-a", 3600).await;
+    let in_other = Api::<Secret>::namespaced(w.client.clone(), &other);
+    for i in 0..5 {
+        let name = format!("object-{i}");
+        w.secrets()
+            .create(&PostParams::default(), &secret(&name))
+            .await
+            .expect("secret");
+        in_other
+            .create(&PostParams::default(), &secret(&name))
+            .await
+            .expect("secret in the excluded namespace");
+    }
+    let global =
+        format!(r#"{{"matchExpressions":[{{"key":"{EXCLUDED}","operator":"DoesNotExist"}}]}}"#);
+    let mut flags = w.world.reconciler_flags(
+        "replica-0",
+        &w.world.ns,
+        super::NO_WEBHOOK,
+        Duration::from_secs(1),
+    );
+    let at = flags
+        .extra
+        .iter()
+        .position(|f| f == "--namespace-selector")
+        .expect("the harness sets it");
+    flags.extra[at + 1] = global;
+    let reconciler = w
+        .world
+        .start_reconciler("reconciler-0", &w.reconciler_env, &flags)
+        .await;
+    w.reconcilers.push(reconciler);
+
+    eventually(
+        "the included namespace's objects assigned",
+        WAIT,
+        || async {
+            let unassigned = w
+                .list_secrets()
+                .await
+                .values()
+                .filter(|s| w.shard_of(*s).is_none())
+                .count();
+            (unassigned == 0)
+                .then_some(())
+                .ok_or(format!("{unassigned} unassigned"))
+        },
+    )
+    .await;
+    // Two more sweeps, then the excluded namespace's objects are still untouched.
+    let rebalances = |log: &str| log.matches(r#""message":"rebalance""#).count();
+    let seen = rebalances(&w.reconciler_log(0));
+    eventually("two more sweeps", WAIT, || async {
+        let now = rebalances(&w.reconciler_log(0));
+        (now >= seen + 2).then_some(()).ok_or(now)
+    })
+    .await;
+    let touched: Vec<String> = in_other
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|s| w.shard_of(s).is_some())
+        .map(|s| s.name_any())
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "assigned in the excluded namespace: {touched:?}"
+    );
+
+    // The configuration carries both selectors.
+    let mwc = Api::<MutatingWebhookConfiguration>::all(w.client.clone())
+        .get(&configuration_name(&w.ring))
+        .await
+        .expect("configuration");
+    let keys: Vec<(String, String)> = mwc.webhooks.expect("webhooks")[0]
+        .namespace_selector
+        .iter()
+        .flat_map(|s| s.match_expressions.iter().flatten())
+        .map(|e| (e.key.clone(), e.operator.clone()))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            (GROUP.to_owned(), "In".to_owned()),
+            (EXCLUDED.to_owned(), "DoesNotExist".to_owned())
+        ]
+    );
 }
