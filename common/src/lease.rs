@@ -179,21 +179,31 @@ pub fn takeover_spec(current: &LeaseSpec, now: Timestamp) -> LeaseSpec {
     }
 }
 
-/// The shard names of a ring's Leases that occur in more than one namespace, each with its
-/// namespaces. A ring's shards are told apart by name alone (the shard label's value), so such
-/// a name is ambiguous: two shards would watch the same objects.
+/// The shard names among one ring's shard Leases, given as `(namespace, name)`, that occur in
+/// more than one namespace, each with its namespaces. A ring's shards are told apart by name
+/// alone (the shard label's value), so such a name is ambiguous: two shards would watch the same
+/// objects. The reconciler moves nothing of such a ring, the webhook assigns nothing to such a
+/// name.
 pub fn conflicting_names<'a>(
-    leases: impl IntoIterator<Item = &'a Lease>,
+    shards: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> BTreeMap<String, BTreeSet<String>> {
     let mut by_name: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for lease in leases {
+    for (namespace, name) in shards {
         by_name
-            .entry(lease.metadata.name.clone().unwrap_or_default())
+            .entry(name.to_owned())
             .or_default()
-            .insert(lease.metadata.namespace.clone().unwrap_or_default());
+            .insert(namespace.to_owned());
     }
     by_name.retain(|_, namespaces| namespaces.len() > 1);
     by_name
+}
+
+/// A Lease as `(namespace, name)`, for [`conflicting_names`].
+pub fn namespace_and_name(lease: &Lease) -> (&str, &str) {
+    (
+        lease.metadata.namespace.as_deref().unwrap_or_default(),
+        lease.metadata.name.as_deref().unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]
@@ -461,7 +471,10 @@ mod tests {
                 .into_iter()
                 .map(|(n, ns)| (n.to_owned(), ns.into_iter().map(str::to_owned).collect()))
                 .collect();
-            assert_eq!(conflicting_names(&leases), expected);
+            assert_eq!(
+                conflicting_names(leases.iter().map(namespace_and_name)),
+                expected
+            );
         }
     }
 }

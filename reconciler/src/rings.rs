@@ -21,7 +21,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::cluster_ring::CONDITION_READY;
 use sharder_common::labels::RING_LABEL;
-use sharder_common::lease::conflicting_names;
+use sharder_common::lease::{conflicting_names, namespace_and_name};
 use sharder_common::{ClusterRing, Ring, Role, Roles, is_available};
 use sharder_runtime::metrics::RingLabel;
 use tokio::time::Instant;
@@ -151,7 +151,7 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
         }
     };
 
-    let conflicts = conflicting_names(leases.iter().map(AsRef::as_ref));
+    let conflicts = conflicting_names(leases.iter().map(|l| namespace_and_name(l)));
     if !conflicts.is_empty() {
         let described = describe_conflicts(&conflicts);
         counts.conflicting = Some(&described);

@@ -17,6 +17,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::labels::RING_LABEL;
+use sharder_common::lease::conflicting_names;
 use sharder_common::{ClusterRing, ClusterRingSpec, is_available};
 use sharder_runtime::Readiness;
 use sharder_runtime::metrics::RingLabel;
@@ -141,15 +142,29 @@ impl RingState {
         }
     }
 
+    /// The available shards per ring; a name held in more than one namespace of a ring is
+    /// ambiguous and left out (`sharder_common::lease::conflicting_names`).
     fn available(&self) -> HashMap<String, BTreeSet<String>> {
-        let mut available: HashMap<String, BTreeSet<String>> = HashMap::new();
-        for lease in self.leases.values().filter(|l| l.available) {
-            available
-                .entry(lease.ring.clone())
+        let mut by_ring: HashMap<&str, Vec<(&str, &ShardLease)>> = HashMap::new();
+        for ((namespace, _), lease) in &self.leases {
+            by_ring
+                .entry(lease.ring.as_str())
                 .or_default()
-                .insert(lease.shard.clone());
+                .push((namespace.as_str(), lease));
         }
-        available
+        by_ring
+            .into_iter()
+            .map(|(ring, leases)| {
+                let ambiguous =
+                    conflicting_names(leases.iter().map(|(ns, l)| (*ns, l.shard.as_str())));
+                let shards = leases
+                    .iter()
+                    .filter(|(_, l)| l.available && !ambiguous.contains_key(&l.shard))
+                    .map(|(_, l)| l.shard.clone())
+                    .collect();
+                (ring.to_owned(), shards)
+            })
+            .collect()
     }
 
     /// Rebuilds the snapshots whose inputs changed and returns the full map to publish, with
@@ -390,5 +405,26 @@ mod tests {
         state.apply_lease_event(Event::Apply(lease("a", None, Some("a"))));
         let (snapshots, _) = state.snapshots();
         assert!(snapshots["example"].ring.is_empty());
+    }
+
+    #[test]
+    fn a_shard_name_held_in_two_namespaces_gets_no_new_objects() {
+        let mut state = RingState::default();
+        state.apply_ring_event(Event::Apply(ring("example")));
+        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
+        state.apply_lease_event(Event::Apply(lease("b", Some("example"), Some("b"))));
+        let mut twin = lease("a", Some("example"), Some("a"));
+        twin.metadata.namespace = Some("elsewhere".into());
+        state.apply_lease_event(Event::Apply(twin.clone()));
+        let (snapshots, _) = state.snapshots();
+        assert_eq!(shards(&snapshots, "example"), ["b"]);
+        // The same name in another ring's Lease is no conflict.
+        let mut other_ring = twin.clone();
+        other_ring
+            .labels_mut()
+            .insert(RING_LABEL.to_owned(), "other".into());
+        state.apply_lease_event(Event::Apply(other_ring));
+        let (snapshots, _) = state.snapshots();
+        assert_eq!(shards(&snapshots, "example"), ["a", "b"]);
     }
 }

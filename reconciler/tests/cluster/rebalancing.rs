@@ -544,6 +544,35 @@ async fn a_shard_name_in_two_namespaces_stops_rebalancing_until_it_is_resolved()
         .filter(|s| w.draining(*s))
         .count();
     assert_eq!(draining, 0, "nothing drained while the names conflict");
+    // The webhook gives new objects only to the unambiguous shard meanwhile.
+    let mut created = 0;
+    eventually("the webhook assigns shard-b", WAIT, || {
+        created += 1;
+        let name = format!("extra-{created}");
+        let secrets = w.secrets();
+        let shard = w.labels.shard.clone();
+        async move {
+            let s = secrets
+                .create(&PostParams::default(), &secret(&name))
+                .await
+                .map_err(|e| e.to_string())?;
+            let on = s.labels().get(&shard).cloned();
+            (on.as_deref() == Some("shard-b")).then_some(()).ok_or(on)
+        }
+    })
+    .await;
+    for i in 0..10 {
+        let s = w
+            .secrets()
+            .create(&PostParams::default(), &secret(&format!("extra-more-{i}")))
+            .await
+            .expect("create");
+        assert_eq!(
+            w.shard_of(&s).as_deref(),
+            Some("shard-b"),
+            "no new object goes to the ambiguous shard-a"
+        );
+    }
     assert!(
         w.writes_by_since(&w.reconciler_user(), mark).is_empty(),
         "no object written while the names conflict"
