@@ -1,6 +1,9 @@
 //! Objects the cluster tests create again and again: a ring sharding Secrets (and the ConfigMaps
 //! they control), shard Leases, Secrets and their controlled ConfigMaps.
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, OwnerReference};
@@ -134,4 +137,43 @@ pub fn secret_create_review(
         }
     }))
     .unwrap_or_default()
+}
+
+/// A MutatingWebhookConfiguration `name` that refuses `operation` on core `resource` of objects
+/// labelled `label` (`(key, value)`): failurePolicy Fail, pointing at a port nothing listens on.
+pub fn refusing_configuration(
+    name: &str,
+    operation: &str,
+    resource: &str,
+    label: (&str, &str),
+) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "refuse.sharder.test".into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: WebhookClientConfig {
+                url: Some("https://127.0.0.1:9/refuse".into()),
+                ..WebhookClientConfig::default()
+            },
+            failure_policy: Some("Fail".into()),
+            side_effects: "None".into(),
+            timeout_seconds: Some(2),
+            object_selector: Some(LabelSelector {
+                match_labels: Some([(label.0.to_owned(), label.1.to_owned())].into()),
+                match_expressions: None,
+            }),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".into()]),
+                operations: Some(vec![operation.into()]),
+                resources: Some(vec![resource.into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..MutatingWebhook::default()
+        }]),
+    }
 }

@@ -9,13 +9,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
-};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, ObjectKey, RingLabels};
@@ -24,7 +21,7 @@ use crate::ControlPlane;
 use crate::certs::TestCa;
 use crate::control_plane::NAMESPACE_LABEL;
 use crate::crd::install_cluster_ring_crd;
-use crate::fixtures::{child_of, secret, secrets_ring, shard_lease};
+use crate::fixtures::{child_of, refusing_configuration, secret, secrets_ring, shard_lease};
 use crate::launch::{Env, Reconciler, ReconcilerFlags, Webhook};
 use crate::wait::eventually;
 
@@ -346,6 +343,26 @@ impl World {
         .await;
     }
 
+    /// How many of the test's Secrets (`object-*`) carry no shard label.
+    pub async fn unassigned(&self) -> usize {
+        self.list_secrets()
+            .await
+            .values()
+            .filter(|s| self.shard_of(*s).is_none())
+            .count()
+    }
+
+    /// Waits until every one of the test's Secrets (`object-*`) carries a shard label.
+    pub async fn wait_until_all_assigned(&self, what: &str) {
+        eventually(what, WAIT, || async {
+            let unassigned = self.unassigned().await;
+            (unassigned == 0)
+                .then_some(())
+                .ok_or(format!("{unassigned} unassigned"))
+        })
+        .await;
+    }
+
     /// Waits until the apiserver's admission chain has seen every webhook configuration change
     /// made so far (its configurations come from an informer, a little behind the writes): a
     /// blocking configuration (failurePolicy Fail, pointing nowhere, for ConfigMaps labelled
@@ -354,35 +371,8 @@ impl World {
     /// has seen everything before it.
     pub async fn wait_until_admission_sees_configurations(&mut self) {
         let name = format!("sharder-test-barrier-{}", self.ns);
-        let blocker = MutatingWebhookConfiguration {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            webhooks: Some(vec![MutatingWebhook {
-                name: "barrier.sharder.test".into(),
-                admission_review_versions: vec!["v1".into()],
-                client_config: WebhookClientConfig {
-                    url: Some("https://127.0.0.1:9/barrier".into()),
-                    ..WebhookClientConfig::default()
-                },
-                failure_policy: Some("Fail".into()),
-                side_effects: "None".into(),
-                timeout_seconds: Some(2),
-                object_selector: Some(LabelSelector {
-                    match_labels: Some([(CANARY_LABEL.to_owned(), self.ns.clone())].into()),
-                    match_expressions: None,
-                }),
-                rules: Some(vec![RuleWithOperations {
-                    api_groups: Some(vec![String::new()]),
-                    api_versions: Some(vec!["v1".into()]),
-                    operations: Some(vec!["CREATE".into()]),
-                    resources: Some(vec!["configmaps".into()]),
-                    scope: Some("Namespaced".into()),
-                }]),
-                ..MutatingWebhook::default()
-            }]),
-        };
+        let blocker =
+            refusing_configuration(&name, "CREATE", "configmaps", (CANARY_LABEL, &self.ns));
         let configurations = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
         configurations
             .create(&PostParams::default(), &blocker)

@@ -629,10 +629,8 @@ const FROZEN_LABEL: &str = "sharder-test/frozen";
 
 #[tokio::test]
 async fn refused_writes_are_counted_reported_and_retried() {
-    use k8s_openapi::api::admissionregistration::v1::{
-        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
-    };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use sharder_tests::fixtures::refusing_configuration;
     use sharder_tests::wait::metric_value;
 
     let mut w = Test::new("refused").await;
@@ -642,35 +640,12 @@ async fn refused_writes_are_counted_reported_and_retried() {
     w.start_reconciler().await;
 
     // Updates of frozen Secrets are refused (failurePolicy Fail, nothing listens).
-    let refusing = MutatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(format!("refuse-{}", w.ns)),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![MutatingWebhook {
-            name: "refuse.sharder.test".into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: WebhookClientConfig {
-                url: Some("https://127.0.0.1:9/refuse".into()),
-                ..WebhookClientConfig::default()
-            },
-            failure_policy: Some("Fail".into()),
-            side_effects: "None".into(),
-            timeout_seconds: Some(2),
-            object_selector: Some(LabelSelector {
-                match_labels: Some([(FROZEN_LABEL.to_owned(), w.ns.clone())].into()),
-                match_expressions: None,
-            }),
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec![String::new()]),
-                api_versions: Some(vec!["v1".into()]),
-                operations: Some(vec!["UPDATE".into()]),
-                resources: Some(vec!["secrets".into()]),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..MutatingWebhook::default()
-        }]),
-    };
+    let refusing = refusing_configuration(
+        &format!("refuse-{}", w.ns),
+        "UPDATE",
+        "secrets",
+        (FROZEN_LABEL, &w.ns),
+    );
     let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
     configurations
         .create(&PostParams::default(), &refusing)
@@ -782,22 +757,8 @@ async fn refused_writes_are_counted_reported_and_retried() {
         .delete(&format!("refuse-{}", w.ns), &DeleteParams::default())
         .await
         .expect("delete refusing configuration");
-    eventually(
-        "every object assigned once writes are accepted",
-        WAIT,
-        || async {
-            let unassigned = w
-                .list_secrets()
-                .await
-                .values()
-                .filter(|s| w.shard_of(*s).is_none())
-                .count();
-            (unassigned == 0)
-                .then_some(())
-                .ok_or(format!("{unassigned} unassigned"))
-        },
-    )
-    .await;
+    w.wait_until_all_assigned("every object assigned once writes are accepted")
+        .await;
 
     // What an operator reads: moves, shard states (a state set), ring status, calculations.
     let metrics = reconciler.metrics().await;
@@ -891,15 +852,7 @@ async fn the_write_rate_limit_holds_across_rings() {
     w.reconcilers.push(reconciler);
     let user = w.reconciler_user();
     eventually("every object of both rings assigned", WAIT, || async {
-        let mut unassigned = 0;
-        for world in [&w.world, &other] {
-            unassigned += world
-                .list_secrets()
-                .await
-                .values()
-                .filter(|s| world.shard_of(*s).is_none())
-                .count();
-        }
+        let unassigned = w.unassigned().await + other.unassigned().await;
         (unassigned == 0)
             .then_some(())
             .ok_or(format!("{unassigned} unassigned"))

@@ -434,22 +434,8 @@ async fn the_global_namespace_selector_limits_every_ring_and_its_lists() {
         .await;
     w.reconcilers.push(reconciler);
 
-    eventually(
-        "the included namespace's objects assigned",
-        WAIT,
-        || async {
-            let unassigned = w
-                .list_secrets()
-                .await
-                .values()
-                .filter(|s| w.shard_of(*s).is_none())
-                .count();
-            (unassigned == 0)
-                .then_some(())
-                .ok_or(format!("{unassigned} unassigned"))
-        },
-    )
-    .await;
+    w.wait_until_all_assigned("the included namespace's objects assigned")
+        .await;
     // Two more sweeps, then the excluded namespace's objects are still untouched.
     let rebalances = |log: &str| log.matches(r#""message":"rebalance""#).count();
     let seen = rebalances(&w.reconciler_log(0));
