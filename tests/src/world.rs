@@ -343,6 +343,23 @@ impl World {
         .await;
     }
 
+    /// Whether an Event of `type_` (`Normal`, `Warning`) with `reason` was published on the
+    /// ring.
+    pub async fn ring_event(&self, type_: &str, reason: &str) -> bool {
+        Api::<k8s_openapi::api::events::v1::Event>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .any(|e| {
+                e.type_.as_deref() == Some(type_)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(self.ring.as_str())
+            })
+    }
+
     /// How many of the test's Secrets (`object-*`) carry no shard label.
     pub async fn unassigned(&self) -> usize {
         self.list_secrets()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
@@ -167,18 +167,10 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
     );
 
     // The rebalance is reported as an Event on the ring.
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.client.clone());
-    let reported = events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .any(|e| {
-            e.reason.as_deref() == Some("Rebalanced")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.ring.as_str())
-        });
-    assert!(reported, "a Rebalanced Event on the ClusterRing");
+    assert!(
+        w.ring_event("Normal", "Rebalanced").await,
+        "a Rebalanced Event on the ClusterRing"
+    );
 }
 
 #[tokio::test]
@@ -189,10 +181,8 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         w.add_shard_lease(shard, 3600).await;
     }
     w.add_shard_lease("mortal", 2).await;
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_webhook_assigns().await;
-    // Keep "mortal" alive while the objects are created, then let it die.
+    // Keep "mortal" alive from now until the objects are created (however long the
+    // components take to start), then let it die.
     let keep_alive = {
         let leases = w.leases();
         tokio::spawn(async move {
@@ -205,6 +195,9 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
             }
         })
     };
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    w.wait_until_webhook_assigns().await;
     w.create_objects(60).await;
     let three = Ring::new(["mortal", "shard-a", "shard-b"]);
     let two = Ring::new(["shard-a", "shard-b"]);
@@ -577,19 +570,10 @@ async fn a_shard_name_in_two_namespaces_stops_rebalancing_until_it_is_resolved()
         w.writes_by_since(&w.reconciler_user(), mark).is_empty(),
         "no object written while the names conflict"
     );
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.client.clone());
-    let warned = events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .any(|e| {
-            e.type_.as_deref() == Some("Warning")
-                && e.reason.as_deref() == Some("ConflictingShardNames")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.ring.as_str())
-        });
-    assert!(warned, "a Warning Event on the ClusterRing");
+    assert!(
+        w.ring_event("Warning", "ConflictingShardNames").await,
+        "a Warning Event on the ClusterRing"
+    );
 
     // Resolved: the scale-out to shard-b goes ahead.
     twin.delete("shard-a", &DeleteParams::default())
@@ -733,22 +717,11 @@ async fn refused_writes_are_counted_reported_and_retried() {
             ))
     })
     .await;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(w.client.clone());
     eventually("a RebalanceFailed Warning on the ring", WAIT, || async {
-        let items = events
-            .list(&ListParams::default())
+        w.ring_event("Warning", "RebalanceFailed")
             .await
-            .map_err(|e| e.to_string())?
-            .items;
-        items
-            .iter()
-            .any(|e| {
-                e.type_.as_deref() == Some("Warning")
-                    && e.reason.as_deref() == Some("RebalanceFailed")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.ring.as_str())
-            })
             .then_some(())
-            .ok_or("no event".to_owned())
+            .ok_or("no event")
     })
     .await;
 
