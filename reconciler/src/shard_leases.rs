@@ -103,7 +103,6 @@ async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error
     let namespace = lease.namespace().unwrap_or_default();
     let ring = lease.labels().get(RING_LABEL).cloned().unwrap_or_default();
     let span = info_span!("shard_lease", clusterring = %ring, shard = %name, %namespace);
-    info!(shard = %name, "DEBUG lease reconcile");
     async move {
         if let Some((rings, listed)) = &ctx.rings {
             // Until the rings listed, every ring would look unknown.
