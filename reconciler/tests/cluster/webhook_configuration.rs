@@ -477,3 +477,66 @@ async fn the_global_namespace_selector_limits_every_ring_and_its_lists() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_malformed_ring_is_reported_in_its_status_and_the_others_go_on() {
+    let mut w = Test::new("malformed").await;
+    // ConfigMaps both controlled by Secrets and a main resource: the spec cannot be used.
+    let bad_name = format!("{}-bad", w.ns);
+    let mut bad = secrets_ring(&bad_name, Some(&w.ns));
+    bad.spec.resources.push(sharder_common::RingResource {
+        group: String::new(),
+        resource: "configmaps".into(),
+        controlled_resources: vec![],
+    });
+    let rings = Api::<ClusterRing>::all(w.client.clone());
+    rings
+        .create(&PostParams::default(), &bad)
+        .await
+        .expect("the apiserver accepts it; only the reconciler can tell");
+    w.create_ring().await;
+    w.add_shard_lease("shard-a", 3600).await;
+    w.start_reconciler().await;
+    for i in 0..5 {
+        w.secrets()
+            .create(&PostParams::default(), &secret(&format!("object-{i}")))
+            .await
+            .expect("secret");
+    }
+    w.wait_until_all_assigned("the valid ring's objects assigned")
+        .await;
+    let message = eventually("the malformed ring reports why", WAIT, || async {
+        let ring = rings.get(&bad_name).await.map_err(|e| e.to_string())?;
+        let ready = ring
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .find(|c| c.type_ == "Ready")
+            .cloned()
+            .ok_or("no condition")?;
+        (ready.status == "False" && ready.reason == "InvalidSpec")
+            .then_some(ready.message.clone())
+            .ok_or(format!("{} {}", ready.reason, ready.message))
+    })
+    .await;
+    assert!(
+        message.contains("configmaps"),
+        "names the resource: {message}"
+    );
+    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    assert!(
+        configurations
+            .get_opt(&configuration_name(&bad_name))
+            .await
+            .expect("get")
+            .is_none(),
+        "no webhook configuration for a malformed ring"
+    );
+    assert!(
+        configurations
+            .get_opt(&configuration_name(&w.ring))
+            .await
+            .expect("get")
+            .is_some()
+    );
+}
