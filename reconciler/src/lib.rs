@@ -363,6 +363,19 @@ where
     )
 }
 
+/// A controller over the ClusterRings matching `selector` (`--clusterring-selector`; empty:
+/// all), saying when its watch listed.
+pub fn ring_controller(
+    client: kube::Client,
+    selector: &str,
+) -> (Controller<sharder_common::ClusterRing>, Listed) {
+    let mut config = watcher::Config::default();
+    if !selector.is_empty() {
+        config = config.labels(selector);
+    }
+    listed_controller(Api::all(client), config)
+}
+
 /// Sets [`CONTROLLERS_SYNCED`] false until every one of `watches` has listed, then true.
 async fn ready_when_listed(readiness: Readiness, watches: Vec<Listed>) {
     readiness.set(CONTROLLERS_SYNCED, false);
@@ -464,15 +477,36 @@ async fn lead(
     let mut tasks = Tasks::new(stop.clone());
     tasks.spawn(
         "shard lease controller",
-        shard_leases::run(lease_controller, lease_ctx, stop.clone()),
+        run_controller(
+            "shard lease controller",
+            lease_controller,
+            shard_leases::reconcile,
+            shard_leases::error_policy,
+            lease_ctx,
+            stop.clone(),
+        ),
     );
     tasks.spawn(
         "ring controller",
-        rings::run(ring_controller, ring_ctx, stop.clone()),
+        run_controller(
+            "ring controller",
+            ring_controller,
+            rings::reconcile,
+            rings::error_policy,
+            ring_ctx,
+            stop.clone(),
+        ),
     );
     tasks.spawn(
         "webhook configuration controller",
-        webhook_config::controller::run(configuration_controller, configuration_ctx, stop),
+        run_controller(
+            "webhook configuration controller",
+            configuration_controller,
+            webhook_config::controller::reconcile,
+            webhook_config::controller::error_policy,
+            configuration_ctx,
+            stop,
+        ),
     );
     let result = tasks.supervise().await;
     synced.abort();

@@ -25,7 +25,6 @@ use sharder_common::lease::{conflicting_names, namespace_and_name};
 use sharder_common::{ClusterRing, Ring, Role, Roles, is_available};
 use sharder_runtime::metrics::RingLabel;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info_span, warn};
 
 use crate::Error;
@@ -100,7 +99,8 @@ impl Context {
     }
 }
 
-async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconciles one object (for `crate::run_controller`).
+pub(crate) async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = ring.name_any();
     let span = info_span!("ring", clusterring = %name);
     reconcile_ring(&name, &ring, &ctx).instrument(span).await
@@ -294,7 +294,8 @@ async fn rebalance(
     })
 }
 
-fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Context>) -> Action {
+/// What to do after a failed reconcile (for `crate::run_controller`).
+pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(clusterring = %ring.name_any(), error = %error, "ring reconcile failed, retrying");
     ctx.metrics
         .failed_rebalances
@@ -309,12 +310,7 @@ fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Context>) -> Act
 /// The controller over the ClusterRings matching `selector` (empty: all), triggered by their
 /// shard Leases too.
 pub fn controller(client: Client, selector: &str) -> (Controller<ClusterRing>, crate::Listed) {
-    let mut config = watcher::Config::default();
-    if !selector.is_empty() {
-        config = config.labels(selector);
-    }
-    let (controller, listed) =
-        crate::listed_controller(Api::<ClusterRing>::all(client.clone()), config);
+    let (controller, listed) = crate::ring_controller(client.clone(), selector);
     let controller = controller
         .watches(
             Api::<Lease>::all(client),
@@ -328,21 +324,4 @@ pub fn controller(client: Client, selector: &str) -> (Controller<ClusterRing>, c
         )
         .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
     (controller, listed)
-}
-
-/// Runs the ring controller until `shutdown`; returns an error if it ends before.
-pub async fn run(
-    controller: Controller<ClusterRing>,
-    ctx: Arc<Context>,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
-    crate::run_controller(
-        "ring controller",
-        controller,
-        reconcile,
-        error_policy,
-        ctx,
-        shutdown,
-    )
-    .await
 }

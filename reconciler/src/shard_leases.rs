@@ -19,7 +19,6 @@ use serde_json::json;
 use sharder_common::labels::{RING_LABEL, STATE_LABEL};
 use sharder_common::lease::takeover_spec;
 use sharder_common::{ClusterRing, LeaseStatus, ShardState, shard_state};
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
@@ -98,7 +97,8 @@ fn requeue(wake: Option<Duration>) -> Action {
     wake.map_or_else(Action::await_change, Action::requeue)
 }
 
-async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconciles one object (for `crate::run_controller`).
+pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lease.name_any();
     let namespace = lease.namespace().unwrap_or_default();
     let ring = lease.labels().get(RING_LABEL).cloned().unwrap_or_default();
@@ -204,7 +204,8 @@ fn record_state(
     }
 }
 
-fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) -> Action {
+/// What to do after a failed reconcile (for `crate::run_controller`).
+pub(crate) fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) -> Action {
     warn!(shard = %lease.name_any(), error = %error, "shard lease reconcile failed, retrying");
     Action::requeue(ERROR_REQUEUE)
 }
@@ -216,23 +217,6 @@ pub fn controller(client: Client) -> (Controller<Lease>, crate::Listed) {
         Api::<Lease>::all(client),
         watcher::Config::default().labels(RING_LABEL),
     )
-}
-
-/// Runs the shard lease controller until `shutdown`; returns an error if it ends before.
-pub async fn run(
-    controller: Controller<Lease>,
-    ctx: Arc<Context>,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
-    crate::run_controller(
-        "shard lease controller",
-        controller,
-        reconcile,
-        error_policy,
-        ctx,
-        shutdown,
-    )
-    .await
 }
 
 /// The shard Leases of `ring` from `store`.

@@ -17,7 +17,6 @@ use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::ClusterRing;
 use sharder_common::labels::RING_LABEL;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::drift::drift;
@@ -56,7 +55,8 @@ pub fn ring_of(mwc: &MutatingWebhookConfiguration) -> Option<ObjectRef<ClusterRi
         .map(|o| ObjectRef::new(&o.name))
 }
 
-async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, Error> {
+/// Reconciles one object (for `crate::run_controller`).
+pub(crate) async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, Error> {
     if ring.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -98,7 +98,8 @@ async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, 
     Ok(Action::requeue(ctx.resync))
 }
 
-fn error_policy(ring: Arc<ClusterRing>, error: &Error, _: Arc<Context>) -> Action {
+/// What to do after a failed reconcile (for `crate::run_controller`).
+pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, _: Arc<Context>) -> Action {
     warn!(clusterring = %ring.name_any(), error = %error, "webhook configuration reconcile failed, retrying");
     Action::requeue(ERROR_REQUEUE)
 }
@@ -110,17 +111,12 @@ pub fn controller(
     selector: &str,
     ca: watch::Receiver<Vec<u8>>,
 ) -> (Controller<ClusterRing>, crate::Listed) {
-    let mut config = watcher::Config::default();
-    if !selector.is_empty() {
-        config = config.labels(selector);
-    }
     // All configurations are watched (they are few), so one whose ring label was removed is
     // still seen.
     let ca_changes = futures::stream::unfold(ca, |mut ca| async move {
         ca.changed().await.ok().map(|()| ((), ca))
     });
-    let (controller, listed) =
-        crate::listed_controller(Api::<ClusterRing>::all(client.clone()), config);
+    let (controller, listed) = crate::ring_controller(client.clone(), selector);
     let controller = controller
         .watches(
             Api::<MutatingWebhookConfiguration>::all(client),
@@ -129,23 +125,6 @@ pub fn controller(
         )
         .reconcile_all_on(ca_changes);
     (controller, listed)
-}
-
-/// Runs the controller until `shutdown`; returns an error if it ends before.
-pub async fn run(
-    controller: Controller<ClusterRing>,
-    ctx: Arc<Context>,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
-    crate::run_controller(
-        "webhook configuration controller",
-        controller,
-        reconcile,
-        error_policy,
-        ctx,
-        shutdown,
-    )
-    .await
 }
 
 #[cfg(test)]

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use sharder_reconciler::webhook_config::configuration_name;
 use sharder_tests::launch::Reconciler;
 use sharder_tests::wait::{eventually, http_get, metric_value};
 
@@ -60,16 +58,8 @@ async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
     .await;
     // The next change is handled by the new leader.
     w.create_ring().await;
-    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    let name = configuration_name(&w.ring);
-    eventually("the new leader configures the new ring", WAIT, || async {
-        mwcs.get_opt(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|_| ())
-            .ok_or_else(|| "absent".to_owned())
-    })
-    .await;
+    w.configuration_of(&w.ring, "the new leader configures the new ring")
+        .await;
     assert!(w.reconciler_log(1 - index).contains("leading"));
     eventually("the new leader is ready and says so", WAIT, || async {
         leading_and_ready(&w.reconcilers[1 - index]).await

@@ -8,7 +8,11 @@
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::Api;
+use sharder_reconciler::webhook_config::configuration_name;
 use sharder_tests::launch::{Env, Reconciler, Webhook};
+use sharder_tests::wait::eventually;
 use sharder_tests::world::World;
 
 mod leader_election;
@@ -107,6 +111,19 @@ impl Test {
 
     fn reconciler_log(&self, i: usize) -> String {
         self.world.log(&format!("reconciler-{i}"))
+    }
+
+    /// Waits until the webhook configuration of ring `ring` exists (`what` names the wait).
+    async fn configuration_of(&self, ring: &str, what: &str) -> MutatingWebhookConfiguration {
+        let mwcs = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
+        let name = configuration_name(ring);
+        eventually(what, WAIT, || async {
+            mwcs.get_opt(&name)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "absent".to_owned())
+        })
+        .await
     }
 
     /// The audit user of the reconciler.

@@ -39,13 +39,9 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
             .flat_map(|r| r.resources.clone().unwrap_or_default())
             .collect()
     };
-    let created = eventually("webhook configuration created", WAIT, || async {
-        mwcs.get_opt(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "absent".to_owned())
-    })
-    .await;
+    let created = w
+        .configuration_of(&w.ring, "webhook configuration created")
+        .await;
     assert_eq!(
         resources(&created),
         ["configmaps".to_owned(), "secrets".to_owned()].into()
@@ -165,13 +161,9 @@ async fn a_deleted_or_edited_webhook_configuration_is_restored_and_assignment_go
             .as_ref()
             .and_then(|h| h[0].object_selector.clone())
     };
-    let created = eventually("webhook configuration created", WAIT, || async {
-        mwcs.get_opt(&name)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "absent".to_owned())
-    })
-    .await;
+    let created = w
+        .configuration_of(&w.ring, "webhook configuration created")
+        .await;
     let wanted_selector = our_selector(&created);
     w.wait_until_webhook_assigns().await;
 
