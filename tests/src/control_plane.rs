@@ -141,6 +141,10 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A position in the apiserver's audit log (see [`ControlPlane::audit_mark`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AuditMark(u64);
+
 /// A running etcd + kube-apiserver pair.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -328,9 +332,30 @@ impl ControlPlane {
     /// The audit events of successful writes (create, update, patch, delete; not Leases or
     /// Events) so far, one JSON object each.
     pub fn audited_writes(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.dir.join("audit.log"))
-            .unwrap_or_default()
-            .lines()
+        self.audited_writes_since(AuditMark(0))
+    }
+
+    /// Where the audit log ends now: [`audited_writes_since`](Self::audited_writes_since) this
+    /// mark reads only what was written after it (without parsing what came before).
+    pub fn audit_mark(&self) -> AuditMark {
+        AuditMark(
+            std::fs::metadata(self.dir.join("audit.log"))
+                .map(|m| m.len())
+                .unwrap_or(0),
+        )
+    }
+
+    /// The audit events of successful writes after `mark`.
+    pub fn audited_writes_since(&self, mark: AuditMark) -> Vec<serde_json::Value> {
+        use std::io::{Read as _, Seek as _};
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(self.dir.join("audit.log")) {
+            // An event is one line, written whole: a mark taken between two is at a line start.
+            let _ = file
+                .seek(std::io::SeekFrom::Start(mark.0))
+                .and_then(|_| file.read_to_string(&mut text));
+        }
+        text.lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|event| {
                 event["stage"] == "ResponseComplete"
@@ -393,12 +418,20 @@ impl ControlPlane {
 
     /// A client authenticated with `token` (for example a ServiceAccount token).
     pub async fn client_with_token(&self, token: &str) -> Result<Client, Error> {
+        Client::try_from(self.config_with_token(token).await?).map_err(Error::Kube)
+    }
+
+    /// The client configuration of the admin user (to build other clients from).
+    pub async fn config(&self) -> Result<Config, Error> {
+        self.config_with_token(&self.token).await
+    }
+
+    async fn config_with_token(&self, token: &str) -> Result<Config, Error> {
         let kubeconfig =
             Kubeconfig::from_yaml(&self.kubeconfig_yaml(token)).map_err(Error::Kubeconfig)?;
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .map_err(Error::Kubeconfig)?;
-        Client::try_from(config).map_err(Error::Kube)
+            .map_err(Error::Kubeconfig)
     }
 
     /// Creates a namespace named `<prefix>-<random>`, labelled [`NAMESPACE_LABEL`]`=<name>` (for
