@@ -2,9 +2,10 @@
 //! set of available shards changes, when the ring changes, periodically, and with follow-up
 //! sweeps after drains.
 //!
-//! It is triggered by ClusterRing and shard Lease events and reads Leases from the shard lease
-//! controller's store; it never watches or caches sharded objects. Its parts: [`schedule`] (when
-//! to list what: pure), [`discovery`], [`namespaces`], [`status`], [`report`]; the lists and
+//! It is triggered by ClusterRing events and by the shard Lease events that can change a ring's
+//! shards ([`triggers`]), and reads Leases from the shard lease controller's store; it never
+//! watches or caches sharded objects. Its parts: [`schedule`] (when to list what: pure),
+//! [`discovery`], [`namespaces`], [`status`], [`report`]; the lists and
 //! writes are [`crate::rebalance`]. The webhook configurations have their own controller
 //! ([`crate::webhook_config::controller`]).
 
@@ -37,6 +38,7 @@ pub mod namespaces;
 pub mod report;
 pub mod schedule;
 pub mod status;
+pub mod triggers;
 
 pub use schedule::Intervals;
 use schedule::{Observed, Progress, Ran};
@@ -45,8 +47,9 @@ use status::Counts;
 /// Field manager of the reconciler's server-side applies.
 pub const FIELD_MANAGER: &str = "sharder-reconciler";
 
-/// How long ClusterRing and Lease events are collected before a ring is reconciled (a burst of
-/// Lease renewals or a rolling restart triggers one reconcile, not one per event).
+/// How long ClusterRing and Lease events are collected before a ring is reconciled (a rolling
+/// restart's shard changes trigger one reconcile, not one per shard; Lease renewals trigger
+/// nothing, see [`triggers`]).
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// When to retry after a failed reconcile.
@@ -308,20 +311,20 @@ pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Conte
 }
 
 /// The controller over the ClusterRings matching `selector` (empty: all), triggered by their
-/// shard Leases too.
+/// shard Leases too, when a Lease's shard can have changed ([`triggers`]).
 pub fn controller(client: Client, selector: &str) -> (Controller<ClusterRing>, crate::Listed) {
     let (controller, listed) = crate::ring_controller(client.clone(), selector);
+    let leases = watcher::watcher(
+        Api::<Lease>::all(client),
+        watcher::Config::default().labels(RING_LABEL),
+    );
     let controller = controller
-        .watches(
-            Api::<Lease>::all(client),
-            watcher::Config::default().labels(RING_LABEL),
-            |lease| {
-                lease
-                    .labels()
-                    .get(RING_LABEL)
-                    .map(|ring| ObjectRef::<ClusterRing>::new(ring))
-            },
-        )
+        .watches_stream(triggers::lease_triggers(leases), |lease| {
+            lease
+                .labels()
+                .get(RING_LABEL)
+                .map(|ring| ObjectRef::<ClusterRing>::new(ring))
+        })
         .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
     (controller, listed)
 }
