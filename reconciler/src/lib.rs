@@ -126,8 +126,10 @@ pub struct Args {
     #[arg(long, env = "SHARDER_LIST_PAGE_SIZE", default_value_t = 500)]
     pub list_page_size: u32,
 
-    /// Object writes in flight at once.
-    #[arg(long, env = "SHARDER_MAX_CONCURRENT_WRITES", default_value_t = 16)]
+    /// Object writes in flight at most: the limit starts at 16 (or this, if lower) and adapts
+    /// to the apiserver's answers, growing while writes succeed and halving when it is
+    /// overloaded (429, 503, 504).
+    #[arg(long, env = "SHARDER_MAX_CONCURRENT_WRITES", default_value_t = DEFAULT_MAX_CONCURRENT_WRITES)]
     pub max_concurrent_writes: usize,
 
     /// Object writes per second (0: unlimited).
@@ -138,6 +140,9 @@ pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
 }
+
+/// Default of `--max-concurrent-writes`.
+pub const DEFAULT_MAX_CONCURRENT_WRITES: usize = 64;
 
 /// Errors of the reconciler.
 #[derive(Debug, thiserror::Error)]
@@ -235,8 +240,9 @@ where
 
 /// Runs the reconciler until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> Result<(), Error> {
-    sharder_runtime::start(&args.common.clone(), |client, shutdown| {
-        run_with_client(args, client, shutdown)
+    sharder_runtime::start(&args.common.clone(), |client, shutdown| async move {
+        let writes = sharder_runtime::multiplexed::client().await?;
+        run_with_client(args, client, writes, shutdown).await
     })
     .await
 }
@@ -244,9 +250,16 @@ pub async fn run(args: Args) -> Result<(), Error> {
 /// Runs the reconciler with `client` until `shutdown`: waits for leadership, then runs the
 /// controllers; releases leadership on shutdown and fails with [`Error::LeadershipLost`] if it
 /// is lost, or with the controller's error if one ends by itself.
+///
+/// `writes` carries the object writes and the small reads around them; lists, watches and
+/// everything else go through `client`. `run` makes it a multiplexed client (HTTP/2, one
+/// connection for every write in flight; overload answers reach the rebalancer, which slows
+/// down, see `rebalance::concurrency`), so memory does not grow with `--max-concurrent-writes`,
+/// and no write connection ever carries a list page's buffers.
 pub async fn run_with_client(
     args: Args,
     client: kube::Client,
+    writes: kube::Client,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (ca_sender, ca) = watch::channel(webhook_config::ca::read(&args.webhook_ca_file)?);
@@ -299,6 +312,7 @@ pub async fn run_with_client(
             args,
             client,
             Leader {
+                writes,
                 identity: identity.clone(),
                 metrics,
                 ca,
@@ -325,6 +339,7 @@ pub async fn run_with_client(
 
 /// What the leader is given besides its flags and client.
 struct Leader {
+    writes: kube::Client,
     identity: String,
     metrics: metrics::Metrics,
     ca: watch::Receiver<Vec<u8>>,
@@ -395,6 +410,7 @@ async fn lead(
     stop: CancellationToken,
 ) -> Result<(), Error> {
     let Leader {
+        writes,
         identity,
         metrics,
         ca,
@@ -443,6 +459,7 @@ async fn lead(
     // as added, which triggers a full resync; no shard is ever taken for dead by it.
     let rebalancer = rebalance::Rebalancer::new(
         client.clone(),
+        writes,
         rebalance::Settings {
             page_size: args.list_page_size,
             max_concurrent_writes: args.max_concurrent_writes,

@@ -86,6 +86,10 @@ pub struct Metrics {
     pub webhook_configuration_writes: Family<ConfigurationWriteLabels, Counter>,
     /// 1 while this replica leads.
     pub leader: Family<LeaderLabels, Gauge>,
+    /// Object writes in flight at most now (the adaptive limit).
+    pub write_concurrency: Gauge,
+    /// Object writes the apiserver was too busy for (429, 503, 504) or that could not reach it.
+    pub overloaded_writes: Family<RingLabel, Counter>,
 }
 
 impl Metrics {
@@ -158,6 +162,18 @@ impl Metrics {
                 registry,
                 "leader_election_master_status",
                 "1 while this replica is the leader (name: the leader election Lease)",
+                Family::default(),
+            ),
+            write_concurrency: register(
+                registry,
+                "sharder_reconciler_write_concurrency_limit",
+                "Object writes the reconciler keeps in flight at most now (adapts to the apiserver's answers, up to --max-concurrent-writes)",
+                Gauge::default(),
+            ),
+            overloaded_writes: register(
+                registry,
+                "sharder_reconciler_overloaded_writes",
+                "Object writes the apiserver was too busy for (429, 503, 504) or that did not reach it; each is sent again after a wait",
                 Family::default(),
             ),
         }

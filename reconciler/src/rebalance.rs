@@ -1,6 +1,13 @@
 //! Rebalancing (docs/design.md §5): lists a ring's objects (metadata only, page by page, label-selected
 //! to what can need work) and drains or assigns those not on their desired shard, each write
 //! with the object's resourceVersion, bounded in concurrency and rate. Every move is logged.
+//!
+//! Lists and writes run as a pipeline: the next page is listed while the writes of the last
+//! one are in flight, and the writes never wait for a page to finish. What a page holds is cut
+//! down to the fields a move needs as it is parsed (no managedFields, annotations or the like),
+//! and at most one page waits between the lister and the writers, so memory does not grow
+//! with the number of objects. How many writes are in flight adapts to the apiserver's answers
+//! ([`concurrency`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
@@ -8,17 +15,20 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{ListParams, ObjectMeta};
 use kube::core::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 use sharder_common::key::{display_name, group_of_api_version};
 use sharder_common::{GroupResource, Ring, RingLabels, Role};
-use sharder_runtime::metrics::ResourceLabels;
+use sharder_runtime::metrics::{ResourceLabels, RingLabel};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
+pub mod concurrency;
 pub mod plan;
+pub mod requests;
 
+use concurrency::{Answer, WriteSlots};
 use plan::ChildPlan;
 pub use plan::{Move, Reason};
 use sharder_common::OwnerState;
@@ -35,6 +45,18 @@ pub const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How often a conflicting write is re-read, re-planned and retried before it counts as failed
 /// (the next rebalance tries again).
 pub const CONFLICT_RETRIES: usize = 5;
+
+/// How often a write the apiserver was too busy for (429, 503, 504, a failed connection) is
+/// sent again, after its Retry-After or a backoff, before it counts as failed.
+pub const OVERLOAD_RETRIES: usize = 5;
+
+/// How long a write may take before it counts as unanswered (an overload: it is sent again,
+/// and a write that did land meanwhile makes the next attempt conflict, re-read and stay).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Writes in flight when the reconciler starts; the limit adapts from there (up to
+/// `--max-concurrent-writes`).
+pub const INITIAL_CONCURRENT_WRITES: usize = 16;
 
 /// One resource of a ring, resolved through discovery.
 #[derive(Clone, Debug)]
@@ -116,7 +138,7 @@ impl RateLimiter {
 pub struct Settings {
     /// Objects per list page.
     pub page_size: u32,
-    /// Writes in flight at once.
+    /// The most writes in flight at once (the adaptive limit's ceiling).
     pub max_concurrent_writes: usize,
 }
 
@@ -209,29 +231,58 @@ enum Planned {
     Stay,
 }
 
-/// The rebalancer: lists and writes with one client, one rate limiter and shared metrics.
+/// The rebalancer: lists and writes with one client, one rate limiter, one set of write slots
+/// and shared metrics.
 #[derive(Clone)]
 pub struct Rebalancer {
     client: Client,
+    writes: Client,
     settings: Settings,
     limiter: Arc<RateLimiter>,
+    slots: Arc<WriteSlots>,
     metrics: Metrics,
 }
 
 impl Rebalancer {
-    /// A rebalancer writing at most `max_writes_per_second` (0: unlimited).
+    /// A rebalancer listing with `client` and writing with `writes` (a client with a connection
+    /// pool of its own, see `crate::run_with_client`), at most `max_writes_per_second` (0:
+    /// unlimited).
     pub fn new(
         client: Client,
+        writes: Client,
         settings: Settings,
         max_writes_per_second: u32,
         metrics: Metrics,
     ) -> Self {
+        let max = settings.max_concurrent_writes.max(1);
         Self {
             client,
+            writes,
+            slots: Arc::new(WriteSlots::new(
+                INITIAL_CONCURRENT_WRITES.min(max),
+                max,
+                metrics.write_concurrency.clone(),
+            )),
             settings,
             limiter: Arc::new(RateLimiter::new(max_writes_per_second)),
             metrics,
         }
+    }
+
+    /// How many objects are handled at once: as many as there are write slots (objects that
+    /// stay never get here, see [`Self::stays`]).
+    fn parallel(&self) -> usize {
+        self.settings.max_concurrent_writes.max(1)
+    }
+
+    /// Whether `meta` is a main object of `target` that needs no write (decided without any
+    /// request; a controlled object may need its owner read, so it is never decided here).
+    fn stays(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta) -> bool {
+        if target.role != Role::Main {
+            return false;
+        }
+        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
+        plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels).is_none()
     }
 
     /// Rebalances every target over every scope: main resources first, so that controlled
@@ -275,7 +326,7 @@ impl Rebalancer {
                     }
                 }
             })
-            .buffer_unordered(self.settings.max_concurrent_writes.max(1))
+            .buffer_unordered(self.parallel())
             .collect()
             .await;
         for result in results {
@@ -290,15 +341,13 @@ impl Rebalancer {
         view: &RingView<'_>,
         target: &Target,
     ) -> Result<usize, kube::Error> {
-        let api = Api::<DynamicObject>::all_with(self.client.clone(), &target.api);
-        let list = api
-            .list_metadata(
-                &ListParams::default()
-                    .labels(&view.labels.drain)
-                    .limit(self.settings.page_size),
-            )
-            .await?;
-        Ok(list.items.len())
+        let params = ListParams::default()
+            .labels(&view.labels.drain)
+            .limit(self.settings.page_size);
+        Ok(requests::list(&self.client, &target.api, &params)
+            .await?
+            .items
+            .len())
     }
 
     async fn rebalance(
@@ -308,15 +357,49 @@ impl Rebalancer {
         target: &Target,
         scope: &Scope,
     ) -> Outcome {
+        // At most a page of work waits between the lister and the writers.
+        let (tx, rx) = tokio::sync::mpsc::channel(self.settings.page_size.max(1) as usize);
+        let lister = self.list_into(view, target, scope, tx);
+        let writers = async {
+            let mut outcome = Outcome::default();
+            let mut results = std::pin::pin!(
+                futures::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|meta| (meta, rx))
+                })
+                .map(|meta| self.handle(view, targets, target, meta))
+                .buffer_unordered(self.parallel())
+            );
+            while let Some(result) = results.next().await {
+                outcome.count(result);
+            }
+            outcome
+        };
+        let (listed, mut outcome) = tokio::join!(lister, writers);
+        outcome.add(listed);
+        outcome
+    }
+
+    /// Lists `target`'s objects in `scope` page by page into `tx` (objects in namespaces the
+    /// ring does not shard are left out); the outcome counts what was listed and failed lists.
+    async fn list_into(
+        &self,
+        view: &RingView<'_>,
+        target: &Target,
+        scope: &Scope,
+        tx: tokio::sync::mpsc::Sender<ObjectMeta>,
+    ) -> Outcome {
         let mut outcome = Outcome::default();
-        let api = Api::<DynamicObject>::all_with(self.client.clone(), &target.api);
         let mut params = ListParams::default().limit(self.settings.page_size);
         if let Some(selector) = scope.selector(view.labels) {
             params = params.labels(&selector);
         }
         loop {
-            let page = match api.list_metadata(&params).await {
-                Ok(page) => page,
+            let listing = std::time::Instant::now();
+            let page = match requests::list(&self.client, &target.api, &params).await {
+                Ok(page) => {
+                    debug!(resource = %target.resource, objects = page.items.len(), list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
+                    page
+                }
                 Err(e) => {
                     warn!(resource = %target.resource, error = %e, "cannot list objects");
                     outcome.errors += 1;
@@ -325,34 +408,36 @@ impl Rebalancer {
                 }
             };
             outcome.listed += page.items.len();
-            let objects = page.items.into_iter().map(|o| o.metadata).filter(|meta| {
-                !target.namespaced
+            let continue_token = page.continue_token;
+            for meta in page.items {
+                let in_scope = !target.namespaced
                     || meta
                         .namespace
                         .as_ref()
-                        .is_some_and(|ns| view.namespaces.0.contains(ns))
-            });
-            let results: Vec<Written> = futures::stream::iter(objects)
-                .map(|meta| self.handle(view, targets, target, meta))
-                .buffer_unordered(self.settings.max_concurrent_writes.max(1))
-                .collect()
-                .await;
-            for result in results {
-                outcome.count(result);
+                        .is_some_and(|ns| view.namespaces.0.contains(ns));
+                // A main object that stays is done here; only work goes to the writers.
+                if !in_scope || self.stays(view, target, &meta) {
+                    continue;
+                }
+                if tx.send(meta).await.is_err() {
+                    return outcome;
+                }
             }
-            match page.metadata.continue_ {
-                Some(token) if !token.is_empty() => params = params.continue_token(&token),
-                _ => return outcome,
+            match continue_token {
+                Some(token) => params = params.continue_token(&token),
+                None => return outcome,
             }
         }
     }
 
+    /// The Api of `target` (in `namespace`) on the write client: object writes and the small
+    /// reads around them (owners, re-reads after a conflict).
     fn api(&self, target: &Target, namespace: Option<&str>) -> Api<DynamicObject> {
         match (namespace, target.namespaced) {
             (Some(ns), true) => {
-                Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &target.api)
+                Api::<DynamicObject>::namespaced_with(self.writes.clone(), ns, &target.api)
             }
-            _ => Api::<DynamicObject>::all_with(self.client.clone(), &target.api),
+            _ => Api::<DynamicObject>::all_with(self.writes.clone(), &target.api),
         }
     }
 
@@ -433,7 +518,10 @@ impl Rebalancer {
     }
 
     /// Plans object `meta` and writes its move with the object's resourceVersion; on a conflict
-    /// re-reads the object, plans again and retries with backoff ([`CONFLICT_RETRIES`] times).
+    /// re-reads the object, plans again and retries with backoff ([`CONFLICT_RETRIES`] times);
+    /// when the apiserver is too busy, sends the same write again after its Retry-After or a
+    /// backoff ([`OVERLOAD_RETRIES`] times). Each write holds one of the reconciler's write
+    /// slots and reports the apiserver's answer to it.
     async fn handle(
         &self,
         view: &RingView<'_>,
@@ -443,12 +531,14 @@ impl Rebalancer {
     ) -> Written {
         let name = meta.name.clone().unwrap_or_default();
         let api = self.api(target, meta.namespace.as_deref());
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(CONFLICT_BACKOFF_MIN)
-            .with_max_delay(CONFLICT_BACKOFF_MAX)
-            .with_max_times(CONFLICT_RETRIES)
-            .with_jitter()
-            .build();
+        let backoff = || {
+            ExponentialBuilder::default()
+                .with_min_delay(CONFLICT_BACKOFF_MIN)
+                .with_max_delay(CONFLICT_BACKOFF_MAX)
+                .with_jitter()
+        };
+        let mut conflicts = backoff().with_max_times(CONFLICT_RETRIES).build();
+        let mut overloads = backoff().with_max_times(OVERLOAD_RETRIES).build();
         loop {
             let mv = match self.plan(view, targets, target, &meta).await {
                 Planned::Move(mv) => mv,
@@ -462,22 +552,47 @@ impl Rebalancer {
                     });
                 }
             };
-            self.limiter.wait().await;
             let patch = mv.patch(
                 view.labels,
                 meta.resource_version.as_deref().unwrap_or_default(),
             );
-            match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            let result = loop {
+                let slot = self.slots.acquire().await;
+                self.limiter.wait().await;
+                let result = tokio::time::timeout(
+                    WRITE_TIMEOUT,
+                    requests::patch(
+                        &self.writes,
+                        target,
+                        meta.namespace.as_deref(),
+                        &name,
+                        &patch,
+                    ),
+                )
                 .await
-            {
+                .unwrap_or_else(|_| Err(kube::Error::Service("write timed out".into())));
+                let Some(retry_after) = overloaded(&result) else {
+                    slot.answered(Answer::Handled);
+                    break result;
+                };
+                slot.answered(Answer::Overloaded);
+                self.metrics
+                    .overloaded_writes
+                    .get_or_create(&RingLabel::new(view.name))
+                    .inc();
+                let Some(delay) = overloads.next() else {
+                    break result;
+                };
+                tokio::time::sleep(retry_after.unwrap_or(delay)).await;
+            };
+            match result {
                 Ok(_) => {
                     self.log_and_count(view, target, &meta, &mv);
                     return Written::Moved(mv);
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => return Written::Stayed,
                 Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let Some(delay) = backoff.next() else {
+                    let Some(delay) = conflicts.next() else {
                         warn!(object = %display_name(&meta), "move still conflicting after retries");
                         self.count_failure(view, target, "conflict");
                         return Written::Failed;
@@ -532,5 +647,25 @@ impl Rebalancer {
                 info!(resource = %target.resource, %object, from = %from, to = %to, reason = %reason, "moved");
             }
         }
+    }
+}
+
+/// Whether `result` says the apiserver is too busy (429 Too Many Requests, 503, 504) or could
+/// not be reached (a transport error): then `Some`, with the wait the apiserver asked for, if
+/// any. Refusals for the object's own reasons (conflict, not found, invalid, forbidden, a
+/// webhook's denial or failure) are not overload.
+fn overloaded<T>(result: &Result<T, kube::Error>) -> Option<Option<Duration>> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => matches!(status.code, 429 | 503 | 504).then(|| {
+            status
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(u64::from(s)))
+        }),
+        Err(kube::Error::HyperError(_) | kube::Error::Service(_)) => Some(None),
+        Err(_) => None,
     }
 }

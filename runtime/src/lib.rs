@@ -15,6 +15,7 @@ pub mod files;
 pub mod lease;
 pub mod logging;
 pub mod metrics;
+pub mod multiplexed;
 pub mod tasks;
 
 pub use admin::{AdminArgs, Readiness};
@@ -93,8 +94,12 @@ where
     E: From<Error>,
 {
     common.log.init()?;
-    let client = kube::Client::try_default().await.map_err(Error::Client)?;
-    run(client, shutdown_on_signal()).await
+    run(client().await?, shutdown_on_signal()).await
+}
+
+/// A Kubernetes client from the environment (KUBECONFIG or in-cluster).
+pub async fn client() -> Result<kube::Client, Error> {
+    kube::Client::try_default().await.map_err(Error::Client)
 }
 
 /// This machine's host name (a pod's name in Kubernetes), if it has one.

@@ -288,7 +288,8 @@ impl Shard {
                 "labels": { self.labels.shard.as_str(): null, self.labels.drain.as_str(): null },
             }
         });
-        api.patch(
+        // The answer carries the object's metadata only.
+        api.patch_metadata(
             &object.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
