@@ -31,6 +31,8 @@ pub mod report;
 pub mod ring_balance;
 pub mod rolling;
 pub mod stats;
+pub mod timeline;
+pub mod tracker;
 pub mod webhooks;
 
 /// Flags of the benchmark command.
@@ -74,6 +76,19 @@ pub struct Args {
     )]
     pub rebalance_objects: usize,
 
+    /// Scale-out rounds of the rebalancing benchmark (each with its raw PATCH baseline).
+    #[arg(long, env = "SHARDER_BENCH_REBALANCE_ROUNDS", default_value_t = 5)]
+    pub rebalance_rounds: usize,
+
+    /// `--max-concurrent-writes` of the reconciler in the moving benchmarks.
+    #[arg(long, env = "SHARDER_BENCH_REBALANCE_CONCURRENCY", default_value_t = sharder_reconciler::DEFAULT_MAX_CONCURRENT_WRITES)]
+    pub rebalance_concurrency: usize,
+
+    /// Reconcile concurrency of the in-process shards' controllers (0: kube-runtime's default,
+    /// unbounded).
+    #[arg(long, env = "SHARDER_BENCH_SHARD_CONCURRENCY", default_value_t = 0)]
+    pub shard_concurrency: u16,
+
     /// Shard Lease duration in the crash benchmark, in seconds.
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10)]
     pub lease_seconds: u64,
@@ -91,6 +106,39 @@ pub struct Args {
     /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub criterion: bool,
+
+    /// The sections to run, comma-separated (the others are reported as not run).
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_SECTIONS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "latency,load,memory,rebalance,rolling,ring"
+    )]
+    pub sections: Vec<Section>,
+}
+
+/// One section of the report.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    /// 1. CREATE latency added by the webhook.
+    Latency,
+    /// 2. The webhook alone under load.
+    Load,
+    /// 3. Reconciler memory against object count.
+    Memory,
+    /// 4-5. Rebalancing and a shard crash.
+    Rebalance,
+    /// 5b. Rolling updates of the shards.
+    Rolling,
+    /// 6. The ring.
+    Ring,
+}
+
+impl Args {
+    fn runs(&self, section: Section) -> bool {
+        self.sections.contains(&section)
+    }
 }
 
 /// The prologue of the bench's helper binaries: installs the rustls crypto provider and returns
@@ -289,9 +337,10 @@ pub async fn start_reconciler(
     Ok(Reconciler::start(&format!("reconciler-{}", setup.ns), &env, &flags).await?)
 }
 
-/// Waits for the reconciler's first full rebalance of the ring's `n` objects.
-pub async fn wait_first_rebalance(reconciler: &mut Reconciler, n: usize) -> Result<(), Error> {
-    reconciler
+/// Waits for the reconciler's first full rebalance of the ring's `n` objects; returns its
+/// summary line.
+pub async fn wait_first_rebalance(reconciler: &mut Reconciler, n: usize) -> Result<Value, Error> {
+    Ok(reconciler
         .process
         .wait_for(
             "the first full rebalance",
@@ -299,8 +348,7 @@ pub async fn wait_first_rebalance(reconciler: &mut Reconciler, n: usize) -> Resu
             Duration::from_secs(600),
             |l| rebalanced(l, n),
         )
-        .await?;
-    Ok(())
+        .await?)
 }
 
 /// Whether `line` is a rebalance summary that listed at least `n` objects.
@@ -316,18 +364,30 @@ pub async fn run(args: Args) -> Result<(), Error> {
     eprintln!("[bench] control plane up; starting the webhooks");
     let webhooks = webhooks::start(cp).await?;
     let mut report = report::Report::new(&args, cp);
-    eprintln!("[bench] 1/6 CREATE latency through the apiserver");
-    report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
-    eprintln!("[bench] 2/6 webhook alone under load");
-    report.load = load_bench(&args);
-    eprintln!("[bench] 3/6 reconciler memory");
-    report.memory = memory::run(cp, &webhooks, &args).await?;
-    eprintln!("[bench] 4-5/6 rebalancing and a shard crash");
-    report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
-    eprintln!("[bench] 5b/6 rolling updates of the shards, three ways");
-    report.rolling = Some(rolling::run(cp, &webhooks, &args).await?);
-    eprintln!("[bench] 6/6 ring");
-    report.ring = Some(ring_balance::run(args.criterion));
+    if args.runs(Section::Latency) {
+        eprintln!("[bench] 1/6 CREATE latency through the apiserver");
+        report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
+    }
+    if args.runs(Section::Load) {
+        eprintln!("[bench] 2/6 webhook alone under load");
+        report.load = load_bench(&args);
+    }
+    if args.runs(Section::Memory) {
+        eprintln!("[bench] 3/6 reconciler memory");
+        report.memory = memory::run(cp, &webhooks, &args).await?;
+    }
+    if args.runs(Section::Rebalance) {
+        eprintln!("[bench] 4-5/6 rebalancing and a shard crash");
+        report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
+    }
+    if args.runs(Section::Rolling) {
+        eprintln!("[bench] 5b/6 rolling updates of the shards, three ways");
+        report.rolling = Some(rolling::run(cp, &webhooks, &args).await?);
+    }
+    if args.runs(Section::Ring) {
+        eprintln!("[bench] 6/6 ring");
+        report.ring = Some(ring_balance::run(args.criterion));
+    }
     report.duration = started.elapsed();
     let text = report.render();
     if let Some(parent) = args.output.parent() {

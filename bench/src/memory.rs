@@ -28,10 +28,19 @@ pub struct MemoryRow {
     pub reconciler_after_scale_out: u64,
     /// Objects the scale-out drained.
     pub drained: u64,
+    /// How long the first full rebalance (a list of every object) took.
+    pub first_rebalance: Duration,
+    /// How long the scale-out's rebalance (a list of every object and the drains) took.
+    pub scale_out_rebalance: Duration,
     /// Baseline RSS once its cache holds every object.
     pub baseline_steady: u64,
     /// Baseline peak RSS.
     pub baseline_peak: u64,
+}
+
+/// The duration a rebalance summary line reports.
+fn took(line: &serde_json::Value) -> Duration {
+    Duration::from_millis(line["duration_ms"].as_u64().unwrap_or(0))
 }
 
 async fn settle() {
@@ -69,7 +78,7 @@ pub async fn run(
         )
         .await?;
         let pid = reconciler.process.pid();
-        wait_first_rebalance(&mut reconciler, n).await?;
+        let first = wait_first_rebalance(&mut reconciler, n).await?;
         settle().await;
         let (steady, _) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
         let skip = reconciler.process.lines().len();
@@ -112,6 +121,8 @@ pub async fn run(
             reconciler_peak: peak,
             reconciler_after_scale_out: after,
             drained: line["drained"].as_u64().unwrap_or(0),
+            first_rebalance: took(&first),
+            scale_out_rebalance: took(&line),
             baseline_steady,
             baseline_peak,
         });

@@ -1,8 +1,11 @@
 //! Rebalancing and a shard crash with real acknowledgements: shards run in-process on the shard
 //! SDK (the same drain acknowledgement as any SDK shard, a no-op business reconcile), the
-//! reconciler as a process, the sharder webhook assigning acknowledged objects. Writes are
-//! counted per user in the apiserver's audit log; the raw PATCH throughput of the same
-//! apiserver is measured in the same run.
+//! reconciler as a process, the sharder webhook assigning acknowledged objects. Writes, and
+//! when the apiserver received and answered each, come from its audit log; CPU time per process
+//! from `/proc`. Each round scales out 3 -> 4 and measures, right after, raw PATCHes of the same
+//! apiserver (plain, at several concurrencies, and through the webhook as an acknowledgement
+//! goes) and a list of every object alone; then the fourth shard leaves (its Lease released: its
+//! objects move back directly). After the rounds, a shard crashes.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -14,7 +17,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{Action, Config, Controller};
 use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::lease::shard_state;
@@ -22,30 +25,101 @@ use sharder_common::{Ring, ShardState};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
 use sharder_tests::ControlPlane;
+use sharder_tests::control_plane::AuditMark;
+use sharder_tests::launch::Reconciler;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::stats::{CpuUse, median};
+use crate::timeline::Timeline;
+use crate::tracker::Tracker;
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup, start_reconciler, wait_first_rebalance};
-use sharder_tests::launch::Reconciler;
+
+/// The raw PATCH baseline at one concurrency.
+#[derive(Clone, Debug)]
+pub struct RawPatches {
+    /// Requests in flight.
+    pub concurrency: usize,
+    /// Patches.
+    pub count: usize,
+    /// Patches per second at the apiserver (audit log: first received to last answered).
+    pub per_second: f64,
+    /// CPU seconds of each process over the run.
+    pub cpu: Vec<(String, f64)>,
+}
+
+/// One scale-out 3 -> 4 and what was measured beside it.
+#[derive(Clone, Debug)]
+pub struct Round {
+    /// Objects moved.
+    pub moved: usize,
+    /// Reconciler writes to the objects (drains).
+    pub reconciler_writes: usize,
+    /// Shard writes to the objects (acknowledgements).
+    pub shard_writes: usize,
+    /// From the new shard's start until every object was on its shard, nothing draining.
+    pub wall: Duration,
+    /// Where the time went.
+    pub timeline: Timeline,
+    /// CPU seconds of each process over the scale-out.
+    pub cpu: Vec<(String, f64)>,
+    /// Raw merge PATCHes right after, at each concurrency.
+    pub raw: Vec<RawPatches>,
+    /// Raw merge PATCHes through the sharder webhook, at the best concurrency.
+    pub raw_webhook: RawPatches,
+    /// Objects per second of a paginated metadata list of every object alone.
+    pub list_per_second: f64,
+    /// The fourth shard leaving (Lease released): its objects moved back directly.
+    pub scale_in: Timeline,
+}
+
+impl Round {
+    /// The fastest raw PATCH rate of the round (the apiserver's ceiling for plain writes).
+    pub fn raw_best(&self) -> &RawPatches {
+        self.raw
+            .iter()
+            .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
+            .unwrap_or(&self.raw_webhook)
+    }
+
+    /// Rebalancing writes per second (first received to last answered) over the best raw rate.
+    pub fn ratio(&self) -> f64 {
+        self.timeline.writes.rate() / self.raw_best().per_second
+    }
+
+    /// Seconds the same work takes part by part at the rates each part reached alone: the
+    /// drains as raw PATCHes, the acknowledgements as raw PATCHes through the webhook, the
+    /// list of every object.
+    pub fn parts(&self, objects: usize) -> f64 {
+        self.reconciler_writes as f64 / self.raw_best().per_second
+            + self.shard_writes as f64 / self.raw_webhook.per_second
+            + objects as f64 / self.list_per_second
+    }
+
+    /// The parts' time over the time taken: how close the rebalancing came to its own parts.
+    pub fn parts_ratio(&self, objects: usize) -> f64 {
+        let w = &self.timeline.writes;
+        self.parts(objects) / (w.last_answered - w.first_received)
+    }
+
+    /// Direct moves per second of the scale-in over the best raw rate.
+    pub fn scale_in_ratio(&self) -> f64 {
+        self.scale_in.writes.rate() / self.raw_best().per_second
+    }
+}
 
 /// What the rebalancing and crash benchmarks measured.
 #[derive(Clone, Debug)]
 pub struct RebalanceResult {
     /// Objects.
     pub objects: usize,
-    /// Objects moved by the scale-out 3 -> 4.
-    pub moved: usize,
-    /// Reconciler writes to the objects during the scale-out.
-    pub reconciler_writes: usize,
-    /// Shard writes (acknowledgements) during the scale-out.
-    pub shard_writes: usize,
-    /// From the new shard's start until every object was on its desired shard, nothing draining.
-    pub wall: Duration,
-    /// Raw merge PATCHes per second of the same apiserver, same concurrency.
-    pub raw_patches_per_second: f64,
     /// The reconciler's `--max-concurrent-writes`.
     pub concurrency: usize,
+    /// The shards' controller concurrency (0: unbounded).
+    pub shard_concurrency: u16,
+    /// The scale-out rounds.
+    pub rounds: Vec<Round>,
     /// Objects of the crashed shard.
     pub crashed_objects: usize,
     /// Reconciler writes to them.
@@ -54,6 +128,49 @@ pub struct RebalanceResult {
     pub lease: Duration,
     /// From the crash until every object of the crashed shard was reassigned.
     pub crash_recovery: Duration,
+    /// How long before the crash the crashed shard last renewed its Lease (as read just
+    /// before), in seconds.
+    pub last_renewal: Option<f64>,
+    /// Where the crash recovery's time went.
+    pub crash: Timeline,
+}
+
+impl RebalanceResult {
+    /// The median of `f` over the rounds.
+    pub fn median(&self, f: impl Fn(&Round) -> f64) -> f64 {
+        median(self.rounds.iter().map(f).collect())
+    }
+
+    /// The yardstick of every comparison: for each concurrency, the median raw PATCH rate over
+    /// the rounds; the best of those, and its concurrency. (The best single run would favour
+    /// noise: rounds of the same concurrency differ by a fifth here.)
+    pub fn raw_yardstick(&self) -> (f64, usize) {
+        RAW_CONCURRENCIES
+            .iter()
+            .map(|c| {
+                let rate = self.median(|r| {
+                    r.raw
+                        .iter()
+                        .find(|x| x.concurrency == *c)
+                        .map_or(f64::NAN, |x| x.per_second)
+                });
+                (rate, *c)
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap_or((f64::NAN, 0))
+    }
+
+    /// The median raw rate through the webhook over the rounds.
+    pub fn raw_webhook_yardstick(&self) -> f64 {
+        self.median(|r| r.raw_webhook.per_second)
+    }
+
+    /// The round with the median ratio (its timeline and CPU are shown).
+    pub fn median_round(&self) -> Option<&Round> {
+        let mut rounds: Vec<&Round> = self.rounds.iter().collect();
+        rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+        rounds.get(rounds.len() / 2).copied()
+    }
 }
 
 /// A minimal shard on the shard SDK, in this process: acknowledges drains, reconciles nothing.
@@ -78,6 +195,7 @@ pub(crate) fn start_shard(
     name: &str,
     lease: Duration,
     on_stop: OnStop,
+    concurrency: u16,
 ) -> BenchShard {
     let shard = Shard::new(client.clone(), ns, name).with_on_stop(on_stop);
     let keeper = shard.lease(ns, lease, Duration::from_secs(1));
@@ -92,6 +210,7 @@ pub(crate) fn start_shard(
         let _ = shard
             .run(keeper, &stop_on, |stop| {
                 Controller::new(api, config)
+                    .with_config(Config::default().concurrency(concurrency))
                     .graceful_shutdown_on(stop.cancelled_owned())
                     .run(
                         reconciler,
@@ -149,8 +268,8 @@ impl Accounts {
 }
 
 /// The reconciler of the moving benchmarks (`name` logs in `dir`): writes unlimited in rate,
-/// [`CONCURRENCY`] in flight, drain checks every 500 ms, no periodic sweep; returns once its
-/// first full rebalance of the `n` objects is done.
+/// at most `--rebalance-concurrency` in flight, drain checks every 500 ms, no periodic sweep;
+/// returns once its first full rebalance of the `n` objects is done.
 pub(crate) async fn start_moving_reconciler(
     setup: &RingSetup,
     dir: &std::path::Path,
@@ -168,11 +287,14 @@ pub(crate) async fn start_moving_reconciler(
             "--max-writes-per-second",
             "0",
             "--max-concurrent-writes",
-            &CONCURRENCY.to_string(),
+            &args.rebalance_concurrency.to_string(),
             "--drain-check-interval",
             "500ms",
             "--sweep-interval",
             "1h",
+            // The list pages, for the timeline.
+            "--log-level",
+            "info,sharder_reconciler::rebalance=debug",
         ],
         args.malloc_arena_max,
     )
@@ -180,9 +302,6 @@ pub(crate) async fn start_moving_reconciler(
     wait_first_rebalance(&mut reconciler, n).await?;
     Ok(reconciler)
 }
-
-/// Writes in flight of the moving benchmarks' reconciler (and of the raw PATCH baseline).
-pub(crate) const CONCURRENCY: usize = 16;
 
 /// Writes to the namespace's Secrets by `user` among `events`.
 pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
@@ -196,28 +315,268 @@ pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> u
         .count()
 }
 
-/// Waits until every object is on its shard of `ring` and none is draining.
-pub(crate) async fn converge(
-    setup: &RingSetup,
-    ring: &Ring,
-) -> Result<BTreeMap<String, String>, Error> {
-    for _ in 0..2400 {
-        let all = setup.assignment().await?;
-        let done = all.iter().all(|(name, shard, draining)| {
-            !draining && shard.as_deref() == ring.shard_for(&setup.key(name))
-        });
-        if done {
-            return Ok(all
-                .into_iter()
-                .map(|(name, shard, _)| (name, shard.unwrap_or_default()))
-                .collect());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(Error::Setup("the objects never converged".into()))
+/// The admin client's audit user (the raw PATCHes).
+const ADMIN_USER: &str = "admin";
+
+/// Concurrencies of the raw PATCH baseline.
+pub const RAW_CONCURRENCIES: [usize; 4] = [16, 32, 64, 128];
+
+/// One raw PATCH run.
+struct RawRun<'a> {
+    cp: &'a ControlPlane,
+    setup: &'a RingSetup,
+    names: &'a [String],
+    count: usize,
+    processes: &'a [(&'a str, u32)],
 }
 
-/// Runs the scale-out 3 -> 4 and then the crash of one shard.
+impl RawRun<'_> {
+    /// Merge PATCHes of `count` of `names` (a new label value `round` each, so every one is a
+    /// real write), `concurrency` in flight; the rate is taken from the audit log like the
+    /// moves'. With `through_webhook` each patch also removes the shard label, so the sharder
+    /// webhook is called and puts it back (as it does for every acknowledgement).
+    async fn run(
+        &self,
+        concurrency: usize,
+        round: usize,
+        through_webhook: bool,
+    ) -> Result<RawPatches, Error> {
+        let api = self.setup.secrets();
+        let mark = self.cp.audit_mark();
+        let cpu = CpuUse::start(self.processes);
+        let start = Timestamp::now();
+        let shard_label = self.setup.labels.shard.clone();
+        futures::stream::iter(self.names.iter().cycle().take(self.count).cloned())
+            .map(|name| {
+                let api = api.clone();
+                let mut labels = json!({ "bench/raw": round.to_string() });
+                if through_webhook {
+                    labels[&shard_label] = serde_json::Value::Null;
+                }
+                async move {
+                    let patch = json!({ "metadata": { "labels": labels } });
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .buffer_unordered(concurrency)
+            .try_collect::<Vec<()>>()
+            .await?;
+        let cpu = cpu.end();
+        let events = settled_audit(self.cp, mark).await;
+        let timeline = Timeline::new(
+            start,
+            &events,
+            &self.setup.ns,
+            &[("raw", ADMIN_USER)],
+            &[],
+            &[],
+            None,
+        );
+        Ok(RawPatches {
+            concurrency,
+            count: timeline.writes.count,
+            per_second: timeline.writes.rate(),
+            cpu,
+        })
+    }
+}
+
+/// The audit events after `mark`, once the log stopped growing (the apiserver writes an event
+/// as it answers, so the last ones may land just after the client saw its answer).
+async fn settled_audit(cp: &ControlPlane, mark: AuditMark) -> Vec<serde_json::Value> {
+    let mut seen = cp.audit_mark();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = cp.audit_mark();
+        if now == seen {
+            return cp.audited_writes_since(mark);
+        }
+        seen = now;
+    }
+}
+
+fn offset_of(start: Timestamp, at: Timestamp) -> f64 {
+    at.duration_since(start).as_secs_f64()
+}
+
+/// When shard `name`'s Lease was acquired, as seconds after `start`.
+async fn lease_acquired(setup: &RingSetup, name: &str, start: Timestamp) -> Option<f64> {
+    let lease = Api::<Lease>::namespaced(setup.client.clone(), &setup.ns)
+        .get(name)
+        .await
+        .ok()?;
+    let acquired = lease.spec?.acquire_time?.0;
+    Some(offset_of(start, acquired))
+}
+
+/// The last renewal of shard `name`'s Lease.
+async fn lease_renewed(setup: &RingSetup, name: &str) -> Option<Timestamp> {
+    let lease = Api::<Lease>::namespaced(setup.client.clone(), &setup.ns)
+        .get(name)
+        .await
+        .ok()?;
+    Some(lease.spec?.renew_time?.0)
+}
+
+/// The running system of the benchmark.
+struct Bench<'a> {
+    cp: &'a ControlPlane,
+    setup: RingSetup,
+    tracker: Tracker,
+    reconciler: Reconciler,
+    reconciler_user: String,
+    shard_user: String,
+    shard_client: Client,
+    shards: BTreeMap<String, BenchShard>,
+    lease: Duration,
+    shard_concurrency: u16,
+    processes: Vec<(&'static str, u32)>,
+}
+
+impl Bench<'_> {
+    fn start_shard(&mut self, name: &str) {
+        let shard = start_shard(
+            self.shard_client.clone(),
+            &self.setup.ns,
+            name,
+            self.lease,
+            OnStop::Release,
+            self.shard_concurrency,
+        );
+        self.shards.insert(name.to_owned(), shard);
+    }
+
+    fn users(&self) -> [(&str, &str); 2] {
+        [
+            ("reconciler writes", self.reconciler_user.as_str()),
+            ("shard writes (acknowledgements)", self.shard_user.as_str()),
+        ]
+    }
+
+    /// One round: scale-out 3 -> 4, raw PATCHes and a list alone, then shard-3 leaves.
+    async fn round(&mut self, number: usize) -> Result<Round, Error> {
+        let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
+        let four = Ring::new((0..4).map(|i| format!("shard-{i}")));
+        let (_, before) = self.tracker.converge(&self.setup, &three).await?;
+
+        let mark = self.cp.audit_mark();
+        let log_start = self.reconciler.process.lines().len();
+        let cpu = CpuUse::start(&self.processes);
+        let start = Timestamp::now();
+        let started = Instant::now();
+        self.start_shard("shard-3");
+        let (converged, after) = self.tracker.converge(&self.setup, &four).await?;
+        let wall = converged - started;
+        let cpu = cpu.end();
+        let events = settled_audit(self.cp, mark).await;
+        let log: Vec<_> = self
+            .reconciler
+            .process
+            .lines()
+            .into_iter()
+            .skip(log_start)
+            .collect();
+        let mut marks = vec![
+            ("shard-3 started", 0.0),
+            ("every object on its shard (watch)", wall.as_secs_f64()),
+        ];
+        if let Some(held) = lease_acquired(&self.setup, "shard-3", start).await {
+            marks.push(("shard-3 Lease acquired", held));
+        }
+        let timeline = Timeline::new(
+            start,
+            &events,
+            &self.setup.ns,
+            &self.users(),
+            &log,
+            &marks,
+            Some((&self.reconciler_user, &self.shard_user)),
+        );
+        let moved = before
+            .keys()
+            .filter(|k| before.get(*k) != after.get(*k))
+            .count();
+        let reconciler_writes = writes_by(&events, &self.setup.ns, &self.reconciler_user);
+        let shard_writes = writes_by(&events, &self.setup.ns, &self.shard_user);
+        eprintln!(
+            "[bench]   round {number}: {moved} of {} moved in {wall:?}; {reconciler_writes} reconciler + {shard_writes} shard writes; {:.0} writes/s from the first to the last, {:.1} in flight",
+            after.len(),
+            timeline.writes.rate(),
+            timeline.writes.in_flight(),
+        );
+
+        // Raw PATCHes of the same apiserver, as many writes, each concurrency in turn.
+        let names: Vec<String> = after.keys().cloned().collect();
+        let runs = RawRun {
+            cp: self.cp,
+            setup: &self.setup,
+            names: &names,
+            count: timeline.writes.count.max(1000),
+            processes: &self.processes,
+        };
+        let mut raw = Vec::new();
+        for (i, concurrency) in RAW_CONCURRENCIES.into_iter().enumerate() {
+            let r = runs.run(concurrency, 10 * number + i, false).await?;
+            eprintln!(
+                "[bench]   raw PATCH: {} at {} in flight: {:.0}/s",
+                r.count, r.concurrency, r.per_second
+            );
+            raw.push(r);
+        }
+        let best = raw
+            .iter()
+            .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
+            .map_or(64, |r| r.concurrency);
+        let raw_webhook = runs.run(best, 10 * number + 9, true).await?;
+        self.tracker.converge(&self.setup, &four).await?;
+        eprintln!(
+            "[bench]   raw PATCH through the webhook: {} at {} in flight: {:.0}/s",
+            raw_webhook.count, raw_webhook.concurrency, raw_webhook.per_second
+        );
+        let listing = Instant::now();
+        let listed = self.setup.assignment().await?.len();
+        let list_per_second = listed as f64 / listing.elapsed().as_secs_f64();
+
+        // shard-3 leaves: its Lease is released, its objects move back directly.
+        let mark = self.cp.audit_mark();
+        let start = Timestamp::now();
+        if let Some(shard) = self.shards.remove("shard-3") {
+            shard.stop().await;
+        }
+        self.tracker.converge(&self.setup, &three).await?;
+        let events = settled_audit(self.cp, mark).await;
+        let scale_in = Timeline::new(
+            start,
+            &events,
+            &self.setup.ns,
+            &self.users()[..1],
+            &[],
+            &[],
+            None,
+        );
+        eprintln!(
+            "[bench]   round {number}: shard-3 left, {} moved back at {:.0}/s",
+            scale_in.writes.count,
+            scale_in.writes.rate()
+        );
+        Ok(Round {
+            moved,
+            reconciler_writes,
+            shard_writes,
+            wall,
+            timeline,
+            cpu,
+            raw,
+            raw_webhook,
+            list_per_second,
+            scale_in,
+        })
+    }
+}
+
+/// Runs the scale-out rounds and then the crash of one shard.
 pub async fn run(
     cp: &ControlPlane,
     webhooks: &Webhooks,
@@ -225,118 +584,127 @@ pub async fn run(
 ) -> Result<RebalanceResult, Error> {
     let n = args.rebalance_objects;
     let lease = Duration::from_secs(args.lease_seconds);
-    let concurrency = CONCURRENCY;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
     let setup = RingSetup::new(cp, "bench-rebalance", false, 0).await?;
-    let Accounts {
-        reconciler_kubeconfig: kubeconfig,
-        reconciler_user,
-        shard_user,
-        shard_client,
-    } = Accounts::new(cp, &setup).await?;
-
-    let mut shards: BTreeMap<String, BenchShard> = BTreeMap::new();
+    let accounts = Accounts::new(cp, &setup).await?;
+    let mut shards = BTreeMap::new();
     for i in 0..3 {
         let name = format!("shard-{i}");
-        shards.insert(
-            name.clone(),
-            start_shard(
-                shard_client.clone(),
-                &setup.ns,
-                &name,
-                lease,
-                OnStop::Release,
-            ),
+        let shard = start_shard(
+            accounts.shard_client.clone(),
+            &setup.ns,
+            &name,
+            lease,
+            OnStop::Release,
+            args.shard_concurrency,
         );
+        shards.insert(name.clone(), shard);
         wait_ready(&setup, &name).await?;
     }
     let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
     let rate = setup.create_assigned(0..n, &three).await?;
     eprintln!("[bench]   {n} objects created ({rate:.0}/s)");
-    let reconciler =
-        start_moving_reconciler(&setup, dir.path(), &kubeconfig, webhooks, args, n).await?;
-    let before = converge(&setup, &three).await?;
+    let tracker = Tracker::start(&setup).await?;
+    let reconciler = start_moving_reconciler(
+        &setup,
+        dir.path(),
+        &accounts.reconciler_kubeconfig,
+        webhooks,
+        args,
+        n,
+    )
+    .await?;
+    let [etcd_pid, apiserver_pid] = cp.pids();
+    let processes = vec![
+        ("kube-apiserver", apiserver_pid),
+        ("etcd", etcd_pid),
+        ("webhook", webhooks.sharder.process.pid()),
+        ("reconciler", reconciler.process.pid()),
+        ("bench (shards, watch, client)", std::process::id()),
+    ];
+    let mut bench = Bench {
+        cp,
+        setup,
+        tracker,
+        reconciler,
+        reconciler_user: accounts.reconciler_user,
+        shard_user: accounts.shard_user,
+        shard_client: accounts.shard_client,
+        shards,
+        lease,
+        shard_concurrency: args.shard_concurrency,
+        processes,
+    };
+    let mut rounds = Vec::new();
+    for number in 1..=args.rebalance_rounds.max(1) {
+        rounds.push(bench.round(number).await?);
+    }
 
-    // Scale-out 3 -> 4.
-    let audit_start = cp.audited_writes().len();
-    let started = Instant::now();
-    shards.insert(
-        "shard-3".into(),
-        start_shard(
-            shard_client.clone(),
-            &setup.ns,
-            "shard-3",
-            lease,
-            OnStop::Release,
-        ),
-    );
+    // shard-3 once more, then shard-1 crashes: no release; its objects move once its Lease
+    // expired and was taken over.
     let four = Ring::new((0..4).map(|i| format!("shard-{i}")));
-    let after = converge(&setup, &four).await?;
-    let wall = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let events: Vec<_> = cp.audited_writes().into_iter().skip(audit_start).collect();
-    let moved: Vec<&String> = before.keys().filter(|k| before[*k] != after[*k]).collect();
-    let reconciler_writes = writes_by(&events, &setup.ns, &reconciler_user);
-    let shard_writes = writes_by(&events, &setup.ns, &shard_user);
-    eprintln!(
-        "[bench]   scale-out: {} of {n} moved in {wall:?}; {reconciler_writes} reconciler + {shard_writes} shard writes",
-        moved.len()
-    );
-
-    // Raw PATCH throughput of the same apiserver, same concurrency, as many objects.
-    let api = setup.secrets();
-    let raw_started = Instant::now();
-    futures::stream::iter(moved.iter().map(|name| (*name).clone()))
-        .map(|name| {
-            let api = api.clone();
-            async move {
-                let patch = json!({ "metadata": { "labels": { "bench/raw": "1" } } });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| ())
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>()
-        .await?;
-    let raw_patches_per_second = moved.len() as f64 / raw_started.elapsed().as_secs_f64();
-
-    // Crash shard-1: no release; its objects move once its Lease expired and was taken over.
-    let victims: Vec<String> = after
-        .iter()
-        .filter(|(_, s)| s.as_str() == "shard-1")
-        .map(|(n, _)| n.clone())
-        .collect();
-    let audit_start = cp.audited_writes().len();
+    bench.start_shard("shard-3");
+    let (_, after) = bench.tracker.converge(&bench.setup, &four).await?;
+    let victims = after.values().filter(|s| s.as_str() == "shard-1").count();
+    let last_renewal = lease_renewed(&bench.setup, "shard-1").await;
+    let mark = cp.audit_mark();
+    let log_start = bench.reconciler.process.lines().len();
+    let start = Timestamp::now();
     let crashed = Instant::now();
-    if let Some(shard) = shards.remove("shard-1") {
+    if let Some(shard) = bench.shards.remove("shard-1") {
         shard.task.abort();
     }
     let survivors = Ring::new(["shard-0", "shard-2", "shard-3"]);
-    converge(&setup, &survivors).await?;
-    let crash_recovery = crashed.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let events: Vec<_> = cp.audited_writes().into_iter().skip(audit_start).collect();
-    let crash_writes = writes_by(&events, &setup.ns, &reconciler_user);
-    eprintln!(
-        "[bench]   crash: {} objects reassigned {crash_recovery:?} after the crash (lease {lease:?}), {crash_writes} writes",
-        victims.len()
+    let (converged, _) = bench.tracker.converge(&bench.setup, &survivors).await?;
+    let crash_recovery = converged - crashed;
+    let events = settled_audit(cp, mark).await;
+    let log: Vec<_> = bench
+        .reconciler
+        .process
+        .lines()
+        .into_iter()
+        .skip(log_start)
+        .collect();
+    let mut marks = vec![
+        ("shard-1 crashed", 0.0),
+        (
+            "every object on its shard (watch)",
+            crash_recovery.as_secs_f64(),
+        ),
+    ];
+    if let Some(renewed) = last_renewal {
+        marks.push((
+            "shard-1's last renewal seen before the crash",
+            offset_of(start, renewed),
+        ));
+    }
+    let crash = Timeline::new(
+        start,
+        &events,
+        &bench.setup.ns,
+        &bench.users()[..1],
+        &log,
+        &marks,
+        None,
     );
-    for shard in shards.values() {
+    let crash_writes = writes_by(&events, &bench.setup.ns, &bench.reconciler_user);
+    eprintln!(
+        "[bench]   crash: {victims} objects reassigned {crash_recovery:?} after the crash (lease {lease:?}), {crash_writes} writes, {:.0}/s from the first to the last",
+        crash.writes.rate()
+    );
+    for shard in bench.shards.values() {
         shard.task.abort();
     }
-    drop(reconciler);
     Ok(RebalanceResult {
         objects: n,
-        moved: moved.len(),
-        reconciler_writes,
-        shard_writes,
-        wall,
-        raw_patches_per_second,
-        concurrency,
-        crashed_objects: victims.len(),
+        concurrency: args.rebalance_concurrency,
+        shard_concurrency: args.shard_concurrency,
+        rounds,
+        crashed_objects: victims,
         crash_writes,
         lease,
         crash_recovery,
+        last_renewal: last_renewal.map(|r| -offset_of(start, r)),
+        crash,
     })
 }

@@ -12,8 +12,9 @@ use sharder_sdk::lease::OnStop;
 use sharder_tests::ControlPlane;
 
 use crate::rebalance::{
-    Accounts, BenchShard, converge, start_moving_reconciler, start_shard, wait_ready, writes_by,
+    Accounts, BenchShard, start_moving_reconciler, start_shard, wait_ready, writes_by,
 };
+use crate::tracker::Tracker;
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup};
 
@@ -90,7 +91,14 @@ pub async fn run(
     let mut names: Vec<String> = (0..SHARDS).map(|i| format!("shard-{i}")).collect();
     let mut shards: BTreeMap<String, BenchShard> = BTreeMap::new();
     let start = |name: &str, on_stop: OnStop| {
-        start_shard(shard_client.clone(), &setup.ns, name, lease, on_stop)
+        start_shard(
+            shard_client.clone(),
+            &setup.ns,
+            name,
+            lease,
+            on_stop,
+            args.shard_concurrency,
+        )
     };
     for name in &names {
         shards.insert(name.clone(), start(name, OnStop::Keep));
@@ -99,7 +107,12 @@ pub async fn run(
     setup.create_assigned(0..n, &ring_of(&names)).await?;
     let reconciler =
         start_moving_reconciler(&setup, dir.path(), &kubeconfig, webhooks, args, n).await?;
-    converge(&setup, &ring_of(&names)).await?;
+    let tracker = Tracker::start(&setup).await?;
+    let converge = |ring: Ring| {
+        let (tracker, setup) = (&tracker, &setup);
+        async move { tracker.converge(setup, &ring).await }
+    };
+    converge(ring_of(&names)).await?;
 
     let mut rolls = Vec::new();
     let mut running = OnStop::Keep;
@@ -119,7 +132,7 @@ pub async fn run(
                 shards.insert(name.clone(), start(&name, on_stop));
                 wait_ready(&setup, &name).await?;
             }
-            converge(&setup, &ring_of(&names)).await?;
+            converge(ring_of(&names)).await?;
             running = on_stop;
         }
 
@@ -134,7 +147,7 @@ pub async fn run(
             if on_stop == OnStop::Release {
                 // Its objects move to the others before it (or its successor) is back.
                 let others: Vec<String> = names.iter().filter(|s| **s != old).cloned().collect();
-                converge(&setup, &ring_of(&others)).await?;
+                converge(ring_of(&others)).await?;
             }
             let new = match mode {
                 Mode::FreshNames => format!("{old}-r"),
@@ -143,7 +156,7 @@ pub async fn run(
             shards.insert(new.clone(), start(&new, on_stop));
             wait_ready(&setup, &new).await?;
             names[i] = new;
-            converge(&setup, &ring_of(&names)).await?;
+            converge(ring_of(&names)).await?;
         }
         let wall = started.elapsed();
         tokio::time::sleep(Duration::from_secs(1)).await;

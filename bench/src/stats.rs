@@ -43,6 +43,47 @@ pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// CPU time (user + system) process `pid` used so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) start at the state, field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i - 3)?.parse::<u64>().ok();
+    // utime and stime are fields 14 and 15, in clock ticks (100 per second on Linux).
+    Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+}
+
+/// CPU seconds each of a set of processes used over a span of a run.
+#[derive(Clone, Debug, Default)]
+pub struct CpuUse {
+    /// (process, pid, CPU seconds at the start, then the difference once ended).
+    processes: Vec<(String, u32, f64)>,
+}
+
+impl CpuUse {
+    /// Starts counting for `processes` (name, pid).
+    pub fn start(processes: &[(&str, u32)]) -> Self {
+        Self {
+            processes: processes
+                .iter()
+                .map(|(name, pid)| ((*name).to_owned(), *pid, cpu_seconds(*pid).unwrap_or(0.0)))
+                .collect(),
+        }
+    }
+
+    /// The CPU seconds each process used since the start.
+    pub fn end(self) -> Vec<(String, f64)> {
+        self.processes
+            .into_iter()
+            .map(|(name, pid, start)| {
+                let used = cpu_seconds(pid).map_or(0.0, |now| now - start);
+                (name, used)
+            })
+            .collect()
+    }
+}
+
 /// KiB as MiB.
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
@@ -65,6 +106,18 @@ mod tests {
     fn medians_of_odd_and_even_counts() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn this_process_uses_cpu_time() {
+        let before = cpu_seconds(std::process::id()).expect("cpu");
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_millis(200) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let used = cpu_seconds(std::process::id()).expect("cpu") - before;
+        assert!(used > 0.05 && x > 0, "{used} s");
     }
 
     #[test]

@@ -19,6 +19,8 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "100,200",
         "--rebalance-objects",
         "200",
+        "--rebalance-rounds",
+        "1",
         "--lease-seconds",
         "2",
         "--load-args",

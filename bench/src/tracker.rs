@@ -1,0 +1,212 @@
+//! Where every Secret of a benchmark's namespace is, from one metadata watch of the bench's own
+//! (the product caches nothing; the bench may): waiting for the objects to converge follows
+//! watch events instead of listing the namespace again and again, which would load the
+//! apiserver the benchmarks measure, and tells the instant the last object arrived.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+use sharder_common::{ObjectKey, Ring, RingLabels};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::{Error, RingSetup};
+
+/// Where one object is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Place {
+    shard: Option<String>,
+    draining: bool,
+}
+
+#[derive(Default)]
+struct State {
+    objects: HashMap<String, Place>,
+    /// Objects seen since the watch (re)started listing.
+    relisting: Option<HashMap<String, Place>>,
+    synced: bool,
+    /// The ring the objects should converge to, and the namespace (for the objects' keys).
+    target: Option<(Ring, String)>,
+    /// Objects not on their target shard, or draining.
+    misplaced: usize,
+    /// When `misplaced` last became 0 (with a target set).
+    settled_at: Option<Instant>,
+    error: Option<String>,
+}
+
+impl State {
+    fn misplaced(&self, name: &str, place: Option<&Place>) -> bool {
+        let (Some((ring, ns)), Some(place)) = (&self.target, place) else {
+            return false;
+        };
+        let key = ObjectKey::main("", "Secret", Some(ns), name).map(|k| k.to_string());
+        let desired = key.as_deref().and_then(|k| ring.shard_for(k));
+        place.draining || place.shard.as_deref() != desired
+    }
+
+    fn recount(&mut self) {
+        self.misplaced = self
+            .objects
+            .iter()
+            .filter(|(name, place)| self.misplaced(name, Some(place)))
+            .count();
+        self.settle(Instant::now());
+    }
+
+    fn settle(&mut self, now: Instant) {
+        if self.synced && self.target.is_some() && self.misplaced == 0 {
+            self.settled_at.get_or_insert(now);
+        } else {
+            self.settled_at = None;
+        }
+    }
+
+    fn set(&mut self, name: String, place: Option<Place>, now: Instant) {
+        let before = self.misplaced(&name, self.objects.get(&name));
+        let after = self.misplaced(&name, place.as_ref());
+        match place {
+            Some(place) => self.objects.insert(name, place),
+            None => self.objects.remove(&name),
+        };
+        self.misplaced = self.misplaced + usize::from(after) - usize::from(before);
+        self.settle(now);
+    }
+}
+
+/// A metadata watch of a namespace's Secrets, counting those not where a given ring puts them.
+pub struct Tracker {
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+    task: JoinHandle<()>,
+    setup_ns: String,
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tracker {
+    /// Starts watching the Secrets of `setup`'s namespace; returns once the first list is in.
+    pub async fn start(setup: &RingSetup) -> Result<Self, Error> {
+        let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(setup.client.clone(), &setup.ns);
+        let state = Arc::new(Mutex::new(State::default()));
+        let changed = Arc::new(Notify::new());
+        let labels: RingLabels = setup.labels.clone();
+        let task = {
+            let state = Arc::clone(&state);
+            let changed = Arc::clone(&changed);
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(watcher::watcher(
+                    api,
+                    watcher::Config::default().page_size(500)
+                ));
+                while let Some(event) = events.next().await {
+                    let now = Instant::now();
+                    let place = |meta: &PartialObjectMeta<Secret>| Place {
+                        shard: labels.shard_of(meta.labels()).map(str::to_owned),
+                        draining: labels.is_draining(meta.labels()),
+                    };
+                    let mut s = lock(&state);
+                    match event {
+                        Ok(Event::Apply(meta)) => s.set(meta.name_any(), Some(place(&meta)), now),
+                        Ok(Event::Delete(meta)) => s.set(meta.name_any(), None, now),
+                        Ok(Event::Init) => s.relisting = Some(HashMap::new()),
+                        Ok(Event::InitApply(meta)) => {
+                            let p = place(&meta);
+                            s.relisting
+                                .get_or_insert_with(HashMap::new)
+                                .insert(meta.name_any(), p);
+                        }
+                        Ok(Event::InitDone) => {
+                            s.objects = s.relisting.take().unwrap_or_default();
+                            s.synced = true;
+                            s.recount();
+                        }
+                        Err(e) => s.error = Some(e.to_string()),
+                    }
+                    drop(s);
+                    changed.notify_waiters();
+                }
+            })
+        };
+        let tracker = Self {
+            state,
+            changed,
+            task,
+            setup_ns: setup.ns.clone(),
+        };
+        tracker
+            .wait(Duration::from_secs(600), "the first list", |s| s.synced)
+            .await?;
+        Ok(tracker)
+    }
+
+    async fn wait(
+        &self,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&State) -> bool,
+    ) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            if done(&lock(&self.state)) {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let s = lock(&self.state);
+                return Err(Error::Setup(format!(
+                    "the Secrets of {} did not reach {what} within {timeout:?}: {} of {} misplaced{}",
+                    self.setup_ns,
+                    s.misplaced,
+                    s.objects.len(),
+                    s.error
+                        .as_ref()
+                        .map(|e| format!(" (last watch error: {e})"))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+    }
+
+    /// Waits until every object is on its shard of `ring` (keys in `setup`'s namespace) and none is
+    /// draining; returns when that happened (the watch event that completed it) and every
+    /// object's shard.
+    pub async fn converge(
+        &self,
+        setup: &RingSetup,
+        ring: &Ring,
+    ) -> Result<(Instant, BTreeMap<String, String>), Error> {
+        {
+            let mut s = lock(&self.state);
+            s.target = Some((ring.clone(), setup.ns.clone()));
+            s.settled_at = None;
+            s.recount();
+        }
+        self.wait(Duration::from_secs(600), "their shards", |s| {
+            s.settled_at.is_some()
+        })
+        .await?;
+        let mut s = lock(&self.state);
+        let at = s.settled_at.unwrap_or_else(Instant::now);
+        let all = s
+            .objects
+            .iter()
+            .map(|(name, place)| (name.clone(), place.shard.clone().unwrap_or_default()))
+            .collect();
+        s.target = None;
+        Ok((at, all))
+    }
+}
