@@ -17,6 +17,12 @@ pub const SHARD_LABEL_PREFIX: &str = "shard.alpha.sharding.timebertt.dev/";
 /// Prefix of the per-ring drain label key; only its presence counts.
 pub const DRAIN_LABEL_PREFIX: &str = "drain.alpha.sharding.timebertt.dev/";
 
+/// Whether `key` is a shard or drain label key of any ring: the only labels sharding reads on a
+/// sharded object.
+pub fn is_sharding_label(key: &str) -> bool {
+    key.starts_with(SHARD_LABEL_PREFIX) || key.starts_with(DRAIN_LABEL_PREFIX)
+}
+
 /// Longest name part of a qualified label key (after the `/`).
 pub const MAX_LABEL_NAME_LEN: usize = 63;
 
@@ -146,6 +152,23 @@ mod tests {
         let a = format!("{}-a", "p".repeat(80));
         let b = format!("{}-b", "p".repeat(80));
         assert_ne!(shard_label(&a), shard_label(&b));
+    }
+
+    #[test]
+    fn shard_and_drain_keys_of_every_ring_are_sharding_labels() {
+        for ring in ["example", "a", &"r".repeat(80)] {
+            assert!(is_sharding_label(&shard_label(ring)), "{ring}");
+            assert!(is_sharding_label(&drain_label(ring)), "{ring}");
+        }
+        for other in [
+            RING_LABEL,
+            STATE_LABEL,
+            "app",
+            "shard.alpha.sharding.timebertt.dev",
+            "",
+        ] {
+            assert!(!is_sharding_label(other), "{other}");
+        }
     }
 
     #[test]

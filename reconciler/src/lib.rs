@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
+use sharder_runtime::clients::{self, Transport};
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
 use tokio::sync::watch;
@@ -241,8 +242,11 @@ where
 /// Runs the reconciler until SIGTERM/SIGINT.
 pub async fn run(args: Args) -> Result<(), Error> {
     sharder_runtime::start(&args.common.clone(), |client, shutdown| async move {
-        let writes = sharder_runtime::multiplexed::client().await?;
-        run_with_client(args, client, writes, shutdown).await
+        let bulk = rebalance::Clients {
+            lists: clients::client(Transport::LISTS).await?,
+            writes: clients::client(Transport::WRITES).await?,
+        };
+        run_with_client(args, client, bulk, shutdown).await
     })
     .await
 }
@@ -251,15 +255,15 @@ pub async fn run(args: Args) -> Result<(), Error> {
 /// controllers; releases leadership on shutdown and fails with [`Error::LeadershipLost`] if it
 /// is lost, or with the controller's error if one ends by itself.
 ///
-/// `writes` carries the object writes and the small reads around them; lists, watches and
-/// everything else go through `client`. `run` makes it a multiplexed client (HTTP/2, one
-/// connection for every write in flight; overload answers reach the rebalancer, which slows
-/// down, see `rebalance::concurrency`), so memory does not grow with `--max-concurrent-writes`,
-/// and no write connection ever carries a list page's buffers.
+/// `bulk` carries the rebalancer's list pages and object writes (with the small reads around
+/// them), each on connections of their own (`run` builds them with
+/// [`sharder_runtime::clients`]: no retry layer, so overload answers reach the rebalancer,
+/// which slows down, see `rebalance::concurrency`); watches and everything else go through
+/// `client`.
 pub async fn run_with_client(
     args: Args,
     client: kube::Client,
-    writes: kube::Client,
+    bulk: rebalance::Clients,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     let (ca_sender, ca) = watch::channel(webhook_config::ca::read(&args.webhook_ca_file)?);
@@ -312,7 +316,7 @@ pub async fn run_with_client(
             args,
             client,
             Leader {
-                writes,
+                bulk,
                 identity: identity.clone(),
                 metrics,
                 ca,
@@ -339,7 +343,7 @@ pub async fn run_with_client(
 
 /// What the leader is given besides its flags and client.
 struct Leader {
-    writes: kube::Client,
+    bulk: rebalance::Clients,
     identity: String,
     metrics: metrics::Metrics,
     ca: watch::Receiver<Vec<u8>>,
@@ -410,7 +414,7 @@ async fn lead(
     stop: CancellationToken,
 ) -> Result<(), Error> {
     let Leader {
-        writes,
+        bulk,
         identity,
         metrics,
         ca,
@@ -458,8 +462,7 @@ async fn lead(
     // store sees fewer shards: it moves nothing off them, and each shard appearing later counts
     // as added, which triggers a full resync; no shard is ever taken for dead by it.
     let rebalancer = rebalance::Rebalancer::new(
-        client.clone(),
-        writes,
+        bulk,
         rebalance::Settings {
             page_size: args.list_page_size,
             max_concurrent_writes: args.max_concurrent_writes,

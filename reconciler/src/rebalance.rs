@@ -25,6 +25,7 @@ use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 pub mod concurrency;
+pub mod pages;
 pub mod plan;
 pub mod requests;
 
@@ -57,6 +58,21 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Writes in flight when the reconciler starts; the limit adapts from there (up to
 /// `--max-concurrent-writes`).
 pub const INITIAL_CONCURRENT_WRITES: usize = 16;
+
+/// Listed objects that may wait for a write slot: the lister reads on while fewer wait, so a
+/// page's objects flow to the writers as they arrive, and memory does not depend on the page
+/// size.
+pub const LISTED_AHEAD: usize = 256;
+
+/// The rebalancer's clients: list pages and object writes (with the small reads around them:
+/// owners, re-reads after a conflict) each on connections of their own.
+#[derive(Clone)]
+pub struct Clients {
+    /// List pages.
+    pub lists: Client,
+    /// Object writes and reads.
+    pub writes: Client,
+}
 
 /// One resource of a ring, resolved through discovery.
 #[derive(Clone, Debug)]
@@ -224,6 +240,14 @@ enum Written {
     Failed,
 }
 
+/// How listing a page ended.
+enum Listed {
+    /// Every object was handed over; the token of the next page, if any.
+    Page(Option<String>),
+    /// The writers stopped taking objects.
+    Stopped,
+}
+
 /// What one object needs.
 enum Planned {
     Move(Move),
@@ -235,7 +259,7 @@ enum Planned {
 /// and shared metrics.
 #[derive(Clone)]
 pub struct Rebalancer {
-    client: Client,
+    lists: Client,
     writes: Client,
     settings: Settings,
     limiter: Arc<RateLimiter>,
@@ -244,20 +268,17 @@ pub struct Rebalancer {
 }
 
 impl Rebalancer {
-    /// A rebalancer listing with `client` and writing with `writes` (a client with a connection
-    /// pool of its own, see `crate::run_with_client`), at most `max_writes_per_second` (0:
-    /// unlimited).
+    /// A rebalancer with `clients`, writing at most `max_writes_per_second` (0: unlimited).
     pub fn new(
-        client: Client,
-        writes: Client,
+        clients: Clients,
         settings: Settings,
         max_writes_per_second: u32,
         metrics: Metrics,
     ) -> Self {
         let max = settings.max_concurrent_writes.max(1);
         Self {
-            client,
-            writes,
+            lists: clients.lists,
+            writes: clients.writes,
             slots: Arc::new(WriteSlots::new(
                 INITIAL_CONCURRENT_WRITES.min(max),
                 max,
@@ -344,10 +365,12 @@ impl Rebalancer {
         let params = ListParams::default()
             .labels(&view.labels.drain)
             .limit(self.settings.page_size);
-        Ok(requests::list(&self.client, &target.api, &params)
-            .await?
-            .items
-            .len())
+        let mut page = requests::Page::open(&self.lists, &target.api, &params).await?;
+        let mut pending = 0;
+        while page.next().await?.is_some() {
+            pending += 1;
+        }
+        Ok(pending)
     }
 
     async fn rebalance(
@@ -357,8 +380,9 @@ impl Rebalancer {
         target: &Target,
         scope: &Scope,
     ) -> Outcome {
-        // At most a page of work waits between the lister and the writers.
-        let (tx, rx) = tokio::sync::mpsc::channel(self.settings.page_size.max(1) as usize);
+        // What waits between the lister and the writers: a few objects per write slot, however
+        // large the pages.
+        let (tx, rx) = tokio::sync::mpsc::channel(LISTED_AHEAD);
         let lister = self.list_into(view, target, scope, tx);
         let writers = async {
             let mut outcome = Outcome::default();
@@ -395,10 +419,19 @@ impl Rebalancer {
         }
         loop {
             let listing = std::time::Instant::now();
-            let page = match requests::list(&self.client, &target.api, &params).await {
-                Ok(page) => {
-                    debug!(resource = %target.resource, objects = page.items.len(), list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
-                    page
+            let mut objects = 0;
+            let page = self
+                .list_page(view, target, &params, &tx, &mut objects)
+                .await;
+            outcome.listed += objects;
+            match page {
+                Ok(Listed::Stopped) => return outcome,
+                Ok(Listed::Page(next)) => {
+                    debug!(resource = %target.resource, objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
+                    match next {
+                        Some(token) => params = params.continue_token(&token),
+                        None => return outcome,
+                    }
                 }
                 Err(e) => {
                     warn!(resource = %target.resource, error = %e, "cannot list objects");
@@ -406,28 +439,37 @@ impl Rebalancer {
                     outcome.failed_lists += 1;
                     return outcome;
                 }
-            };
-            outcome.listed += page.items.len();
-            let continue_token = page.continue_token;
-            for meta in page.items {
-                let in_scope = !target.namespaced
-                    || meta
-                        .namespace
-                        .as_ref()
-                        .is_some_and(|ns| view.namespaces.0.contains(ns));
-                // A main object that stays is done here; only work goes to the writers.
-                if !in_scope || self.stays(view, target, &meta) {
-                    continue;
-                }
-                if tx.send(meta).await.is_err() {
-                    return outcome;
-                }
-            }
-            match continue_token {
-                Some(token) => params = params.continue_token(&token),
-                None => return outcome,
             }
         }
+    }
+
+    /// Lists one page into `tx` as it arrives (counting its objects in `objects`), leaving out
+    /// objects in namespaces the ring does not shard and main objects that stay.
+    async fn list_page(
+        &self,
+        view: &RingView<'_>,
+        target: &Target,
+        params: &ListParams,
+        tx: &tokio::sync::mpsc::Sender<ObjectMeta>,
+        objects: &mut usize,
+    ) -> Result<Listed, kube::Error> {
+        let mut page = requests::Page::open(&self.lists, &target.api, params).await?;
+        while let Some(meta) = page.next().await? {
+            *objects += 1;
+            let in_scope = !target.namespaced
+                || meta
+                    .namespace
+                    .as_ref()
+                    .is_some_and(|ns| view.namespaces.0.contains(ns));
+            // A main object that stays is done here; only work goes to the writers.
+            if !in_scope || self.stays(view, target, &meta) {
+                continue;
+            }
+            if tx.send(meta).await.is_err() {
+                return Ok(Listed::Stopped);
+            }
+        }
+        Ok(Listed::Page(page.continue_token().map(str::to_owned)))
     }
 
     /// The Api of `target` (in `namespace`) on the write client: object writes and the small

@@ -10,12 +10,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 pub mod admin;
+pub mod clients;
 pub mod duration;
 pub mod files;
 pub mod lease;
 pub mod logging;
 pub mod metrics;
-pub mod multiplexed;
 pub mod tasks;
 
 pub use admin::{AdminArgs, Readiness};

@@ -1,0 +1,92 @@
+//! Kubernetes clients for bulk work (the reconciler's list pages and object writes), built like
+//! kube's default client from the same configuration (KUBECONFIG or in-cluster: server, TLS,
+//! credentials, impersonation headers), with the transport chosen for the work and without a
+//! retry layer: an overloaded apiserver's 429, 503 and 504 answers reach the caller, which
+//! slows down. Timeouts are the caller's (wrap requests in `tokio::time::timeout`).
+//!
+//! Why HTTP/1.1 for writes: kube-apiserver (Go) serves an HTTP/1.1 request on the connection's
+//! own goroutine, an HTTP/2 stream through its connection's frame loop; on the benchmarks'
+//! 1.20 apiserver, 64 merge PATCHes in flight ran at 1,400-1,500/s over HTTP/1.1 and
+//! 1,100-1,150/s over one HTTP/2 connection. The price is a connection per write in flight,
+//! which [`Transport::read_buffer`] keeps small (see `docs/benchmarks.md`, section 4).
+
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt as _;
+use tower::{BoxError, ServiceBuilder};
+
+use crate::Error;
+
+/// How a client talks to the apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transport {
+    /// Offer HTTP/2 (ALPN `h2`, then `http/1.1`): every request on one connection. Otherwise
+    /// HTTP/1.1: a connection per request in flight, kept for reuse.
+    pub http2: bool,
+    /// The most an HTTP/1.1 connection buffers of what it reads (hyper grows its read buffer
+    /// up to this while reads fill it; 8 KiB at least).
+    pub read_buffer: usize,
+}
+
+impl Transport {
+    /// Object writes: HTTP/1.1, answers are one object's metadata, so 8 KiB read buffers.
+    pub const WRITES: Self = Self {
+        http2: false,
+        read_buffer: 8 * 1024,
+    };
+
+    /// List pages: HTTP/1.1, read in pieces of at most 64 KiB (hyper's default lets a long list
+    /// grow its buffer to 400 KiB and more).
+    pub const LISTS: Self = Self {
+        http2: false,
+        read_buffer: 64 * 1024,
+    };
+
+    /// Everything on one HTTP/2 connection.
+    pub const MULTIPLEXED: Self = Self {
+        http2: true,
+        read_buffer: 64 * 1024,
+    };
+}
+
+/// A client with `transport` from the environment (KUBECONFIG or in-cluster).
+pub async fn client(transport: Transport) -> Result<kube::Client, Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?;
+    client_for(config, transport)
+}
+
+/// A client with `transport` for `config`.
+pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Client, Error> {
+    let tls = config.rustls_client_config().map_err(Error::Client)?;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls_pki_types::ServerName::try_from(name.clone()).map_err(|e| {
+            Error::Client(kube::Error::RustlsTls(
+                kube::client::RustlsTlsError::InvalidServerName(e),
+            ))
+        })?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = if transport.http2 {
+        https.enable_all_versions().wrap_connector(http)
+    } else {
+        https.enable_http1().wrap_connector(http)
+    };
+    let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http1_max_buf_size(transport.read_buffer.max(8 * 1024))
+        .build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer().map_err(Error::Client)?)
+        .layer(config.extra_headers_layer().map_err(Error::Client)?)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(kube::Client::new(service, config.default_namespace))
+}

@@ -1,0 +1,67 @@
+//! The bulk clients against a real kube-apiserver: each speaks the HTTP version its transport
+//! names, carries many requests at once, and reports the apiserver's answers as kube's client
+//! does.
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use sharder_runtime::clients::{Transport, client_for};
+use sharder_tests::ControlPlane;
+
+fn config_map(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+#[tokio::test]
+async fn each_transport_speaks_its_http_version_and_carries_many_requests_at_once() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    for (transport, version) in [
+        (Transport::WRITES, http::Version::HTTP_11),
+        (Transport::LISTS, http::Version::HTTP_11),
+        (Transport::MULTIPLEXED, http::Version::HTTP_2),
+    ] {
+        let client = client_for(cp.config().await.expect("config"), transport).expect("client");
+        let request = http::Request::get("/version")
+            .body(kube::client::Body::empty())
+            .expect("request");
+        let response = client.send(request).await.expect("version");
+        assert_eq!(response.version(), version, "{transport:?}");
+        assert!(response.status().is_success(), "{:?}", response.status());
+
+        let ns = cp.namespace("clients").await.expect("namespace");
+        let api: Api<ConfigMap> = Api::namespaced(client, &ns);
+        let created: Vec<String> = futures::stream::iter(0..64)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    api.create(&PostParams::default(), &config_map(&format!("cm-{i}")))
+                        .await
+                        .map(|c| c.metadata.name.unwrap_or_default())
+                }
+            })
+            .buffer_unordered(64)
+            .try_collect()
+            .await
+            .expect("64 creates at once");
+        assert_eq!(created.len(), 64, "{transport:?}");
+
+        match api.get("missing").await {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 404),
+            other => panic!("a missing object is a 404, got {other:?}"),
+        }
+        let again = api
+            .create(&PostParams::default(), &config_map("cm-0"))
+            .await;
+        assert!(
+            matches!(again, Err(kube::Error::Api(ref s)) if s.code == 409),
+            "{again:?}"
+        );
+    }
+}
