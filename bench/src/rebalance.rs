@@ -17,11 +17,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::controller::{Action, Config};
 use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::lease::shard_state;
 use sharder_common::{Ring, ShardState};
+use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
 use sharder_tests::ControlPlane;
@@ -209,15 +210,17 @@ pub(crate) fn start_shard(
         });
         let _ = shard
             .run(keeper, &stop_on, |stop| {
-                Controller::new(api, config)
+                let (controller, listed) = listed_controller(api, config);
+                let running = controller
                     .with_config(Config::default().concurrency(concurrency))
-                    .graceful_shutdown_on(stop.cancelled_owned())
+                    .graceful_shutdown_on(stop.clone().cancelled_owned())
                     .run(
                         reconciler,
                         |_, _, _| Action::requeue(Duration::from_millis(200)),
                         Arc::new(()),
                     )
-                    .for_each(|_| async {})
+                    .for_each(|_| async {});
+                async move { drive(running, &listed, &stop).await }
             })
             .await;
     });

@@ -16,12 +16,13 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::{Shard, ShardError, ShardReconcileError};
 use sharder_sdk::{CommonArgs, Readiness, parse_duration};
@@ -216,15 +217,17 @@ pub async fn run_with_client(
     let result = shard
         .run(lease, &shutdown, |stop| {
             readiness.set(LEASE_HELD, true);
-            Controller::new(secrets, config.clone())
+            let (controller, listed) = listed_controller(secrets, config.clone());
+            let running = controller
                 .owns(configmaps, config)
-                .graceful_shutdown_on(stop.cancelled_owned())
+                .graceful_shutdown_on(stop.clone().cancelled_owned())
                 .run(reconciler, error_policy, context)
                 .for_each(|result| async move {
                     if let Err(e) = result {
                         warn!(error = %e, "reconcile failed");
                     }
-                })
+                });
+            async move { drive(running, &listed, &stop).await }
         })
         .await;
     readiness.set(LEASE_HELD, false);

@@ -17,11 +17,12 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
 use sharder_runtime::clients::{self, Transport};
+use sharder_runtime::controller::{self, Listed, listed_controller};
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
 use tokio::sync::watch;
@@ -211,11 +212,12 @@ fn identity(args: &Args) -> String {
     })
 }
 
-/// Runs `controller` (named `name` in errors) with `reconcile` and `error_policy` until
-/// `shutdown`; its stream ending before that is an error ([`Error::ControllerEnded`]).
+/// Runs `controller` (named `name` in errors; its main watch `listed`) with `reconcile` and
+/// `error_policy` until `shutdown` (see [`controller::drive`]); its stream ending before that is
+/// an error ([`Error::ControllerEnded`]).
 pub(crate) async fn run_controller<K, C, F, Fut>(
     name: &'static str,
-    controller: Controller<K>,
+    (controller, listed): (Controller<K>, Listed),
     reconcile: F,
     error_policy: impl Fn(Arc<K>, &Error, Arc<C>) -> Action,
     ctx: Arc<C>,
@@ -227,11 +229,11 @@ where
     F: FnMut(Arc<K>, Arc<C>) -> Fut,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
 {
-    controller
+    let running = controller
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    controller::drive(running, &listed, &shutdown).await;
     if shutdown.is_cancelled() {
         Ok(())
     } else {
@@ -350,38 +352,6 @@ struct Leader {
     readiness: Readiness,
 }
 
-/// Whether a controller's main watch has listed once. Any number of tasks may wait on it
-/// (kube's `Store::wait_until_ready` wakes only one waiter, and the controller itself is one).
-#[derive(Clone, Debug)]
-pub struct Listed(watch::Receiver<bool>);
-
-impl Listed {
-    /// Waits until the watch listed; `false` if it ended before.
-    pub async fn wait(mut self) -> bool {
-        self.0.wait_for(|listed| *listed).await.is_ok()
-    }
-}
-
-/// A controller over `api` (objects selected by `config`) whose main watch says when it listed.
-pub fn listed_controller<K>(api: Api<K>, config: watcher::Config) -> (Controller<K>, Listed)
-where
-    K: Clone + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let (listed, rx) = watch::channel(false);
-    let stream = reflector::reflector(writer, watcher::watcher(api, config))
-        .inspect(move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone)) {
-                listed.send_replace(true);
-            }
-        })
-        .applied_objects();
-    (
-        kube_runtime::Controller::for_stream(stream, store),
-        Listed(rx),
-    )
-}
-
 /// A controller over the ClusterRings matching `selector` (`--clusterring-selector`; empty:
 /// all), saying when its watch listed.
 pub fn ring_controller(
@@ -479,7 +449,11 @@ async fn lead(
     );
     let synced = tokio::spawn(ready_when_listed(
         readiness,
-        vec![leases_listed, rings_listed, configurations_listed],
+        vec![
+            leases_listed.clone(),
+            rings_listed.clone(),
+            configurations_listed.clone(),
+        ],
     ));
     let ring_ctx = Arc::new(rings::Context::new(
         client,
@@ -499,7 +473,7 @@ async fn lead(
         "shard lease controller",
         run_controller(
             "shard lease controller",
-            lease_controller,
+            (lease_controller, leases_listed),
             shard_leases::reconcile,
             shard_leases::error_policy,
             lease_ctx,
@@ -510,7 +484,7 @@ async fn lead(
         "ring controller",
         run_controller(
             "ring controller",
-            ring_controller,
+            (ring_controller, rings_listed),
             rings::reconcile,
             rings::error_policy,
             ring_ctx,
@@ -521,7 +495,7 @@ async fn lead(
         "webhook configuration controller",
         run_controller(
             "webhook configuration controller",
-            configuration_controller,
+            (configuration_controller, configurations_listed),
             webhook_config::controller::reconcile,
             webhook_config::controller::error_policy,
             configuration_ctx,
@@ -562,18 +536,18 @@ mod tests {
     async fn the_leader_is_ready_only_once_every_watch_listed() {
         let readiness = Readiness::new([CONTROLLERS_SYNCED]);
         readiness.set(CONTROLLERS_SYNCED, true);
-        let (leases, leases_listed) = watch::channel(false);
-        let (rings, rings_listed) = watch::channel(false);
+        let (leases, leases_listed) = Listed::channel();
+        let (rings, rings_listed) = Listed::channel();
         let synced = tokio::spawn(ready_when_listed(
             readiness.clone(),
-            vec![Listed(leases_listed), Listed(rings_listed)],
+            vec![leases_listed, rings_listed],
         ));
         tokio::task::yield_now().await;
         assert!(!readiness.is_ready(), "not ready when leading starts");
-        leases.send_replace(true);
+        leases.listed();
         tokio::task::yield_now().await;
         assert!(!readiness.is_ready(), "one watch still lists");
-        rings.send_replace(true);
+        rings.listed();
         synced.await.expect("task");
         assert!(readiness.is_ready());
     }

@@ -312,7 +312,10 @@ pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Conte
 
 /// The controller over the ClusterRings matching `selector` (empty: all), triggered by their
 /// shard Leases too, when a Lease's shard can have changed ([`triggers`]).
-pub fn controller(client: Client, selector: &str) -> (Controller<ClusterRing>, crate::Listed) {
+pub fn controller(
+    client: Client,
+    selector: &str,
+) -> (Controller<ClusterRing>, sharder_runtime::controller::Listed) {
     let (controller, listed) = crate::ring_controller(client.clone(), selector);
     let leases = watcher::watcher(
         Api::<Lease>::all(client),

@@ -44,7 +44,7 @@ pub struct Context {
     pub metrics: Metrics,
     /// The managed ClusterRings when `--clusterring-selector` limits them (`None`: all rings),
     /// and when their watch listed; Leases of other rings are left alone.
-    pub rings: Option<(Store<ClusterRing>, crate::Listed)>,
+    pub rings: Option<(Store<ClusterRing>, sharder_runtime::controller::Listed)>,
 }
 
 /// What the controller does with a Lease.
@@ -212,8 +212,8 @@ pub(crate) fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) ->
 
 /// The controller over shard Leases (selector: the ring label exists), and its Lease store
 /// (which the ring controller reads).
-pub fn controller(client: Client) -> (Controller<Lease>, crate::Listed) {
-    crate::listed_controller(
+pub fn controller(client: Client) -> (Controller<Lease>, sharder_runtime::controller::Listed) {
+    sharder_runtime::controller::listed_controller(
         Api::<Lease>::all(client),
         watcher::Config::default().labels(RING_LABEL),
     )

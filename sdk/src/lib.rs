@@ -1,11 +1,12 @@
 //! The shard SDK for kube-rs controllers ([`shard`]: shard Lease, a watch of the assigned
 //! objects, drain acknowledgement), with the runtime pieces a sharded controller needs
 //! re-exported from `sharder-runtime`: admin server (probes and Prometheus metrics), logging,
-//! graceful shutdown on signals, the Lease keeper.
+//! graceful shutdown on signals, the Lease keeper, and controllers that stop when asked even
+//! before their watch listed ([`controller`]).
 
 pub mod shard;
 
 pub use sharder_runtime::{
-    AdminArgs, CommonArgs, Error, LogArgs, LogFormat, Readiness, Tasks, admin, host_name, lease,
-    logging, parse_duration, shutdown_on_signal, start, tasks,
+    AdminArgs, CommonArgs, Error, LogArgs, LogFormat, Readiness, Tasks, admin, controller,
+    host_name, lease, logging, parse_duration, shutdown_on_signal, start, tasks,
 };

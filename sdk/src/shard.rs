@@ -8,8 +8,9 @@
 //!
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-//! use kube::runtime::controller::{Action, Controller};
+//! use kube::runtime::controller::Action;
 //! use kube::{Api, Client};
+//! use sharder_sdk::controller::{drive, listed_controller};
 //! use sharder_sdk::shard::{Shard, ShardReconcileError};
 //! use tokio_util::sync::CancellationToken;
 //!
@@ -33,14 +34,17 @@
 //! let config = shard.watcher_config();
 //! shard
 //!     .run(lease, &shutdown, |stop| async move {
-//!         Controller::new(Api::<Secret>::all(client.clone()), config.clone())
+//!         // `listed_controller` + `drive`: a shard stopped before its watch listed ends at
+//!         // once (kube-runtime alone would wait for that list forever).
+//!         let (controller, listed) = listed_controller(Api::<Secret>::all(client.clone()), config.clone());
+//!         let running = controller
 //!             .owns(Api::<ConfigMap>::all(client.clone()), config)
-//!             .graceful_shutdown_on(stop.cancelled_owned())
+//!             .graceful_shutdown_on(stop.clone().cancelled_owned())
 //!             .run(reconciler, |_, _: &ShardReconcileError<MyError>, _| {
 //!                 Action::requeue(Duration::from_secs(5))
 //!             }, Arc::new(()))
-//!             .for_each(|_| async {})
-//!             .await;
+//!             .for_each(|_| async {});
+//!         drive(running, &listed, &stop).await;
 //!     })
 //!     .await
 //! # }

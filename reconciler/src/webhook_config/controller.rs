@@ -110,7 +110,7 @@ pub fn controller(
     client: Client,
     selector: &str,
     ca: watch::Receiver<Vec<u8>>,
-) -> (Controller<ClusterRing>, crate::Listed) {
+) -> (Controller<ClusterRing>, sharder_runtime::controller::Listed) {
     // All configurations are watched (they are few), so one whose ring label was removed is
     // still seen.
     let ca_changes = futures::stream::unfold(ca, |mut ca| async move {

@@ -1,0 +1,197 @@
+//! Running kube-runtime controllers so that they stop when asked, and say when their watch
+//! listed.
+//!
+//! A controller started with `graceful_shutdown_on(stop)` waits for its reconciles in flight
+//! once `stop` is cancelled. In kube-runtime 5 its runner first waits for the store to be ready
+//! (the main watch's first list), and keeps waiting after a shutdown was asked for: the watch
+//! is no longer polled then, so a controller stopped before its first list would never end (a
+//! process SIGTERMed right after it started would hang until it is killed, its Lease not
+//! released). Nothing has been reconciled before that list (the runner starts only once the
+//! store is ready), so [`drive`] drops such a controller at once; one that listed is left to
+//! finish its reconciles.
+//!
+//! The listed state comes from the watch stream itself ([`listed_controller`]):
+//! kube-runtime's `Store::wait_until_ready` wakes one waiter only, and the runner is already
+//! one, so nothing else may wait on (or poll) a controller's store readiness.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use futures::StreamExt as _;
+use kube::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// Whether a controller's main watch has listed once. Any number of tasks may wait on it.
+#[derive(Clone, Debug)]
+pub struct Listed(watch::Receiver<bool>);
+
+/// The writing side of a [`Listed`]: what a watch stream reports its first list to.
+#[derive(Debug)]
+pub struct ListedSender(watch::Sender<bool>);
+
+impl Listed {
+    /// A [`Listed`] and the sender that marks it listed.
+    pub fn channel() -> (ListedSender, Self) {
+        let (tx, rx) = watch::channel(false);
+        (ListedSender(tx), Self(rx))
+    }
+
+    /// Whether the watch has listed.
+    pub fn is_listed(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Waits until the watch listed; `false` if it ended before.
+    pub async fn wait(mut self) -> bool {
+        self.0.wait_for(|listed| *listed).await.is_ok()
+    }
+}
+
+impl ListedSender {
+    /// Marks the watch listed.
+    pub fn listed(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// A controller over `api` (objects selected by `config`) whose main watch says when it
+/// listed. Secondary watches (`owns`, `watches`) are added to it as to any controller.
+pub fn listed_controller<K>(api: Api<K>, config: watcher::Config) -> (Controller<K>, Listed)
+where
+    K: Clone + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let (sender, listed) = Listed::channel();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config))
+        .inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                sender.listed();
+            }
+        })
+        .applied_objects();
+    (kube_runtime::Controller::for_stream(stream, store), listed)
+}
+
+/// Drives `running` (a controller's `run(..)` stream consumed to its end, started with
+/// `graceful_shutdown_on(stop)`) until it ends. Once `stop` is cancelled while the controller's
+/// main watch (`listed`) has not listed yet, `running` is dropped at once instead (see the
+/// module docs): nothing of it was reconciled.
+pub async fn drive(running: impl Future<Output = ()>, listed: &Listed, stop: &CancellationToken) {
+    let stopped_unlisted = async {
+        stop.cancelled().await;
+        if listed.is_listed() {
+            // Its reconciles finish first: `running` ends by itself.
+            std::future::pending::<()>().await;
+        }
+    };
+    // `running` is polled first: the listed state it set is the one looked at, and nothing
+    // starts between the look and the drop.
+    tokio::select! {
+        biased;
+        () = running => {}
+        () = stopped_unlisted => debug!("controller stopped before its watch listed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::controller::Action;
+
+    use super::*;
+
+    /// A controller whose main watch never lists: its trigger stream holds the store's writer
+    /// (as a reflector does) and yields nothing, so the runner is held until a readiness that
+    /// never comes.
+    fn unlisted_controller() -> Controller<ConfigMap> {
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let trigger =
+            futures::stream::pending::<Result<ConfigMap, watcher::Error>>().map(move |object| {
+                let _held = &writer;
+                object
+            });
+        kube_runtime::Controller::for_stream(trigger, store)
+    }
+
+    async fn count(_: Arc<ConfigMap>, calls: Arc<AtomicUsize>) -> Result<Action, std::io::Error> {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok(Action::await_change())
+    }
+
+    fn running(
+        controller: Controller<ConfigMap>,
+        stop: CancellationToken,
+        calls: Arc<AtomicUsize>,
+    ) -> impl Future<Output = ()> {
+        controller
+            .graceful_shutdown_on(stop.cancelled_owned())
+            .run(count, |_, _, _| Action::await_change(), calls)
+            .for_each(|_| async {})
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_controller_stopped_before_its_watch_listed_ends_at_once() {
+        let stop = CancellationToken::new();
+        let (_sender, listed) = Listed::channel();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let controller = unlisted_controller();
+        let driven = tokio::spawn({
+            let stop = stop.clone();
+            let running = running(controller, stop.clone(), calls.clone());
+            async move { drive(running, &listed, &stop).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.cancel();
+        tokio::time::timeout(Duration::from_secs(60), driven)
+            .await
+            .expect("ends once stopped")
+            .expect("task");
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn kube_runtime_alone_keeps_an_unlisted_controller_waiting_after_a_stop() {
+        // The behaviour `drive` works around; if kube-runtime fixes it, this test says so.
+        let stop = CancellationToken::new();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let controller = unlisted_controller();
+        let running = running(controller, stop.clone(), calls);
+        stop.cancel();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), running)
+                .await
+                .is_err(),
+            "kube-runtime now ends an unlisted controller on a graceful stop: drive's workaround can go"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listed_controller_is_left_to_end_by_itself() {
+        let stop = CancellationToken::new();
+        let (sender, listed) = Listed::channel();
+        sender.listed();
+        let ended = Arc::new(AtomicUsize::new(0));
+        let running = {
+            let ended = ended.clone();
+            let stop = stop.clone();
+            async move {
+                stop.cancelled().await;
+                // Reconciles in flight finishing.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                ended.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        stop.cancel();
+        drive(running, &listed, &stop).await;
+        assert_eq!(ended.load(Ordering::SeqCst), 1, "waited for the reconciles");
+    }
+}
