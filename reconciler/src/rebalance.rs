@@ -1,15 +1,16 @@
 //! Rebalancing (docs/design.md §5): lists a ring's objects (metadata only, page by page, label-selected
-//! to what can need work) and drains or assigns those not on their desired shard, each write
-//! with the object's resourceVersion, bounded in concurrency and rate. Every move is logged.
+//! to what can need work; across the cluster or namespace by namespace, see [`Namespaces`]) and
+//! drains or assigns those not on their desired shard, each write with the object's
+//! resourceVersion, bounded in concurrency and rate. Every move is logged.
 //!
 //! Lists and writes run as a pipeline: the next page is listed while the writes of the last
 //! one are in flight, and the writes never wait for a page to finish. What a page holds is cut
 //! down to the fields a move needs as it is parsed (no managedFields, annotations or the like),
-//! and at most one page waits between the lister and the writers, so memory does not grow
-//! with the number of objects. How many writes are in flight adapts to the apiserver's answers
+//! and at most [`LISTED_AHEAD`] objects wait between the lister and the writers, so memory does
+//! not grow with the number of objects or the page size. How many writes are in flight adapts to the apiserver's answers
 //! ([`concurrency`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,8 +62,9 @@ pub const INITIAL_CONCURRENT_WRITES: usize = 16;
 
 /// Listed objects that may wait for a write slot: the lister reads on while fewer wait, so a
 /// page's objects flow to the writers as they arrive, and memory does not depend on the page
-/// size.
-pub const LISTED_AHEAD: usize = 256;
+/// size. One round of the default write slots: a list reads tens of thousands of objects a
+/// second, far more than are written, so a longer queue would only hold memory.
+pub const LISTED_AHEAD: usize = 64;
 
 /// The rebalancer's clients: list pages and object writes (with the small reads around them:
 /// owners, re-reads after a conflict) each on connections of their own.
@@ -109,9 +111,52 @@ impl Scope {
     }
 }
 
-/// Which namespaces a ring's namespaced objects may be in.
-#[derive(Clone, Debug)]
-pub struct Namespaces(pub HashSet<String>);
+/// Which namespaces a ring's namespaced objects may be in, and how they are listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Namespaces {
+    /// The ring's namespaces.
+    pub selected: BTreeSet<String>,
+    /// List namespaced objects namespace by namespace instead of across the cluster (see
+    /// [`Namespaces::new`]).
+    pub one_by_one: bool,
+}
+
+impl Namespaces {
+    /// The ring's namespaces `selected` among the cluster's `total`. Its namespaced objects
+    /// are listed namespace by namespace when it selects at most half of them, else across the
+    /// cluster (objects elsewhere left out as they arrive). A list reads every object of the
+    /// resource in its range from etcd, whatever the label selector: across the cluster, a
+    /// ring of a few namespaces would read every Secret (say) of the cluster on every sweep,
+    /// while one list per namespace reads only its own, at a request each.
+    pub fn new(selected: BTreeSet<String>, total: usize) -> Self {
+        let one_by_one = selected.len() * 2 <= total;
+        Self {
+            selected,
+            one_by_one,
+        }
+    }
+
+    /// Whether a namespaced object in `namespace` belongs to the ring.
+    pub fn contains(&self, namespace: &str) -> bool {
+        self.selected.contains(namespace)
+    }
+
+    /// Whether an object of `target` in `namespace` (as listed) belongs to the ring: every
+    /// cluster-scoped one, a namespaced one in a selected namespace.
+    pub fn holds(&self, target: &Target, namespace: Option<&str>) -> bool {
+        !target.namespaced || namespace.is_some_and(|ns| self.contains(ns))
+    }
+
+    /// Where `target`'s objects are listed from: `None` for the whole cluster, else each
+    /// namespace.
+    pub fn list_ranges(&self, target: &Target) -> Vec<Option<&str>> {
+        if target.namespaced && self.one_by_one {
+            self.selected.iter().map(|ns| Some(ns.as_str())).collect()
+        } else {
+            vec![None]
+        }
+    }
+}
 
 /// Bounds the rate of writes: at most one per `interval`, shared by all writers.
 #[derive(Debug)]
@@ -356,19 +401,34 @@ impl Rebalancer {
         outcome
     }
 
-    /// Counts objects of `target` carrying the drain label (drains not acknowledged yet).
+    /// Counts objects of `target` carrying the drain label (drains not acknowledged yet), up to
+    /// a page of them: the count ends with the first page that holds any (what a drain check
+    /// needs is whether any is pending; the log shows the count).
     pub async fn pending_drains(
         &self,
         view: &RingView<'_>,
         target: &Target,
     ) -> Result<usize, kube::Error> {
-        let params = ListParams::default()
-            .labels(&view.labels.drain)
-            .limit(self.settings.page_size);
-        let mut page = requests::Page::open(&self.lists, &target.api, &params).await?;
         let mut pending = 0;
-        while page.next().await?.is_some() {
-            pending += 1;
+        for namespace in view.namespaces.list_ranges(target) {
+            let mut params = ListParams::default()
+                .labels(&view.labels.drain)
+                .limit(self.settings.page_size);
+            loop {
+                let mut page =
+                    requests::Page::open(&self.lists, &target.api, namespace, &params).await?;
+                while let Some(meta) = page.next().await? {
+                    pending +=
+                        usize::from(view.namespaces.holds(target, meta.namespace.as_deref()));
+                }
+                if pending > 0 {
+                    return Ok(pending);
+                }
+                match page.continue_token() {
+                    Some(token) => params = params.continue_token(token),
+                    None => break,
+                }
+            }
         }
         Ok(pending)
     }
@@ -403,8 +463,9 @@ impl Rebalancer {
         outcome
     }
 
-    /// Lists `target`'s objects in `scope` page by page into `tx` (objects in namespaces the
-    /// ring does not shard are left out); the outcome counts what was listed and failed lists.
+    /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
+    /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring does
+    /// not shard are left out); the outcome counts what was listed and failed lists.
     async fn list_into(
         &self,
         view: &RingView<'_>,
@@ -413,34 +474,38 @@ impl Rebalancer {
         tx: tokio::sync::mpsc::Sender<ObjectMeta>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
-        let mut params = ListParams::default().limit(self.settings.page_size);
+        let mut first = ListParams::default().limit(self.settings.page_size);
         if let Some(selector) = scope.selector(view.labels) {
-            params = params.labels(&selector);
+            first = first.labels(&selector);
         }
-        loop {
-            let listing = std::time::Instant::now();
-            let mut objects = 0;
-            let page = self
-                .list_page(view, target, &params, &tx, &mut objects)
-                .await;
-            outcome.listed += objects;
-            match page {
-                Ok(Listed::Stopped) => return outcome,
-                Ok(Listed::Page(next)) => {
-                    debug!(resource = %target.resource, objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
-                    match next {
-                        Some(token) => params = params.continue_token(&token),
-                        None => return outcome,
+        for namespace in view.namespaces.list_ranges(target) {
+            let mut params = first.clone();
+            loop {
+                let listing = std::time::Instant::now();
+                let mut objects = 0;
+                let page = self
+                    .list_page(view, target, namespace, &params, &tx, &mut objects)
+                    .await;
+                outcome.listed += objects;
+                match page {
+                    Ok(Listed::Stopped) => return outcome,
+                    Ok(Listed::Page(next)) => {
+                        debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
+                        match next {
+                            Some(token) => params = params.continue_token(&token),
+                            None => break,
+                        }
                     }
-                }
-                Err(e) => {
-                    warn!(resource = %target.resource, error = %e, "cannot list objects");
-                    outcome.errors += 1;
-                    outcome.failed_lists += 1;
-                    return outcome;
+                    Err(e) => {
+                        warn!(resource = %target.resource, namespace = namespace.unwrap_or(""), error = %e, "cannot list objects");
+                        outcome.errors += 1;
+                        outcome.failed_lists += 1;
+                        return outcome;
+                    }
                 }
             }
         }
+        outcome
     }
 
     /// Lists one page into `tx` as it arrives (counting its objects in `objects`), leaving out
@@ -449,20 +514,18 @@ impl Rebalancer {
         &self,
         view: &RingView<'_>,
         target: &Target,
+        namespace: Option<&str>,
         params: &ListParams,
         tx: &tokio::sync::mpsc::Sender<ObjectMeta>,
         objects: &mut usize,
     ) -> Result<Listed, kube::Error> {
-        let mut page = requests::Page::open(&self.lists, &target.api, params).await?;
+        let mut page = requests::Page::open(&self.lists, &target.api, namespace, params).await?;
         while let Some(meta) = page.next().await? {
             *objects += 1;
-            let in_scope = !target.namespaced
-                || meta
-                    .namespace
-                    .as_ref()
-                    .is_some_and(|ns| view.namespaces.0.contains(ns));
             // A main object that stays is done here; only work goes to the writers.
-            if !in_scope || self.stays(view, target, &meta) {
+            if !view.namespaces.holds(target, meta.namespace.as_deref())
+                || self.stays(view, target, &meta)
+            {
                 continue;
             }
             if tx.send(meta).await.is_err() {
@@ -709,5 +772,80 @@ fn overloaded<T>(result: &Result<T, kube::Error>) -> Option<Option<Duration>> {
         }),
         Err(kube::Error::HyperError(_) | kube::Error::Service(_)) => Some(None),
         Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::GroupVersionKind;
+
+    use super::*;
+
+    fn target(namespaced: bool) -> Target {
+        Target {
+            resource: GroupResource {
+                group: String::new(),
+                resource: "secrets".into(),
+            },
+            role: Role::Main,
+            api: ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Secret")),
+            namespaced,
+        }
+    }
+
+    fn names(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_ring_of_at_most_half_the_namespaces_lists_them_one_by_one() {
+        for (selected, total, one_by_one) in [
+            (&["a"][..], 1000, true),
+            (&["a", "b"], 4, true),
+            (&["a", "b", "c"], 5, false),
+            (&["a", "b"], 2, false),
+            (&[], 0, true),
+            (&[], 7, true),
+        ] {
+            let namespaces = Namespaces::new(names(selected), total);
+            assert_eq!(namespaces.one_by_one, one_by_one, "{selected:?} of {total}");
+        }
+    }
+
+    #[test]
+    fn a_listed_object_belongs_to_the_ring_only_in_a_selected_namespace() {
+        let namespaces = Namespaces::new(names(&["a", "b", "c"]), 4);
+        let secrets = target(true);
+        assert!(namespaces.holds(&secrets, Some("a")));
+        assert!(
+            !namespaces.holds(&secrets, Some("kube-system")),
+            "a cluster-wide list brings objects of other namespaces: they are left out"
+        );
+        assert!(
+            !namespaces.holds(&secrets, None),
+            "namespaced but no namespace"
+        );
+        let cluster_scoped = target(false);
+        assert!(namespaces.holds(&cluster_scoped, None));
+        assert!(Namespaces::default().holds(&cluster_scoped, None));
+    }
+
+    #[test]
+    fn list_ranges_are_each_namespace_in_order_or_the_whole_cluster() {
+        let few = Namespaces::new(names(&["b", "a"]), 10);
+        assert_eq!(few.list_ranges(&target(true)), vec![Some("a"), Some("b")]);
+        assert_eq!(
+            few.list_ranges(&target(false)),
+            vec![None],
+            "cluster-scoped objects are listed across the cluster"
+        );
+        let most = Namespaces::new(names(&["a", "b", "c"]), 4);
+        assert_eq!(most.list_ranges(&target(true)), vec![None]);
+        assert!(most.contains("a") && !most.contains("d"));
+        let none = Namespaces::new(BTreeSet::new(), 3);
+        assert!(
+            none.list_ranges(&target(true)).is_empty(),
+            "no namespace selected: nothing namespaced to list"
+        );
     }
 }

@@ -23,13 +23,15 @@ pub struct Page {
 }
 
 impl Page {
-    /// Requests one page of `api`'s objects in every namespace, metadata only.
+    /// Requests one page of `api`'s objects in `namespace` (`None`: every namespace), metadata
+    /// only.
     pub async fn open(
         client: &Client,
         api: &ApiResource,
+        namespace: Option<&str>,
         params: &ListParams,
     ) -> Result<Self, kube::Error> {
-        let request = Request::new(DynamicObject::url_path(api, None))
+        let request = Request::new(DynamicObject::url_path(api, namespace))
             .list_metadata(params)
             .map_err(kube::Error::BuildRequest)?;
         Ok(Self {
