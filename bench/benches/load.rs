@@ -11,14 +11,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
-use rustls_pki_types::pem::PemObject;
-use sharder_bench::floor::floor_router;
+use sharder_bench::floor::{FLOOR_PATH, floor_router};
+use sharder_bench::load::{LoadRound, Target, connector};
 use sharder_common::OwnerState;
 use sharder_webhook::admission::{OwnerRef, RingSnapshot};
 use sharder_webhook::metrics::Metrics;
@@ -131,107 +129,21 @@ fn start_servers() -> (SocketAddr, SocketAddr, String) {
     (floor, sharder, ca.pem())
 }
 
-struct Round {
-    reviews_per_second: f64,
-    p50: Duration,
-    p90: Duration,
-    p99: Duration,
-    errors: usize,
-}
-
-async fn connection(
-    addr: SocketAddr,
-    path: &'static str,
-    connector: tokio_rustls::TlsConnector,
-    body: Bytes,
-    until: Instant,
-) -> (Vec<u32>, usize) {
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    tcp.set_nodelay(true).expect("nodelay");
-    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let tls = connector.connect(name, tcp).await.expect("handshake");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .expect("http handshake");
-    tokio::spawn(conn);
-    while Instant::now() < until {
-        let request = hyper::Request::post(path)
-            .header("host", "127.0.0.1")
-            .header("content-type", "application/json")
-            .body(Full::new(body.clone()))
-            .expect("request");
-        let started = Instant::now();
-        match sender.send_request(request).await {
-            Ok(response) => {
-                let ok = response.status().is_success();
-                let _ = response.into_body().collect().await;
-                if ok {
-                    latencies
-                        .push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
-                } else {
-                    errors += 1;
-                }
-            }
-            Err(_) => errors += 1,
-        }
-    }
-    (latencies, errors)
-}
-
-fn percentile(sorted: &[u32], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    Duration::from_micros(u64::from(sorted[index]))
-}
-
-async fn round(addr: SocketAddr, path: &'static str, ca: &str, options: &Options) -> Round {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls_pki_types::CertificateDer::from_pem_slice(ca.as_bytes()).expect("ca"))
-        .expect("root");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let body = Bytes::from(review_body());
-    let duration = Duration::from_secs(options.seconds);
-    let started = Instant::now();
-    let until = started + duration;
-    let tasks: Vec<_> = (0..options.connections)
-        .map(|_| {
-            tokio::spawn(connection(
-                addr,
-                path,
-                connector.clone(),
-                body.clone(),
-                until,
-            ))
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        let (l, e) = task.await.expect("connection task");
-        latencies.extend(l);
-        errors += e;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    latencies.sort_unstable();
-    Round {
-        reviews_per_second: latencies.len() as f64 / elapsed,
-        p50: percentile(&latencies, 0.50),
-        p90: percentile(&latencies, 0.90),
-        p99: percentile(&latencies, 0.99),
-        errors,
-    }
+async fn round(addr: SocketAddr, path: &str, ca: &str, options: &Options) -> LoadRound {
+    let target = Target {
+        addr,
+        path: path.to_owned(),
+        body: Bytes::from(review_body()),
+    };
+    let connector = connector(ca).expect("connector");
+    sharder_bench::load::round(
+        &target,
+        &connector,
+        options.connections,
+        Duration::from_secs(options.seconds),
+    )
+    .await
+    .expect("load round")
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -254,18 +166,18 @@ fn main() {
     );
     println!("| round | server | reviews/s | p50 | p90 | p99 | errors |");
     println!("|---|---|---|---|---|---|---|");
-    let mut results: Vec<(&str, Round)> = Vec::new();
+    let mut results: Vec<(&str, LoadRound)> = Vec::new();
     runtime.block_on(async {
         // Warm-up, not counted.
         let warm = Options {
             seconds: 1,
             ..options
         };
-        round(floor, "/webhooks/floor", &ca, &warm).await;
+        round(floor, FLOOR_PATH, &ca, &warm).await;
         round(sharder, "/webhooks/sharder/clusterring/example", &ca, &warm).await;
         for i in 0..options.rounds {
             for (name, addr, path) in [
-                ("floor", floor, "/webhooks/floor"),
+                ("floor", floor, FLOOR_PATH),
                 ("sharder", sharder, "/webhooks/sharder/clusterring/example"),
             ] {
                 let r = round(addr, path, &ca, &options).await;
@@ -282,7 +194,7 @@ fn main() {
             }
         }
     });
-    let med = |server: &str, f: fn(&Round) -> f64| {
+    let med = |server: &str, f: fn(&LoadRound) -> f64| {
         median(
             results
                 .iter()
@@ -291,10 +203,10 @@ fn main() {
                 .collect(),
         )
     };
-    let rps = |r: &Round| r.reviews_per_second;
-    let p50 = |r: &Round| r.p50.as_secs_f64() * 1e3;
-    let p90 = |r: &Round| r.p90.as_secs_f64() * 1e3;
-    let p99 = |r: &Round| r.p99.as_secs_f64() * 1e3;
+    let rps = |r: &LoadRound| r.reviews_per_second;
+    let p50 = |r: &LoadRound| r.p50.as_secs_f64() * 1e3;
+    let p90 = |r: &LoadRound| r.p90.as_secs_f64() * 1e3;
+    let p99 = |r: &LoadRound| r.p99.as_secs_f64() * 1e3;
     println!();
     println!("| median | reviews/s | p50 ms | p90 ms | p99 ms |");
     println!("|---|---|---|---|---|");

@@ -12,6 +12,9 @@ use json_patch::{AddOperation, Patch, PatchOperation};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 
+/// The path the benchmarks post reviews to (the floor answers on every path).
+pub const FLOOR_PATH: &str = "/webhooks/floor";
+
 /// The floor's answer to a review body: a patch adding one fixed label (with the label map when
 /// the object has none), or `None` when the body is not a review.
 pub fn floor_review(body: &[u8]) -> Option<Vec<u8>> {

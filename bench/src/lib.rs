@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
@@ -25,6 +25,7 @@ use sharder_tests::launch::{Env, Reconciler, ReconcilerFlags};
 
 pub mod create_latency;
 pub mod floor;
+pub mod load;
 pub mod memory;
 pub mod rebalance;
 pub mod report;
@@ -98,7 +99,11 @@ pub struct Args {
     #[arg(long, default_value = "--connections 32 --seconds 4 --rounds 5")]
     pub load_args: String,
 
-    /// `MALLOC_ARENA_MAX` for the reconciler processes (the chart sets 2); 0 leaves glibc's
+    /// Seconds of load on each webhook process while its memory is read.
+    #[arg(long, env = "SHARDER_BENCH_LOAD_PROCESS_SECONDS", default_value_t = 10)]
+    pub load_process_seconds: u64,
+
+    /// `MALLOC_ARENA_MAX` for the reconciler and webhook processes (the chart sets 2); 0 leaves glibc's
     /// default (8 arenas per core).
     #[arg(long, env = "SHARDER_BENCH_MALLOC_ARENA_MAX", default_value_t = 2)]
     pub malloc_arena_max: u32,
@@ -176,6 +181,9 @@ impl Error {
     }
 }
 
+/// How long the removal of a benchmark's namespace may take (100 000 Secrets take minutes).
+pub const NAMESPACE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(900);
+
 /// One ring over Secrets of its own namespace, with shard Leases held for an hour.
 pub struct RingSetup {
     /// Admin client.
@@ -214,6 +222,30 @@ impl RingSetup {
             setup.add_lease(&format!("shard-{i}")).await?;
         }
         Ok(setup)
+    }
+
+    /// Deletes the namespace and its ring and waits until the namespace is gone (the namespace
+    /// controller deletes its objects one by one: a later measurement must not share the
+    /// apiserver with that); returns how long it took.
+    pub async fn remove(self) -> Result<Duration, Error> {
+        let started = Instant::now();
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        let _ = Api::<ClusterRing>::all(self.client.clone())
+            .delete(&self.ns, &DeleteParams::default())
+            .await;
+        namespaces
+            .delete(&self.ns, &DeleteParams::default())
+            .await?;
+        while started.elapsed() < NAMESPACE_REMOVAL_TIMEOUT {
+            if namespaces.get_opt(&self.ns).await?.is_none() {
+                return Ok(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        Err(Error::Setup(format!(
+            "namespace {} still there {NAMESPACE_REMOVAL_TIMEOUT:?} after its deletion",
+            self.ns
+        )))
     }
 
     /// Adds a shard Lease held for an hour.
@@ -306,6 +338,16 @@ impl RingSetup {
     }
 }
 
+/// `env` with `MALLOC_ARENA_MAX` set to `malloc_arena_max` (0: glibc's default), as the chart
+/// sets it for the webhook and the reconciler.
+pub fn with_arena_max(env: Env, malloc_arena_max: u32) -> Env {
+    if malloc_arena_max > 0 {
+        env.var("MALLOC_ARENA_MAX", &malloc_arena_max.to_string())
+    } else {
+        env
+    }
+}
+
 /// Starts a reconciler (`name`, logs in `dir`) for the ring of `setup` (leader election in its
 /// namespace) with `kubeconfig`, calling `webhooks`' sharder webhook, plus `extra` flags;
 /// `MALLOC_ARENA_MAX` as given (0: glibc's default).
@@ -317,10 +359,7 @@ pub async fn start_reconciler(
     extra: &[&str],
     malloc_arena_max: u32,
 ) -> Result<Reconciler, Error> {
-    let mut env = Env::new(dir, kubeconfig);
-    if malloc_arena_max > 0 {
-        env = env.var("MALLOC_ARENA_MAX", &malloc_arena_max.to_string());
-    }
+    let env = with_arena_max(Env::new(dir, kubeconfig), malloc_arena_max);
     let flags = ReconcilerFlags {
         namespace: setup.ns.clone(),
         identity: "bench".into(),
@@ -362,7 +401,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let cp = ControlPlane::shared().await?;
     sharder_tests::crd::install_cluster_ring_crd(&cp.client().await?).await?;
     eprintln!("[bench] control plane up; starting the webhooks");
-    let webhooks = webhooks::start(cp).await?;
+    let webhooks = webhooks::start(cp, args.malloc_arena_max).await?;
     let mut report = report::Report::new(&args, cp);
     if args.runs(Section::Latency) {
         eprintln!("[bench] 1/6 CREATE latency through the apiserver");
@@ -371,6 +410,14 @@ pub async fn run(args: Args) -> Result<(), Error> {
     if args.runs(Section::Load) {
         eprintln!("[bench] 2/6 webhook alone under load");
         report.load = load_bench(&args);
+        let setup = RingSetup::new(cp, "bench-load", false, 3).await?;
+        report.load_processes = load::processes_under_load(
+            &webhooks,
+            &setup.ns,
+            Duration::from_secs(args.load_process_seconds),
+        )
+        .await?;
+        setup.remove().await?;
     }
     if args.runs(Section::Memory) {
         eprintln!("[bench] 3/6 reconciler memory");

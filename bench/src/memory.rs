@@ -126,9 +126,8 @@ pub async fn run(
             baseline_steady,
             baseline_peak,
         });
-        let _ = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(setup.client.clone())
-            .delete(&setup.ns, &Default::default())
-            .await;
+        let removed = setup.remove().await?;
+        eprintln!("[bench]   {n}: namespace removed in {removed:?}");
     }
     Ok(rows)
 }

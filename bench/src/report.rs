@@ -23,6 +23,8 @@ pub struct Report {
     pub rolling: Option<crate::rolling::RollingResult>,
     /// Section 2: the load bench's output.
     pub load: Option<Result<String, String>>,
+    /// Section 2: the webhook processes' memory under load.
+    pub load_processes: Vec<crate::load::ProcessUnderLoad>,
     /// Section 3.
     pub memory: Vec<MemoryRow>,
     /// Sections 4 and 5.
@@ -126,6 +128,7 @@ impl Report {
             create_latency: None,
             rolling: None,
             load: None,
+            load_processes: Vec::new(),
             memory: Vec::new(),
             rebalance: None,
             ring: None,
@@ -312,7 +315,7 @@ impl Report {
             Some(Ok(text)) => {
                 let _ = writeln!(
                     out,
-                    "`cargo bench -p sharder-bench --bench load -- {}`: a hyper HTTP/2 load generator and both servers (floor and sharder, same TLS stack) in one process on 2 cores, rounds alternating. Goal: >= 0.8x the floor's throughput, p99 <= 1.25x the floor's.\n",
+                    "`cargo bench -p sharder-bench --bench load -- {}`: a hyper HTTP/1.1 keep-alive load generator and both servers (floor and sharder, same TLS stack) in one process on 2 cores, rounds alternating. Goal: >= 0.8x the floor's throughput, p99 <= 1.25x the floor's.\n",
                     self.args.load_args
                 );
                 let _ = writeln!(out, "{}\n", text.trim());
@@ -328,6 +331,50 @@ impl Report {
                     );
                 }
             }
+        }
+        self.render_load_processes(out);
+    }
+
+    fn render_load_processes(&self, out: &mut String) {
+        if self.load_processes.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "Memory of the webhook processes under load: the floor webhook and the sharder webhook, each its own process as deployed (the sharder webhook watching the real ring and its 3 shard Leases, `MALLOC_ARENA_MAX={}` as the chart sets), loaded in turn by this process over {} HTTP/1.1 keep-alive TLS connections with a Secret CREATE review for {} s after a 1 s warm-up. RSS from `/proc/<pid>/status` (VmRSS before any load and right after, peak VmHWM).\n",
+            self.args.malloc_arena_max,
+            crate::load::PROCESS_CONNECTIONS,
+            self.args.load_process_seconds
+        );
+        let _ = writeln!(
+            out,
+            "| process | reviews/s | p50 ms | p99 ms | errors | RSS before MiB | RSS after MiB | peak RSS MiB |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+        for p in &self.load_processes {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.3} | {:.3} | {} | {:.1} | {:.1} | {:.1} |",
+                p.name,
+                p.load.reviews_per_second,
+                ms(p.load.p50),
+                ms(p.load.p99),
+                p.load.errors,
+                mib(p.idle),
+                mib(p.after),
+                mib(p.peak)
+            );
+        }
+        let by_name = |name: &str| self.load_processes.iter().find(|p| p.name == name);
+        if let (Some(floor), Some(sharder)) = (by_name("floor webhook"), by_name("sharder webhook"))
+        {
+            let _ = writeln!(
+                out,
+                "\nThe sharder webhook's peak RSS under load: {:.1} MiB, {:+.1} MiB over the floor webhook's ({:.1} MiB), which holds no ring, no watches and no metrics.\n",
+                mib(sharder.peak),
+                mib(sharder.peak) - mib(floor.peak),
+                mib(floor.peak)
+            );
         }
     }
 

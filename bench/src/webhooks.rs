@@ -18,6 +18,8 @@ use crate::Error;
 pub struct Webhooks {
     /// The floor webhook's address.
     pub floor: SocketAddr,
+    /// The floor webhook's process id.
+    pub floor_pid: u32,
     /// The sharder webhook.
     pub sharder: Webhook,
     /// The PEM CA both certificates are signed by.
@@ -73,8 +75,9 @@ pub async fn spawn_until_line(
     Ok((process, line))
 }
 
-/// Starts both webhooks; returns once both serve (the sharder webhook ready).
-pub async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {
+/// Starts both webhooks (each with `MALLOC_ARENA_MAX` as given, see
+/// [`crate::with_arena_max`]); returns once both serve (the sharder webhook ready).
+pub async fn start(cp: &ControlPlane, malloc_arena_max: u32) -> Result<Webhooks, Error> {
     let ca = TestCa::new("bench-ca")?;
     let cert = ca.serving_cert("bench-webhook")?;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
@@ -86,16 +89,20 @@ pub async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {
 
     let mut command = Command::new(bench_binary("floor-webhook")?);
     command.arg(&cert_file).arg(&key_file);
+    if malloc_arena_max > 0 {
+        command.env("MALLOC_ARENA_MAX", malloc_arena_max.to_string());
+    }
     let (floor_process, line) = spawn_until_line("floor-webhook", command, "serving ").await?;
     let floor = line
         .strip_prefix("serving ")
         .and_then(|a| a.parse().ok())
         .ok_or_else(|| Error::Setup(format!("the floor webhook reported {line:?}")))?;
 
-    let env = Env::new(dir.path(), cp.kubeconfig());
+    let env = crate::with_arena_max(Env::new(dir.path(), cp.kubeconfig()), malloc_arena_max);
     let sharder = Webhook::start("webhook", &env, &cert_file, &key_file, &[]).await?;
     Ok(Webhooks {
         floor,
+        floor_pid: floor_process.pid(),
         sharder,
         ca_pem: ca.pem(),
         ca_file,

@@ -25,6 +25,8 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "2",
         "--load-args",
         "none",
+        "--load-process-seconds",
+        "1",
         "--criterion",
         "false",
     ]);
@@ -53,6 +55,9 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| objects moved | ",
         "| writes per dead-shard move | ",
         "| 50 | ",
+        "| floor webhook | ",
+        "| sharder webhook | ",
+        "The sharder webhook's peak RSS under load",
     ] {
         assert!(report.contains(row), "{row} missing:\n{report}");
     }
