@@ -3,8 +3,8 @@
 //! drains or assigns those not on their desired shard, each write with the object's
 //! resourceVersion, bounded in concurrency and rate. Every move is logged.
 //!
-//! Lists and writes run as a pipeline: the next page is listed while the writes of the last
-//! one are in flight, and the writes never wait for a page to finish. What a page holds is cut
+//! Lists and writes run as a pipeline: the next page is requested as soon as the current
+//! page's continue token arrives, and the writes never wait for a page to finish. What a page holds is cut
 //! down to the fields a move needs as it is parsed (no managedFields, annotations or the like),
 //! and at most [`LISTED_AHEAD`] objects wait between the lister and the writers, so memory does
 //! not grow with the number of objects or the page size. How many writes are in flight adapts to the apiserver's answers
@@ -23,6 +23,7 @@ use sharder_common::key::{display_name, group_of_api_version};
 use sharder_common::{GroupResource, Ring, RingLabels, Role};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
 use tokio::sync::Mutex;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 pub mod concurrency;
@@ -63,7 +64,9 @@ pub const INITIAL_CONCURRENT_WRITES: usize = 16;
 /// Listed objects that may wait for a write slot: the lister reads on while fewer wait, so a
 /// page's objects flow to the writers as they arrive, and memory does not depend on the page
 /// size. One round of the default write slots: a list reads tens of thousands of objects a
-/// second, far more than are written, so a longer queue would only hold memory.
+/// second, far more than are written, so a longer queue would only hold memory. The next page
+/// is requested as soon as the current one's continue token arrives (before its objects), so
+/// the writers do not wait for it at a page boundary.
 pub const LISTED_AHEAD: usize = 64;
 
 /// The rebalancer's clients: list pages and object writes (with the small reads around them:
@@ -287,11 +290,14 @@ enum Written {
 
 /// How listing a page ended.
 enum Listed {
-    /// Every object was handed over; the token of the next page, if any.
-    Page(Option<String>),
+    /// Every object was handed over; the next page, already requested, if there is one.
+    Page(Option<Opening>),
     /// The writers stopped taking objects.
     Stopped,
 }
+
+/// A list page being requested in the background (dropping it cancels the request).
+type Opening = AbortOnDropHandle<Result<requests::Page, kube::Error>>;
 
 /// What one object needs.
 enum Planned {
@@ -333,6 +339,16 @@ impl Rebalancer {
             limiter: Arc::new(RateLimiter::new(max_writes_per_second)),
             metrics,
         }
+    }
+
+    /// The writes the adaptive limit lets be in flight now ([`concurrency`]).
+    pub fn write_limit(&self) -> usize {
+        self.slots.in_flight().1
+    }
+
+    /// The integral of the writes in flight up to now (every ring's).
+    pub fn busy(&self) -> concurrency::Busy {
+        self.slots.busy()
     }
 
     /// How many objects are handled at once: as many as there are write slots (objects that
@@ -479,12 +495,12 @@ impl Rebalancer {
             first = first.labels(&selector);
         }
         for namespace in view.namespaces.list_ranges(target) {
-            let mut params = first.clone();
+            let mut opening = self.open_page(target, namespace, first.clone());
             loop {
                 let listing = std::time::Instant::now();
                 let mut objects = 0;
                 let page = self
-                    .list_page(view, target, namespace, &params, &tx, &mut objects)
+                    .list_page(view, target, namespace, &first, opening, &tx, &mut objects)
                     .await;
                 outcome.listed += objects;
                 match page {
@@ -492,7 +508,7 @@ impl Rebalancer {
                     Ok(Listed::Page(next)) => {
                         debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
                         match next {
-                            Some(token) => params = params.continue_token(&token),
+                            Some(next) => opening = next,
                             None => break,
                         }
                     }
@@ -508,19 +524,47 @@ impl Rebalancer {
         outcome
     }
 
-    /// Lists one page into `tx` as it arrives (counting its objects in `objects`), leaving out
-    /// objects in namespaces the ring does not shard and main objects that stay.
+    /// Requests a page of `target`'s objects in `namespace` with `params` in the background.
+    fn open_page(&self, target: &Target, namespace: Option<&str>, params: ListParams) -> Opening {
+        let client = self.lists.clone();
+        let api = target.api.clone();
+        let namespace = namespace.map(str::to_owned);
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            requests::Page::open(&client, &api, namespace.as_deref(), &params).await
+        }))
+    }
+
+    /// Lists the page `opening` into `tx` as it arrives (counting its objects in `objects`),
+    /// leaving out objects in namespaces the ring does not shard and main objects that stay.
+    /// The next page (`first` continued) is requested as soon as its token is known.
+    #[allow(clippy::too_many_arguments)]
     async fn list_page(
         &self,
         view: &RingView<'_>,
         target: &Target,
         namespace: Option<&str>,
-        params: &ListParams,
+        first: &ListParams,
+        opening: Opening,
         tx: &tokio::sync::mpsc::Sender<ObjectMeta>,
         objects: &mut usize,
     ) -> Result<Listed, kube::Error> {
-        let mut page = requests::Page::open(&self.lists, &target.api, namespace, params).await?;
-        while let Some(meta) = page.next().await? {
+        let mut page = opening
+            .await
+            .map_err(|e| kube::Error::Service(e.into()))??;
+        let mut next = None;
+        let prefetch = |page: &requests::Page, next: &mut Option<Opening>| {
+            if next.is_none()
+                && let Some(Some(token)) = page.early_continue_token()
+            {
+                *next =
+                    Some(self.open_page(target, namespace, first.clone().continue_token(token)));
+            }
+        };
+        loop {
+            prefetch(&page, &mut next);
+            let Some(meta) = page.next().await? else {
+                break;
+            };
             *objects += 1;
             // A main object that stays is done here; only work goes to the writers.
             if !view.namespaces.holds(target, meta.namespace.as_deref())
@@ -532,7 +576,9 @@ impl Rebalancer {
                 return Ok(Listed::Stopped);
             }
         }
-        Ok(Listed::Page(page.continue_token().map(str::to_owned)))
+        // A list whose metadata came after its objects: the token is known only now.
+        prefetch(&page, &mut next);
+        Ok(Listed::Page(next))
     }
 
     /// The Api of `target` (in `namespace`) on the write client: object writes and the small

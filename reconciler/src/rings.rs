@@ -222,6 +222,7 @@ async fn rebalance(
     awaiting: Vec<ObjectId>,
 ) -> Result<Ran, Error> {
     let started = Instant::now();
+    let busy = ctx.rebalancer.busy();
     let name = ring.name_any();
     let targets = discovery::targets(&ctx.client, roles).await;
     let namespaces =
@@ -264,7 +265,20 @@ async fn rebalance(
         .resync_duration
         .get_or_create(&RingLabel::new(&name))
         .observe(elapsed.as_secs_f64());
-    report::report(&ctx.recorder, ring, scopes, &outcome, pending, elapsed).await;
+    let writes = report::WriteStats {
+        limit: ctx.rebalancer.write_limit(),
+        mean_in_flight: ctx.rebalancer.busy().mean_since(&busy),
+    };
+    report::report(
+        &ctx.recorder,
+        ring,
+        scopes,
+        &outcome,
+        pending,
+        writes,
+        elapsed,
+    )
+    .await;
     if outcome.errors > 0 {
         let failed_writes = outcome.errors - outcome.failed_lists;
         for (reason, n) in [("list", outcome.failed_lists), ("write", failed_writes)] {

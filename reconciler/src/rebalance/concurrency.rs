@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// The apiserver's answer to one write, as far as the limit cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,9 +89,54 @@ impl AdaptiveLimit {
 /// over every ring and rebalance.
 #[derive(Debug)]
 pub struct WriteSlots {
-    state: Mutex<(AdaptiveLimit, usize)>,
+    state: Mutex<SlotState>,
     freed: Notify,
     gauge: Gauge,
+}
+
+/// The limit, the writes in flight, and their integral over time.
+#[derive(Debug)]
+struct SlotState {
+    limit: AdaptiveLimit,
+    in_flight: usize,
+    busy: Busy,
+}
+
+/// Writes in flight integrated over time (write-seconds), to tell how many were in flight on
+/// average between two readings ([`Busy::mean_since`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Busy {
+    at: Instant,
+    write_seconds: f64,
+}
+
+impl Busy {
+    fn new(at: Instant) -> Self {
+        Self {
+            at,
+            write_seconds: 0.0,
+        }
+    }
+
+    /// The integral carried to `now`, `in_flight` writes having been in flight since the last
+    /// change.
+    fn advanced(self, now: Instant, in_flight: usize) -> Self {
+        Self {
+            at: now,
+            write_seconds: self.write_seconds
+                + in_flight as f64 * now.saturating_duration_since(self.at).as_secs_f64(),
+        }
+    }
+
+    /// Writes in flight on average from `earlier` to this reading (0 over no time).
+    pub fn mean_since(&self, earlier: &Busy) -> f64 {
+        let seconds = self.at.saturating_duration_since(earlier.at).as_secs_f64();
+        if seconds > 0.0 {
+            (self.write_seconds - earlier.write_seconds) / seconds
+        } else {
+            0.0
+        }
+    }
 }
 
 /// One write in flight; give it back with [`Slot::answered`] (dropping it gives it back without
@@ -107,13 +153,17 @@ impl WriteSlots {
         let limit = AdaptiveLimit::new(initial, max);
         gauge.set(i64::try_from(limit.current()).unwrap_or(i64::MAX));
         Self {
-            state: Mutex::new((limit, 0)),
+            state: Mutex::new(SlotState {
+                limit,
+                in_flight: 0,
+                busy: Busy::new(Instant::now()),
+            }),
             freed: Notify::new(),
             gauge,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (AdaptiveLimit, usize)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -123,8 +173,9 @@ impl WriteSlots {
             let freed = self.freed.notified();
             {
                 let mut state = self.lock();
-                if state.1 < state.0.current() {
-                    state.1 += 1;
+                if state.in_flight < state.limit.current() {
+                    state.busy = state.busy.advanced(Instant::now(), state.in_flight);
+                    state.in_flight += 1;
                     return Slot {
                         slots: self,
                         answer: None,
@@ -138,7 +189,13 @@ impl WriteSlots {
     /// Writes in flight now and the limit.
     pub fn in_flight(&self) -> (usize, usize) {
         let state = self.lock();
-        (state.1, state.0.current())
+        (state.in_flight, state.limit.current())
+    }
+
+    /// The integral of writes in flight up to now.
+    pub fn busy(&self) -> Busy {
+        let state = self.lock();
+        state.busy.advanced(Instant::now(), state.in_flight)
     }
 }
 
@@ -152,12 +209,13 @@ impl Slot<'_> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let mut state = self.slots.lock();
-        state.1 = state.1.saturating_sub(1);
+        state.busy = state.busy.advanced(Instant::now(), state.in_flight);
+        state.in_flight = state.in_flight.saturating_sub(1);
         if let Some(answer) = self.answer {
-            state.0.on_answer(answer);
+            state.limit.on_answer(answer);
             self.slots
                 .gauge
-                .set(i64::try_from(state.0.current()).unwrap_or(i64::MAX));
+                .set(i64::try_from(state.limit.current()).unwrap_or(i64::MAX));
         }
         drop(state);
         self.slots.freed.notify_waiters();
@@ -167,6 +225,8 @@ impl Drop for Slot<'_> {
 #[cfg(test)]
 mod tests {
     use futures::FutureExt as _;
+
+    use std::time::Duration;
 
     use super::*;
 
@@ -263,5 +323,22 @@ mod tests {
         drop(c);
         next.await;
         assert_eq!(slots.gauge.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_mean_in_flight_is_the_integral_of_writes_over_time() {
+        let slots = WriteSlots::new(4, 4, Gauge::default());
+        let start = slots.busy();
+        let a = slots.acquire().await;
+        let b = slots.acquire().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(a);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(b);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // 2 writes for 1 s, 1 for 1 s, none for 2 s: 3 write-seconds over 4 s.
+        let end = slots.busy();
+        assert!((end.mean_since(&start) - 0.75).abs() < 1e-9, "{end:?}");
+        assert_eq!(end.mean_since(&end), 0.0, "over no time");
     }
 }

@@ -27,6 +27,8 @@ pub struct PageScanner {
     /// How far `buf` is consumed.
     pos: usize,
     state: State,
+    /// The list's `metadata` has been read.
+    metadata_read: bool,
     continue_token: Option<String>,
 }
 
@@ -81,6 +83,13 @@ impl PageScanner {
         self.buf.drain(..self.pos);
         self.pos = 0;
         Ok(())
+    }
+
+    /// The token of the next page as soon as the list's `metadata` has been read (`Some(None)`
+    /// on the last page), `None` before. kube-apiserver writes `metadata` before `items`, so
+    /// the next page can be requested while this one's objects are still arriving.
+    pub fn continue_token(&self) -> Option<Option<&str>> {
+        self.metadata_read.then_some(self.continue_token.as_deref())
     }
 
     /// Ends the body: the token of the next page (`None` on the last page), or an error if the
@@ -160,6 +169,7 @@ impl PageScanner {
                 if field == Field::Metadata {
                     let meta: ListMeta = serde_json::from_slice(value)?;
                     self.continue_token = meta.continue_.filter(|t| !t.is_empty());
+                    self.metadata_read = true;
                 } else {
                     serde_json::from_slice::<IgnoredAny>(value)?;
                 }
@@ -480,6 +490,34 @@ mod tests {
         let body = json!({"items": [{"metadata": {"name": "a"}}], "metadata": {"continue": "t"}, "kind": "X"});
         let (items, token) = scan(body.to_string().as_bytes(), &[3, 17]).expect("page");
         assert_eq!((items.len(), token.as_deref()), (1, Some("t")));
+    }
+
+    #[test]
+    fn the_continue_token_is_known_once_the_metadata_was_read_before_any_object() {
+        let ring = RingLabels::new("r");
+        // In kube-apiserver's order (`json!` would sort the keys).
+        let items: Vec<Value> = (0..3)
+            .map(|i| item(&format!("o-{i}"), &ring, "s"))
+            .collect();
+        let body = format!(
+            r#"{{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{{"resourceVersion":"42","continue":"next"}},"items":{}}}"#,
+            Value::from(items)
+        )
+        .into_bytes();
+        let items_at = body
+            .windows(7)
+            .position(|w| w == b"\"items\"")
+            .expect("items");
+        let mut scanner = PageScanner::default();
+        let mut out = Vec::new();
+        scanner.feed(&body[..5], &mut out).expect("feed");
+        assert_eq!(scanner.continue_token(), None, "not read yet");
+        scanner.feed(&body[5..items_at], &mut out).expect("feed");
+        assert_eq!(scanner.continue_token(), Some(Some("next")));
+        assert!(out.is_empty(), "known before any object");
+        let mut last = PageScanner::default();
+        last.feed(&page(Vec::new(), ""), &mut out).expect("feed");
+        assert_eq!(last.continue_token(), Some(None), "the last page says so");
     }
 
     #[test]

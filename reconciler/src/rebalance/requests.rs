@@ -76,6 +76,15 @@ impl Page {
     pub fn continue_token(&self) -> Option<&str> {
         self.continue_token.as_deref()
     }
+
+    /// The token of the next page as soon as it is known (see
+    /// [`PageScanner::continue_token`]): `Some(None)` on the last page, `None` while unknown.
+    pub fn early_continue_token(&self) -> Option<Option<&str>> {
+        match &self.scanner {
+            Some(scanner) => scanner.continue_token(),
+            None => Some(self.continue_token.as_deref()),
+        }
+    }
 }
 
 /// Merge-patches object `name` of `target` (in `namespace`) with `patch`; the answer (the

@@ -12,13 +12,24 @@ use tracing::{info, warn};
 
 use crate::rebalance::{Outcome, Scope};
 
-/// Logs the summary of a rebalance and publishes the Event.
+/// How a rebalance's writes went (the reconciler's, every ring's).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WriteStats {
+    /// The writes the adaptive limit allowed in flight at its end.
+    pub limit: usize,
+    /// The writes in flight on average over it.
+    pub mean_in_flight: f64,
+}
+
+/// Logs the summary of a rebalance (`pending` drains left, how its writes went) and publishes
+/// the Event.
 pub async fn report(
     recorder: &Recorder,
     ring: &ClusterRing,
     scopes: &BTreeSet<Scope>,
     outcome: &Outcome,
     pending: usize,
+    writes: WriteStats,
     elapsed: Duration,
 ) {
     let assigned: BTreeMap<&str, usize> = outcome
@@ -34,6 +45,8 @@ pub async fn report(
         assigned = ?assigned,
         pending_drains = pending,
         errors = outcome.errors,
+        write_limit = writes.limit,
+        writes_in_flight = (writes.mean_in_flight * 10.0).round() / 10.0,
         duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
         "rebalance"
     );
