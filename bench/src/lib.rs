@@ -184,6 +184,10 @@ impl Error {
 /// How long the removal of a benchmark's namespace may take (100 000 Secrets take minutes).
 pub const NAMESPACE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(900);
 
+/// From how many objects on the removal of a benchmark's namespace is waited for (smaller ones
+/// are gone in moments).
+pub const WAIT_FOR_REMOVAL_FROM: usize = 10_000;
+
 /// One ring over Secrets of its own namespace, with shard Leases held for an hour.
 pub struct RingSetup {
     /// Admin client.
@@ -224,10 +228,10 @@ impl RingSetup {
         Ok(setup)
     }
 
-    /// Deletes the namespace and its ring and waits until the namespace is gone (the namespace
-    /// controller deletes its objects one by one: a later measurement must not share the
-    /// apiserver with that); returns how long it took.
-    pub async fn remove(self) -> Result<Duration, Error> {
+    /// Deletes the namespace and its ring; with `wait`, waits until the namespace is gone (the
+    /// namespace controller deletes its objects one by one: a later measurement must not share
+    /// the apiserver with the deletion of a big one); returns how long it took.
+    pub async fn remove(self, wait: bool) -> Result<Duration, Error> {
         let started = Instant::now();
         let namespaces = Api::<Namespace>::all(self.client.clone());
         let _ = Api::<ClusterRing>::all(self.client.clone())
@@ -236,11 +240,14 @@ impl RingSetup {
         namespaces
             .delete(&self.ns, &DeleteParams::default())
             .await?;
-        while started.elapsed() < NAMESPACE_REMOVAL_TIMEOUT {
+        while wait && started.elapsed() < NAMESPACE_REMOVAL_TIMEOUT {
             if namespaces.get_opt(&self.ns).await?.is_none() {
                 return Ok(started.elapsed());
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if !wait {
+            return Ok(started.elapsed());
         }
         Err(Error::Setup(format!(
             "namespace {} still there {NAMESPACE_REMOVAL_TIMEOUT:?} after its deletion",
@@ -417,7 +424,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             Duration::from_secs(args.load_process_seconds),
         )
         .await?;
-        setup.remove().await?;
+        setup.remove(false).await?;
     }
     if args.runs(Section::Memory) {
         eprintln!("[bench] 3/6 reconciler memory");

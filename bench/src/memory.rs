@@ -126,8 +126,11 @@ pub async fn run(
             baseline_steady,
             baseline_peak,
         });
-        let removed = setup.remove().await?;
-        eprintln!("[bench]   {n}: namespace removed in {removed:?}");
+        let wait = n >= crate::WAIT_FOR_REMOVAL_FROM;
+        let removed = setup.remove(wait).await?;
+        if wait {
+            eprintln!("[bench]   {n}: namespace removed in {removed:?}");
+        }
     }
     Ok(rows)
 }

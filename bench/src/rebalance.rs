@@ -69,6 +69,9 @@ pub struct Round {
     pub raw: Vec<RawPatches>,
     /// Raw merge PATCHes through the sharder webhook, at the best concurrency.
     pub raw_webhook: RawPatches,
+    /// Raw merge PATCHes as the static-token admin, at the best concurrency (for reference:
+    /// the other raw runs authenticate as a ServiceAccount, like the reconciler and the shards).
+    pub raw_admin: RawPatches,
     /// Objects per second of a paginated metadata list of every object alone.
     pub list_per_second: f64,
     /// The fourth shard leaving (Lease released): its objects moved back directly.
@@ -240,8 +243,9 @@ pub(crate) async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Erro
     Err(Error::Setup(format!("{name} never held its lease")))
 }
 
-/// The reconciler and the shards of a benchmark as ServiceAccounts of its namespace (bound to
-/// cluster-admin), so the audit log tells their writes apart.
+/// The reconciler, the shards and the raw PATCH baseline of a benchmark as ServiceAccounts of
+/// its namespace (bound to cluster-admin), so the audit log tells their writes apart and each
+/// authenticates as an in-cluster component does (a ServiceAccount token, verified per request).
 pub(crate) struct Accounts {
     /// The reconciler's kubeconfig.
     pub(crate) reconciler_kubeconfig: std::path::PathBuf,
@@ -251,21 +255,29 @@ pub(crate) struct Accounts {
     pub(crate) shard_user: String,
     /// A client for the shards.
     pub(crate) shard_client: Client,
+    /// The raw PATCH baseline's audit user.
+    pub(crate) raw_user: String,
+    /// A client for the raw PATCH baseline.
+    pub(crate) raw_client: Client,
 }
 
 impl Accounts {
-    /// The accounts `bench-reconciler` and `bench-shard` of the namespace of `setup`.
+    /// The accounts `bench-reconciler`, `bench-shard` and `bench-raw` of the namespace of
+    /// `setup`.
     pub(crate) async fn new(cp: &ControlPlane, setup: &RingSetup) -> Result<Self, Error> {
         let reconciler_token = cp
             .cluster_admin_token(&setup.ns, "bench-reconciler")
             .await?;
         let shard_token = cp.cluster_admin_token(&setup.ns, "bench-shard").await?;
+        let raw_token = cp.cluster_admin_token(&setup.ns, "bench-raw").await?;
         Ok(Self {
             reconciler_kubeconfig: cp
                 .write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &reconciler_token)?,
             reconciler_user: format!("system:serviceaccount:{}:bench-reconciler", setup.ns),
             shard_user: format!("system:serviceaccount:{}:bench-shard", setup.ns),
             shard_client: cp.client_with_token(&shard_token).await?,
+            raw_user: format!("system:serviceaccount:{}:bench-raw", setup.ns),
+            raw_client: cp.client_with_token(&raw_token).await?,
         })
     }
 }
@@ -310,24 +322,22 @@ pub(crate) async fn start_moving_reconciler(
 pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
     events
         .iter()
-        .filter(|e| {
-            e["user"]["username"] == user
-                && e["objectRef"]["namespace"] == ns
-                && e["objectRef"]["resource"] == "secrets"
-        })
+        .filter(|e| crate::timeline::is_write_by(e, ns, user))
         .count()
 }
 
-/// The admin client's audit user (the raw PATCHes).
+/// The admin client's audit user (a static token: the raw PATCHes' reference run).
 const ADMIN_USER: &str = "admin";
 
 /// Concurrencies of the raw PATCH baseline.
 pub const RAW_CONCURRENCIES: [usize; 4] = [16, 32, 64, 128];
 
-/// One raw PATCH run.
+/// One raw PATCH run, as `user` through `client`.
 struct RawRun<'a> {
     cp: &'a ControlPlane,
     setup: &'a RingSetup,
+    client: &'a Client,
+    user: &'a str,
     names: &'a [String],
     count: usize,
     processes: &'a [(&'a str, u32)],
@@ -344,7 +354,7 @@ impl RawRun<'_> {
         round: usize,
         through_webhook: bool,
     ) -> Result<RawPatches, Error> {
-        let api = self.setup.secrets();
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.setup.ns);
         let mark = self.cp.audit_mark();
         let cpu = CpuUse::start(self.processes);
         let start = Timestamp::now();
@@ -372,7 +382,7 @@ impl RawRun<'_> {
             start,
             &events,
             &self.setup.ns,
-            &[("raw", ADMIN_USER)],
+            &[("raw", self.user)],
             &[],
             &[],
             None,
@@ -398,6 +408,11 @@ async fn settled_audit(cp: &ControlPlane, mark: AuditMark) -> Vec<serde_json::Va
         }
         seen = now;
     }
+}
+
+/// The reconciler's log lines after the first `skip`.
+fn lines_since(reconciler: &Reconciler, skip: usize) -> Vec<serde_json::Value> {
+    reconciler.process.lines().into_iter().skip(skip).collect()
 }
 
 fn offset_of(start: Timestamp, at: Timestamp) -> f64 {
@@ -432,6 +447,8 @@ struct Bench<'a> {
     reconciler_user: String,
     shard_user: String,
     shard_client: Client,
+    raw_user: String,
+    raw_client: Client,
     shards: BTreeMap<String, BenchShard>,
     lease: Duration,
     shard_concurrency: u16,
@@ -474,13 +491,7 @@ impl Bench<'_> {
         let wall = converged - started;
         let cpu = cpu.end();
         let events = settled_audit(self.cp, mark).await;
-        let log: Vec<_> = self
-            .reconciler
-            .process
-            .lines()
-            .into_iter()
-            .skip(log_start)
-            .collect();
+        let log = lines_since(&self.reconciler, log_start);
         let mut marks = vec![
             ("shard-3 started", 0.0),
             ("every object on its shard (watch)", wall.as_secs_f64()),
@@ -515,6 +526,8 @@ impl Bench<'_> {
         let runs = RawRun {
             cp: self.cp,
             setup: &self.setup,
+            client: &self.raw_client,
+            user: &self.raw_user,
             names: &names,
             count: timeline.writes.count.max(1000),
             processes: &self.processes,
@@ -537,6 +550,18 @@ impl Bench<'_> {
         eprintln!(
             "[bench]   raw PATCH through the webhook: {} at {} in flight: {:.0}/s",
             raw_webhook.count, raw_webhook.concurrency, raw_webhook.per_second
+        );
+        let admin_client = self.setup.client.clone();
+        let raw_admin = RawRun {
+            client: &admin_client,
+            user: ADMIN_USER,
+            ..runs
+        }
+        .run(best, 10 * number + 8, false)
+        .await?;
+        eprintln!(
+            "[bench]   raw PATCH as admin (static token): {} at {} in flight: {:.0}/s",
+            raw_admin.count, raw_admin.concurrency, raw_admin.per_second
         );
         let listing = Instant::now();
         let listed = self.setup.assignment().await?.len();
@@ -573,6 +598,7 @@ impl Bench<'_> {
             cpu,
             raw,
             raw_webhook,
+            raw_admin,
             list_per_second,
             scale_in,
         })
@@ -633,6 +659,8 @@ pub async fn run(
         reconciler_user: accounts.reconciler_user,
         shard_user: accounts.shard_user,
         shard_client: accounts.shard_client,
+        raw_user: accounts.raw_user,
+        raw_client: accounts.raw_client,
         shards,
         lease,
         shard_concurrency: args.shard_concurrency,
@@ -661,13 +689,7 @@ pub async fn run(
     let (converged, _) = bench.tracker.converge(&bench.setup, &survivors).await?;
     let crash_recovery = converged - crashed;
     let events = settled_audit(cp, mark).await;
-    let log: Vec<_> = bench
-        .reconciler
-        .process
-        .lines()
-        .into_iter()
-        .skip(log_start)
-        .collect();
+    let log = lines_since(&bench.reconciler, log_start);
     let mut marks = vec![
         ("shard-1 crashed", 0.0),
         (

@@ -86,6 +86,7 @@ pub async fn run(
         reconciler_user,
         shard_user,
         shard_client,
+        ..
     } = Accounts::new(cp, &setup).await?;
 
     let mut names: Vec<String> = (0..SHARDS).map(|i| format!("shard-{i}")).collect();

@@ -68,15 +68,18 @@ fn offset(start: Timestamp, at: Timestamp) -> f64 {
     at.duration_since(start).as_secs_f64()
 }
 
+/// Whether audit event `e` is a write to `ns`'s Secrets by `user`.
+pub fn is_write_by(e: &Value, ns: &str, user: &str) -> bool {
+    e["user"]["username"] == user
+        && e["objectRef"]["namespace"] == ns
+        && e["objectRef"]["resource"] == "secrets"
+}
+
 /// The audit events of writes to `ns`'s Secrets by `user`: (name, received, answered).
 fn writes_of(events: &[Value], ns: &str, user: &str) -> Vec<(String, Timestamp, Timestamp)> {
     events
         .iter()
-        .filter(|e| {
-            e["user"]["username"] == user
-                && e["objectRef"]["namespace"] == ns
-                && e["objectRef"]["resource"] == "secrets"
-        })
+        .filter(|e| is_write_by(e, ns, user))
         .filter_map(|e| {
             Some((
                 e["objectRef"]["name"].as_str()?.to_owned(),
@@ -220,8 +223,13 @@ fn log_spans(start: Timestamp, log: &[Value]) -> Vec<Span> {
                 let scopes = line["scopes"].as_str().unwrap_or_default();
                 spans.push(Span {
                     what: format!(
-                        "rebalance {scopes}: listed {}, drained {}, assigned {}, errors {}",
-                        line["listed"], line["drained"], line["assigned"], line["errors"]
+                        "rebalance {scopes}: listed {}, drained {}, assigned {}, errors {}; the reconciler's writes in flight {} on average, limit {} at the end",
+                        line["listed"],
+                        line["drained"],
+                        line["assigned"],
+                        line["errors"],
+                        line["writes_in_flight"],
+                        line["write_limit"]
                     ),
                     count: line["listed"].as_u64().unwrap_or(0) as usize,
                     from: (t - took).max(0.0),
