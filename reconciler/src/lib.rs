@@ -246,7 +246,10 @@ pub async fn run(args: Args) -> Result<(), Error> {
     sharder_runtime::start(&args.common.clone(), |client, shutdown| async move {
         let bulk = rebalance::Clients {
             lists: clients::client(Transport::LISTS).await?,
-            writes: clients::client(Transport::WRITES).await?,
+            writes: clients::client(
+                Transport::WRITES.with_idle_connections(args.max_concurrent_writes),
+            )
+            .await?,
         };
         run_with_client(args, client, bulk, shutdown).await
     })

@@ -10,13 +10,25 @@
 //! each, alternated): median 1,274 PATCH/s over HTTP/1.1 and 1,130/s over one HTTP/2
 //! connection. The price is a connection per write in flight (about 40 KiB each: buffers,
 //! TLS state, hyper's dispatch channel), which [`Transport::read_buffer`] keeps from growing.
+//!
+//! Why a cap on idle connections: when a request finds no idle connection, hyper starts a new
+//! one, and if another request's connection comes back first it takes that one and still keeps
+//! the new connection when it is ready. Uncapped, a long run of writes collects connections
+//! beyond the writes ever in flight at once; capped at [`Transport::idle_connections`] (the
+//! writes in flight at most), the extra ones are closed as they come back. Idle connections are
+//! closed after [`IDLE_TIMEOUT`].
+
+use std::time::Duration;
 
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt as _;
 use tower::{BoxError, ServiceBuilder};
 
 use crate::Error;
+
+/// How long a connection may stay idle in a client's pool before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// How a client talks to the apiserver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,13 +39,19 @@ pub struct Transport {
     /// The most an HTTP/1.1 connection buffers of what it reads (hyper grows its read buffer
     /// up to this while reads fill it; 8 KiB at least).
     pub read_buffer: usize,
+    /// The most idle connections the client keeps for reuse (at least 1); more are closed
+    /// when their request is done.
+    pub idle_connections: usize,
 }
 
 impl Transport {
-    /// Object writes: HTTP/1.1, answers are one object's metadata, so 8 KiB read buffers.
+    /// Object writes: HTTP/1.1, answers are one object's metadata, so 8 KiB read buffers; at
+    /// most 64 idle connections (set the writes in flight at most with
+    /// [`Self::with_idle_connections`]).
     pub const WRITES: Self = Self {
         http2: false,
         read_buffer: 8 * 1024,
+        idle_connections: 64,
     };
 
     /// List pages: HTTP/1.1, read in pieces of at most 16 KiB (a page is parsed as it arrives,
@@ -42,13 +60,23 @@ impl Transport {
     pub const LISTS: Self = Self {
         http2: false,
         read_buffer: 16 * 1024,
+        idle_connections: 8,
     };
 
     /// Everything on one HTTP/2 connection.
     pub const MULTIPLEXED: Self = Self {
         http2: true,
         read_buffer: 64 * 1024,
+        idle_connections: 1,
     };
+
+    /// This transport keeping at most `n` idle connections (at least 1).
+    pub const fn with_idle_connections(self, n: usize) -> Self {
+        Self {
+            idle_connections: if n == 0 { 1 } else { n },
+            ..self
+        }
+    }
 }
 
 /// A client with `transport` from the environment (KUBECONFIG or in-cluster).
@@ -83,6 +111,9 @@ pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Cl
     };
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .http1_max_buf_size(transport.read_buffer.max(8 * 1024))
+        .pool_max_idle_per_host(transport.idle_connections.max(1))
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(IDLE_TIMEOUT)
         .build(https);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
