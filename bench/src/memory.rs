@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sharder_common::Ring;
 use sharder_tests::ControlPlane;
 
-use crate::stats::rss_kib;
+use crate::stats::{rss_kib, sockets};
 use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
 use crate::{Args, Error, RingSetup, rebalanced, start_reconciler, wait_first_rebalance};
 
@@ -26,6 +26,9 @@ pub struct MemoryRow {
     pub reconciler_peak: u64,
     /// Reconciler RSS after the scale-out's drains.
     pub reconciler_after_scale_out: u64,
+    /// Sockets the reconciler held open after the scale-out (its connections to the
+    /// apiserver, at most one per write in flight plus lists and watches when pooled right).
+    pub reconciler_sockets: usize,
     /// Objects the scale-out drained.
     pub drained: u64,
     /// How long the first full rebalance (a list of every object) took.
@@ -47,7 +50,8 @@ async fn settle() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 }
 
-/// Measures every size of `args.sizes`.
+/// Measures every size of `args.sizes`; runs last, as the namespace of the last size is left
+/// to be deleted.
 pub async fn run(
     cp: &ControlPlane,
     webhooks: &Webhooks,
@@ -94,6 +98,7 @@ pub async fn run(
             .await?;
         settle().await;
         let (after, peak) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
+        let reconciler_sockets = sockets(pid).unwrap_or(0);
         drop(reconciler);
 
         let mut command = Command::new(bench_binary("metadata-cache")?);
@@ -108,7 +113,7 @@ pub async fn run(
             rss_kib(baseline_pid).ok_or_else(|| Error::Setup("no baseline RSS".into()))?;
         baseline.kill();
         eprintln!(
-            "[bench]   {n}: reconciler {:.1} MiB steady, {:.1} MiB peak; baseline {:.1} MiB (synced in {:?})",
+            "[bench]   {n}: reconciler {:.1} MiB steady, {:.1} MiB peak, {reconciler_sockets} sockets; baseline {:.1} MiB (synced in {:?})",
             steady as f64 / 1024.0,
             peak as f64 / 1024.0,
             baseline_steady as f64 / 1024.0,
@@ -120,13 +125,16 @@ pub async fn run(
             reconciler_steady: steady,
             reconciler_peak: peak,
             reconciler_after_scale_out: after,
+            reconciler_sockets,
             drained: line["drained"].as_u64().unwrap_or(0),
             first_rebalance: took(&first),
             scale_out_rebalance: took(&line),
             baseline_steady,
             baseline_peak,
         });
-        let wait = n >= crate::WAIT_FOR_REMOVAL_FROM;
+        // The last size's namespace is deleted without waiting: nothing is measured after it.
+        let last = rows.len() == args.sizes.len();
+        let wait = n >= crate::WAIT_FOR_REMOVAL_FROM && !last;
         let removed = setup.remove(wait).await?;
         if wait {
             eprintln!("[bench]   {n}: namespace removed in {removed:?}");
