@@ -176,17 +176,20 @@ impl PageScanner {
                 self.pos = end;
                 self.state = State::AfterValue;
             }
-            State::AfterValue => match byte {
-                b',' => {
-                    self.pos += 1;
-                    self.state = State::Key;
+            // After a member of the list object or an element of `items`: a comma leads to the
+            // next one, the closing bracket out.
+            State::AfterValue | State::AfterItem => {
+                let (next, close, closed) = if self.state == State::AfterValue {
+                    (State::Key, b'}', State::Done)
+                } else {
+                    (State::Item, b']', State::AfterValue)
+                };
+                if byte != b',' {
+                    expect(close, self.state)?;
                 }
-                b'}' => {
-                    self.pos += 1;
-                    self.state = State::Done;
-                }
-                _ => expect(b'}', self.state)?,
-            },
+                self.pos += 1;
+                self.state = if byte == b',' { next } else { closed };
+            }
             State::ItemsOpen => match byte {
                 b'[' => {
                     self.pos += 1;
@@ -216,17 +219,6 @@ impl PageScanner {
                 self.pos = end;
                 self.state = State::AfterItem;
             }
-            State::AfterItem => match byte {
-                b',' => {
-                    self.pos += 1;
-                    self.state = State::Item;
-                }
-                b']' => {
-                    self.pos += 1;
-                    self.state = State::AfterValue;
-                }
-                _ => expect(b']', self.state)?,
-            },
             State::Done => return Err(error("trailing characters after the list")),
         }
         Ok(true)
