@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use sharder_common::Ring;
 use sharder_tests::ControlPlane;
+use sharder_tests::procfs::open_sockets;
 
-use crate::stats::{rss_kib, sockets};
+use crate::stats::rss_kib;
 use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
 use crate::{Args, Error, RingSetup, rebalanced, start_reconciler, wait_first_rebalance};
 
@@ -98,7 +99,7 @@ pub async fn run(
             .await?;
         settle().await;
         let (after, peak) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
-        let reconciler_sockets = sockets(pid).unwrap_or(0);
+        let reconciler_sockets = open_sockets(pid).unwrap_or(0);
         drop(reconciler);
 
         let mut command = Command::new(bench_binary("metadata-cache")?);

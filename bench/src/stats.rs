@@ -43,17 +43,6 @@ pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// Sockets process `pid` holds open (its connections), from `/proc/<pid>/fd`.
-pub fn sockets(pid: u32) -> Option<usize> {
-    let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
-    Some(
-        entries
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|target| target.to_string_lossy().starts_with("socket:"))
-            .count(),
-    )
-}
-
 /// CPU time (user + system) process `pid` used so far, in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -11,14 +11,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use sharder_runtime::clients::{Transport, client_for};
 use sharder_tests::ControlPlane;
+use sharder_tests::procfs::open_sockets;
 
 /// Sockets this process holds open.
 fn sockets() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().starts_with("socket:"))
-        .count()
+    open_sockets(std::process::id()).expect("/proc/self/fd")
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@ pub mod helm;
 pub mod history;
 pub mod launch;
 pub mod ownership;
+pub mod procfs;
 pub mod proxy;
 pub mod supervisor;
 pub mod system;
