@@ -90,6 +90,11 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_SHARD_CONCURRENCY", default_value_t = 0)]
     pub shard_concurrency: u16,
 
+    /// Shard crashes after the rebalancing rounds (each a fresh shard that joins, takes its
+    /// share and stops without releasing its Lease).
+    #[arg(long, env = "SHARDER_BENCH_CRASHES", default_value_t = 3)]
+    pub crashes: usize,
+
     /// Shard Lease duration in the crash benchmark, in seconds.
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10)]
     pub lease_seconds: u64,

@@ -5,7 +5,8 @@
 //! from `/proc`. Each round scales out 3 -> 4 and measures, right after, raw PATCHes of the same
 //! apiserver (plain, at several concurrencies, and through the webhook as an acknowledgement
 //! goes) and a list of every object alone; then the fourth shard leaves (its Lease released: its
-//! objects move back directly). After the rounds, a shard crashes.
+//! objects move back directly). After the rounds, shards crash one after another (each a fresh
+//! shard that joined and took its share).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -124,19 +125,42 @@ pub struct RebalanceResult {
     pub shard_concurrency: u16,
     /// The scale-out rounds.
     pub rounds: Vec<Round>,
-    /// Objects of the crashed shard.
-    pub crashed_objects: usize,
-    /// Reconciler writes to them.
-    pub crash_writes: usize,
     /// Shard Lease duration.
     pub lease: Duration,
+    /// The crashes, one after another.
+    pub crashes: Vec<Crash>,
+}
+
+/// One shard crash: a fresh shard joins, takes its share, and stops at once (no release, no
+/// more renewals); its objects move once its Lease expired and was taken over.
+#[derive(Clone, Debug)]
+pub struct Crash {
+    /// The crashed shard.
+    pub shard: String,
+    /// Its objects.
+    pub objects: usize,
+    /// Reconciler writes to them.
+    pub writes: usize,
     /// From the crash until every object of the crashed shard was reassigned.
-    pub crash_recovery: Duration,
+    pub recovery: Duration,
     /// How long before the crash the crashed shard last renewed its Lease (as read just
     /// before), in seconds.
     pub last_renewal: Option<f64>,
     /// Where the crash recovery's time went.
-    pub crash: Timeline,
+    pub timeline: Timeline,
+}
+
+impl Crash {
+    /// The bound on the recovery: 2 x lease (expired, then taken over) + the objects at the
+    /// raw rate `raw` + 1 s.
+    pub fn bound(&self, lease: Duration, raw: f64) -> f64 {
+        2.0 * lease.as_secs_f64() + self.objects as f64 / raw + 1.0
+    }
+
+    /// Dead-shard moves per second (first received to last answered) over `raw`.
+    pub fn ratio(&self, raw: f64) -> f64 {
+        self.timeline.writes.rate() / raw
+    }
 }
 
 impl RebalanceResult {
@@ -151,15 +175,7 @@ impl RebalanceResult {
     pub fn raw_yardstick(&self) -> (f64, usize) {
         RAW_CONCURRENCIES
             .iter()
-            .map(|c| {
-                let rate = self.median(|r| {
-                    r.raw
-                        .iter()
-                        .find(|x| x.concurrency == *c)
-                        .map_or(f64::NAN, |x| x.per_second)
-                });
-                (rate, *c)
-            })
+            .map(|c| (self.raw_at(*c), *c))
             .max_by(|a, b| a.0.total_cmp(&b.0))
             .unwrap_or((f64::NAN, 0))
     }
@@ -167,6 +183,28 @@ impl RebalanceResult {
     /// The median raw rate through the webhook over the rounds.
     pub fn raw_webhook_yardstick(&self) -> f64 {
         self.median(|r| r.raw_webhook.per_second)
+    }
+
+    /// The median raw PATCH rate over the rounds at `concurrency` in flight (NaN if not run).
+    pub fn raw_at(&self, concurrency: usize) -> f64 {
+        self.median(|r| {
+            r.raw
+                .iter()
+                .find(|x| x.concurrency == concurrency)
+                .map_or(f64::NAN, |x| x.per_second)
+        })
+    }
+
+    /// The crash with the median move rate (its timeline is shown).
+    pub fn median_crash(&self) -> Option<&Crash> {
+        let mut crashes: Vec<&Crash> = self.crashes.iter().collect();
+        crashes.sort_by(|a, b| {
+            a.timeline
+                .writes
+                .rate()
+                .total_cmp(&b.timeline.writes.rate())
+        });
+        crashes.get(crashes.len() / 2).copied()
     }
 
     /// The round with the median ratio (its timeline and CPU are shown).
@@ -475,6 +513,66 @@ impl Bench<'_> {
         ]
     }
 
+    /// Crash `number`: shard `crash-<number>` joins the three shards and takes its share, then
+    /// stops at once (no release, no more renewals); measured until its objects are back on
+    /// the three.
+    async fn crash(&mut self, number: usize) -> Result<Crash, Error> {
+        let three: Vec<String> = (0..3).map(|i| format!("shard-{i}")).collect();
+        let name = format!("crash-{number}");
+        let four = Ring::new(three.iter().cloned().chain([name.clone()]));
+        self.start_shard(&name);
+        let (_, after) = self.tracker.converge(&self.setup, &four).await?;
+        let objects = after.values().filter(|s| **s == name).count();
+        let last_renewal = lease_renewed(&self.setup, &name).await;
+        let mark = self.cp.audit_mark();
+        let log_start = self.reconciler.process.lines().len();
+        let start = Timestamp::now();
+        let crashed = Instant::now();
+        if let Some(shard) = self.shards.remove(&name) {
+            shard.task.abort();
+        }
+        let (converged, _) = self
+            .tracker
+            .converge(&self.setup, &Ring::new(three))
+            .await?;
+        let recovery = converged - crashed;
+        let events = settled_audit(self.cp, mark).await;
+        let log = lines_since(&self.reconciler, log_start);
+        let crashed_mark = format!("{name} crashed");
+        let renewed_mark = format!("{name}'s last renewal seen before the crash");
+        let mut marks = vec![
+            (crashed_mark.as_str(), 0.0),
+            ("every object on its shard (watch)", recovery.as_secs_f64()),
+        ];
+        if let Some(renewed) = last_renewal {
+            marks.push((renewed_mark.as_str(), offset_of(start, renewed)));
+        }
+        let timeline = Timeline::new(
+            start,
+            &events,
+            &self.setup.ns,
+            &self.users()[..1],
+            &log,
+            &marks,
+            None,
+        );
+        let writes = writes_by(&events, &self.setup.ns, &self.reconciler_user);
+        eprintln!(
+            "[bench]   crash {number}: {objects} objects of {name} reassigned {recovery:?} after the crash (lease {:?}), {writes} writes, {:.0}/s from the first to the last, {:.1} in flight",
+            self.lease,
+            timeline.writes.rate(),
+            timeline.writes.in_flight(),
+        );
+        Ok(Crash {
+            shard: name,
+            objects,
+            writes,
+            recovery,
+            last_renewal: last_renewal.map(|r| -offset_of(start, r)),
+            timeline,
+        })
+    }
+
     /// One round: scale-out 3 -> 4, raw PATCHes and a list alone, then shard-3 leaves.
     async fn round(&mut self, number: usize) -> Result<Round, Error> {
         let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
@@ -605,7 +703,7 @@ impl Bench<'_> {
     }
 }
 
-/// Runs the scale-out rounds and then the crash of one shard.
+/// Runs the scale-out rounds and then the crashes.
 pub async fn run(
     cp: &ControlPlane,
     webhooks: &Webhooks,
@@ -671,52 +769,10 @@ pub async fn run(
         rounds.push(bench.round(number).await?);
     }
 
-    // shard-3 once more, then shard-1 crashes: no release; its objects move once its Lease
-    // expired and was taken over.
-    let four = Ring::new((0..4).map(|i| format!("shard-{i}")));
-    bench.start_shard("shard-3");
-    let (_, after) = bench.tracker.converge(&bench.setup, &four).await?;
-    let victims = after.values().filter(|s| s.as_str() == "shard-1").count();
-    let last_renewal = lease_renewed(&bench.setup, "shard-1").await;
-    let mark = cp.audit_mark();
-    let log_start = bench.reconciler.process.lines().len();
-    let start = Timestamp::now();
-    let crashed = Instant::now();
-    if let Some(shard) = bench.shards.remove("shard-1") {
-        shard.task.abort();
+    let mut crashes = Vec::new();
+    for number in 1..=args.crashes.max(1) {
+        crashes.push(bench.crash(number).await?);
     }
-    let survivors = Ring::new(["shard-0", "shard-2", "shard-3"]);
-    let (converged, _) = bench.tracker.converge(&bench.setup, &survivors).await?;
-    let crash_recovery = converged - crashed;
-    let events = settled_audit(cp, mark).await;
-    let log = lines_since(&bench.reconciler, log_start);
-    let mut marks = vec![
-        ("shard-1 crashed", 0.0),
-        (
-            "every object on its shard (watch)",
-            crash_recovery.as_secs_f64(),
-        ),
-    ];
-    if let Some(renewed) = last_renewal {
-        marks.push((
-            "shard-1's last renewal seen before the crash",
-            offset_of(start, renewed),
-        ));
-    }
-    let crash = Timeline::new(
-        start,
-        &events,
-        &bench.setup.ns,
-        &bench.users()[..1],
-        &log,
-        &marks,
-        None,
-    );
-    let crash_writes = writes_by(&events, &bench.setup.ns, &bench.reconciler_user);
-    eprintln!(
-        "[bench]   crash: {victims} objects reassigned {crash_recovery:?} after the crash (lease {lease:?}), {crash_writes} writes, {:.0}/s from the first to the last",
-        crash.writes.rate()
-    );
     for shard in bench.shards.values() {
         shard.task.abort();
     }
@@ -725,11 +781,7 @@ pub async fn run(
         concurrency: args.rebalance_concurrency,
         shard_concurrency: args.shard_concurrency,
         rounds,
-        crashed_objects: victims,
-        crash_writes,
         lease,
-        crash_recovery,
-        last_renewal: last_renewal.map(|r| -offset_of(start, r)),
-        crash,
+        crashes,
     })
 }
