@@ -65,3 +65,44 @@ async fn each_transport_speaks_its_http_version_and_carries_many_requests_at_onc
         );
     }
 }
+
+#[tokio::test]
+async fn answers_far_larger_than_the_read_buffer_arrive_whole() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let ns = cp.namespace("clients-large").await.expect("namespace");
+    for (i, transport) in [Transport::WRITES, Transport::LISTS, Transport::MULTIPLEXED]
+        .into_iter()
+        .enumerate()
+    {
+        assert!(transport.read_buffer < 100 * 1024, "{transport:?}");
+        let client = client_for(cp.config().await.expect("config"), transport).expect("client");
+        let api: Api<ConfigMap> = Api::namespaced(client, &ns);
+        let value: String = (0..100 * 1024)
+            .map(|j| char::from(b'a' + (j % 26) as u8))
+            .collect();
+        let mut large = config_map(&format!("large-{i}"));
+        large.metadata.annotations = Some([("bulk/note".to_owned(), value.clone())].into());
+        large.data = Some([("blob".to_owned(), value.clone())].into());
+        let created = api
+            .create(&PostParams::default(), &large)
+            .await
+            .expect("create");
+        let read = api.get(&format!("large-{i}")).await.expect("get");
+        for object in [&created, &read] {
+            assert_eq!(
+                object.data.as_ref().and_then(|d| d.get("blob")),
+                Some(&value),
+                "{transport:?}"
+            );
+            assert_eq!(
+                object
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("bulk/note")),
+                Some(&value),
+                "{transport:?}"
+            );
+        }
+    }
+}
