@@ -32,7 +32,7 @@ use sharder_tests::launch::Reconciler;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::stats::{CpuUse, median};
+use crate::stats::{CpuUse, median, median_item};
 use crate::timeline::Timeline;
 use crate::tracker::Tracker;
 use crate::webhooks::Webhooks;
@@ -197,21 +197,12 @@ impl RebalanceResult {
 
     /// The crash with the median move rate (its timeline is shown).
     pub fn median_crash(&self) -> Option<&Crash> {
-        let mut crashes: Vec<&Crash> = self.crashes.iter().collect();
-        crashes.sort_by(|a, b| {
-            a.timeline
-                .writes
-                .rate()
-                .total_cmp(&b.timeline.writes.rate())
-        });
-        crashes.get(crashes.len() / 2).copied()
+        median_item(&self.crashes, |c| c.timeline.writes.rate())
     }
 
     /// The round with the median ratio (its timeline and CPU are shown).
     pub fn median_round(&self) -> Option<&Round> {
-        let mut rounds: Vec<&Round> = self.rounds.iter().collect();
-        rounds.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
-        rounds.get(rounds.len() / 2).copied()
+        median_item(&self.rounds, Round::ratio)
     }
 }
 

@@ -11,6 +11,13 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// The item of `items` at the median of `key` (the upper middle one for an even count).
+pub fn median_item<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
+    let mut sorted: Vec<&T> = items.iter().collect();
+    sorted.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    sorted.get(sorted.len() / 2).copied()
+}
+
 /// The median of `values` (mean of the middle two for an even count).
 pub fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
@@ -106,6 +113,14 @@ mod tests {
     fn medians_of_odd_and_even_counts() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn the_median_item_is_the_middle_one_by_its_key() {
+        let items = [("c", 3.0), ("a", 1.0), ("b", 2.0)];
+        assert_eq!(median_item(&items, |i| i.1), Some(&("b", 2.0)));
+        assert_eq!(median_item(&items[..2], |i| i.1), Some(&("c", 3.0)));
+        assert_eq!(median_item(&[] as &[(&str, f64)], |i| i.1), None);
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! benchmarks' 1.20 apiserver (2 cores, 5,000 merge PATCHes per run, 64 in flight, nine runs
 //! each, alternated): median 1,274 PATCH/s over HTTP/1.1 and 1,130/s over one HTTP/2
 //! connection. The price is a connection per write in flight (about 40 KiB each: buffers,
-//! TLS state, hyper's dispatch channel), which [`Transport::read_buffer`] keeps from growing.
-//! Writes read in exact 4 KiB pieces ([`Transport::exact_reads`]): an answer's head is a few
+//! TLS state, hyper's dispatch channel), which [`Transport::reads`] keeps from growing.
+//! Writes read in exact 4 KiB pieces ([`Reads::Exact`]): an answer's head is a few
 //! hundred bytes and its body (the object's metadata) is read piece by piece, while hyper's
 //! default reserves 8 KiB per read and, as it reads ahead while the previous answer still holds
 //! its buffer, often a second one. Measured with the benchmarks' memory section (one run each,
@@ -42,15 +42,22 @@ pub struct Transport {
     /// Offer HTTP/2 (ALPN `h2`, then `http/1.1`): every request on one connection. Otherwise
     /// HTTP/1.1: a connection per request in flight, kept for reuse.
     pub http2: bool,
-    /// The most an HTTP/1.1 connection buffers of what it reads (hyper grows its read buffer
-    /// up to this while reads fill it; 8 KiB at least).
-    pub read_buffer: usize,
-    /// Read exactly [`Self::read_buffer`] bytes at a time into a buffer that never grows (any
-    /// size; an answer's head must fit in it), instead of growing from 8 KiB.
-    pub exact_reads: bool,
+    /// How an HTTP/1.1 connection reads.
+    pub reads: Reads,
     /// The most idle connections the client keeps for reuse (at least 1); more are closed
     /// when their request is done.
     pub idle_connections: usize,
+}
+
+/// How an HTTP/1.1 connection reads what the apiserver sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// hyper's default: reads of 8 KiB, growing while they fill up, into a buffer of at most
+    /// this many bytes (8 KiB at least).
+    Growing(usize),
+    /// Reads of exactly this many bytes into a buffer that never grows (an answer's head must
+    /// fit in it; its body is read piece by piece).
+    Exact(usize),
 }
 
 impl Transport {
@@ -59,8 +66,7 @@ impl Transport {
     /// [`Self::with_idle_connections`]).
     pub const WRITES: Self = Self {
         http2: false,
-        read_buffer: 4 * 1024,
-        exact_reads: true,
+        reads: Reads::Exact(4 * 1024),
         idle_connections: 64,
     };
 
@@ -69,16 +75,14 @@ impl Transport {
     /// buffer to 400 KiB and more).
     pub const LISTS: Self = Self {
         http2: false,
-        read_buffer: 16 * 1024,
-        exact_reads: false,
+        reads: Reads::Growing(16 * 1024),
         idle_connections: 8,
     };
 
     /// Everything on one HTTP/2 connection.
     pub const MULTIPLEXED: Self = Self {
         http2: true,
-        read_buffer: 64 * 1024,
-        exact_reads: false,
+        reads: Reads::Growing(64 * 1024),
         idle_connections: 1,
     };
 
@@ -122,11 +126,10 @@ pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Cl
         https.enable_http1().wrap_connector(http)
     };
     let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
-    if transport.exact_reads {
-        builder.http1_read_buf_exact_size(transport.read_buffer.max(1));
-    } else {
-        builder.http1_max_buf_size(transport.read_buffer.max(8 * 1024));
-    }
+    match transport.reads {
+        Reads::Exact(size) => builder.http1_read_buf_exact_size(size.max(1)),
+        Reads::Growing(max) => builder.http1_max_buf_size(max.max(8 * 1024)),
+    };
     let hyper = builder
         .pool_max_idle_per_host(transport.idle_connections.max(1))
         .pool_timer(TokioTimer::new())
