@@ -15,6 +15,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
@@ -327,25 +328,50 @@ impl RingSetup {
         Ok(n as f64 / started.elapsed().as_secs_f64())
     }
 
+    /// Lists the Secrets `selector` selects (every one: `None`), metadata only and 500 to a
+    /// page as the reconciler does, handing each to `each`.
+    async fn each_secret(
+        &self,
+        selector: Option<&str>,
+        mut each: impl FnMut(&PartialObjectMeta<Secret>),
+    ) -> Result<(), Error> {
+        let mut params = ListParams::default().limit(500);
+        if let Some(selector) = selector {
+            params = params.labels(selector);
+        }
+        loop {
+            let page = self.secrets().list_metadata(&params).await?;
+            page.items.iter().for_each(&mut each);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Lists the objects on `shard` as the reconciler lists a dead shard's (a label-selected
+    /// list: the apiserver reads every object of the namespace and answers those on the
+    /// shard); how many and how long it took.
+    pub async fn list_on_shard(&self, shard: &str) -> Result<(usize, Duration), Error> {
+        let started = Instant::now();
+        let mut listed = 0;
+        let selector = format!("{}={shard}", self.labels.shard);
+        self.each_secret(Some(&selector), |_| listed += 1).await?;
+        Ok((listed, started.elapsed()))
+    }
+
     /// Name -> shard label of every Secret (metadata list, paginated).
     pub async fn assignment(&self) -> Result<Vec<(String, Option<String>, bool)>, Error> {
         let mut all = Vec::new();
-        let mut params = ListParams::default().limit(500);
-        loop {
-            let page = self.secrets().list_metadata(&params).await?;
-            for object in &page.items {
-                let labels = object.labels();
-                all.push((
-                    object.name_any(),
-                    labels.get(&self.labels.shard).cloned(),
-                    labels.contains_key(&self.labels.drain),
-                ));
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
+        self.each_secret(None, |object| {
+            let labels = object.labels();
+            all.push((
+                object.name_any(),
+                labels.get(&self.labels.shard).cloned(),
+                labels.contains_key(&self.labels.drain),
+            ));
+        })
+        .await?;
         Ok(all)
     }
 }

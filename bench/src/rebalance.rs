@@ -19,9 +19,10 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config};
+use kube::runtime::wait::await_condition;
 use kube::{Api, Client};
 use serde_json::json;
-use sharder_common::lease::shard_state;
+use sharder_common::lease::{is_held_by_shard, shard_state};
 use sharder_common::{Ring, ShardState};
 use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
@@ -31,6 +32,7 @@ use sharder_tests::control_plane::AuditMark;
 use sharder_tests::launch::Reconciler;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::stats::{CpuUse, median, median_item};
 use crate::timeline::Timeline;
@@ -148,6 +150,22 @@ pub struct Crash {
     pub last_renewal: Option<f64>,
     /// Where the crash recovery's time went.
     pub timeline: Timeline,
+    /// CPU seconds per process from the takeover of the crashed shard's Lease until every
+    /// object was back.
+    pub cpu: Vec<(String, f64)>,
+    /// The reconciler's list of the crashed shard's objects, made alone just before the crash.
+    pub list_alone: ListAlone,
+}
+
+/// A list made alone, as a part of some work.
+#[derive(Clone, Debug)]
+pub struct ListAlone {
+    /// Objects listed.
+    pub objects: usize,
+    /// How long it took.
+    pub took: Duration,
+    /// CPU seconds per process while it ran.
+    pub cpu: Vec<(String, f64)>,
 }
 
 impl Crash {
@@ -160,6 +178,18 @@ impl Crash {
     /// Dead-shard moves per second (first received to last answered) over `raw`.
     pub fn ratio(&self, raw: f64) -> f64 {
         self.timeline.writes.rate() / raw
+    }
+
+    /// The same work alone, one part after the other, in seconds: the moves as raw PATCHes at
+    /// `raw` per second and the list of the dead shard's objects alone.
+    pub fn parts(&self, raw: f64) -> f64 {
+        self.writes as f64 / raw + self.list_alone.took.as_secs_f64()
+    }
+
+    /// The parts' time over the time taken (first write received to last answered).
+    pub fn parts_ratio(&self, raw: f64) -> f64 {
+        let w = &self.timeline.writes;
+        self.parts(raw) / (w.last_answered - w.first_received)
     }
 }
 
@@ -514,7 +544,28 @@ impl Bench<'_> {
         self.start_shard(&name);
         let (_, after) = self.tracker.converge(&self.setup, &four).await?;
         let objects = after.values().filter(|s| **s == name).count();
+        // The list the reconciler will make of the dead shard's objects, alone.
+        let cpu = CpuUse::start(&self.processes);
+        let (listed, took) = self.setup.list_on_shard(&name).await?;
+        let list_alone = ListAlone {
+            objects: listed,
+            took,
+            cpu: cpu.end(),
+        };
         let last_renewal = lease_renewed(&self.setup, &name).await;
+        // CPU is counted from the takeover of the crashed shard's Lease (the moves start right
+        // after) until every object is back.
+        let taken_over = {
+            let leases = Api::<Lease>::namespaced(self.setup.client.clone(), &self.setup.ns);
+            let (name, processes) = (name.clone(), self.processes.clone());
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                await_condition(leases, &name, |lease: Option<&Lease>| {
+                    lease.is_some_and(|l| !is_held_by_shard(l))
+                })
+                .await
+                .map(|_| CpuUse::start(&processes))
+            }))
+        };
         let mark = self.cp.audit_mark();
         let log_start = self.reconciler.process.lines().len();
         let start = Timestamp::now();
@@ -527,6 +578,11 @@ impl Bench<'_> {
             .converge(&self.setup, &Ring::new(three))
             .await?;
         let recovery = converged - crashed;
+        let cpu = match taken_over.await {
+            Ok(Ok(cpu)) => cpu.end(),
+            Ok(Err(e)) => return Err(Error::Setup(format!("watching {name}'s Lease: {e}"))),
+            Err(e) => return Err(Error::Setup(format!("watching {name}'s Lease: {e}"))),
+        };
         let events = settled_audit(self.cp, mark).await;
         let log = lines_since(&self.reconciler, log_start);
         let crashed_mark = format!("{name} crashed");
@@ -561,6 +617,8 @@ impl Bench<'_> {
             recovery,
             last_renewal: last_renewal.map(|r| -offset_of(start, r)),
             timeline,
+            cpu,
+            list_alone,
         })
     }
 

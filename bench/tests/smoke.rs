@@ -58,6 +58,8 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| crash-1 | ",
         "| crash-2 | ",
         "| writes per dead-shard move | ",
+        "| process | dead-shard moves | the list alone | ",
+        "| kube-apiserver | ",
         "| 50 | ",
         "| floor webhook | ",
         "| sharder webhook | ",
