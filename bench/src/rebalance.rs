@@ -404,7 +404,9 @@ struct RawRun<'a> {
 
 impl RawRun<'_> {
     /// Merge PATCHes of `count` of `names` (a new label value `round` each, so every one is a
-    /// real write), `concurrency` in flight; the rate is taken from the audit log like the
+    /// real write), answered with the object's metadata only as the reconciler's and the
+    /// shards' writes are (a whole object costs the apiserver more to encode), `concurrency` in
+    /// flight; the rate is taken from the audit log like the
     /// moves'. With `through_webhook` each patch also removes the shard label, so the sharder
     /// webhook is called and puts it back (as it does for every acknowledgement).
     async fn run(
@@ -427,7 +429,7 @@ impl RawRun<'_> {
                 }
                 async move {
                     let patch = json!({ "metadata": { "labels": labels } });
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    api.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
                         .await
                         .map(|_| ())
                 }
