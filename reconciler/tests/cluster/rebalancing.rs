@@ -1,7 +1,8 @@
 //! Rebalancing: a scale-out drains exactly the objects that move (2 writes per moved object
 //! with the acknowledgement, none for the rest), a dead shard's objects and their children move
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
-//! sharded and unselected namespaces left alone.
+//! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
+//! the cluster with the other namespaces' objects left out.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -347,44 +348,11 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
 
 #[tokio::test]
 async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_alone() {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::core::{ApiResource, DynamicObject};
-    use kube::runtime::wait::{await_condition, conditions};
+    use kube::core::DynamicObject;
     use sharder_common::{ClusterRingSpec, GroupResource, RingResource};
 
     let mut w = Test::new("scope").await;
-    let crds = Api::<CustomResourceDefinition>::all(w.client.clone());
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.test.sharder.dev"},
-        "spec": {
-            "group": "test.sharder.dev",
-            "scope": "Cluster",
-            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
-        }
-    }))
-    .expect("crd");
-    crds.patch(
-        "widgets.test.sharder.dev",
-        &PatchParams::apply("sharder-tests").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("install widgets");
-    tokio::time::timeout(
-        WAIT,
-        await_condition(
-            crds,
-            "widgets.test.sharder.dev",
-            conditions::is_crd_established(),
-        ),
-    )
-    .await
-    .expect("established in time")
-    .expect("established");
+    let widget_api = install_test_crd(&w, "Widget", "widgets", "Cluster").await;
 
     let mut ring = secrets_ring(&w.ring, Some(&w.ns));
     ring.spec = ClusterRingSpec {
@@ -411,13 +379,6 @@ async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_a
     let shards = Ring::new(["shard-a", "shard-b"]);
 
     // No webhook runs here: everything is assigned by the reconciler's sweeps.
-    let widget_api = ApiResource {
-        group: "test.sharder.dev".into(),
-        version: "v1".into(),
-        api_version: "test.sharder.dev/v1".into(),
-        kind: "Widget".into(),
-        plural: "widgets".into(),
-    };
     let widgets = Api::<DynamicObject>::all_with(w.client.clone(), &widget_api);
     let names: Vec<String> = (0..10).map(|i| format!("{}-widget-{i}", w.ns)).collect();
     for name in &names {
@@ -475,6 +436,144 @@ async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_a
     assert_eq!(w.shard_of(&untouched), None);
     for name in &names {
         let _ = widgets.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+#[tokio::test]
+async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_rest_out() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use kube::core::DynamicObject;
+    use sharder_common::{ClusterRingSpec, ObjectKey, RingResource};
+
+    const LEFT_OUT: &str = "sharder.test/left-out";
+    let mut w = Test::new("most").await;
+    // A resource only this test has, so a ring over (almost) every namespace touches nothing
+    // of the other tests.
+    let gadget_api = install_test_crd(&w, "Gadget", "gadgets", "Namespaced").await;
+    let other = w.cp.namespace("left-out").await.expect("namespace");
+    Api::<Namespace>::all(w.client.clone())
+        .patch(
+            &other,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {LEFT_OUT: "true"}}})),
+        )
+        .await
+        .expect("label the left-out namespace");
+
+    // Every namespace but the left-out one: more than half of the cluster's, so the
+    // reconciler lists gadgets across the cluster instead of namespace by namespace.
+    let mut ring = secrets_ring(&w.ring, Some(&w.ns));
+    ring.spec = ClusterRingSpec {
+        resources: vec![RingResource {
+            group: "test.sharder.dev".into(),
+            resource: "gadgets".into(),
+            controlled_resources: vec![],
+        }],
+        namespace_selector: Some(LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: LEFT_OUT.into(),
+                operator: "DoesNotExist".into(),
+                values: None,
+            }]),
+        }),
+    };
+    Api::<ClusterRing>::all(w.client.clone())
+        .create(&PostParams::default(), &ring)
+        .await
+        .expect("ring");
+    w.add_shard_lease("shard-a", 3600).await;
+    w.add_shard_lease("shard-b", 3600).await;
+    let shards = Ring::new(["shard-a", "shard-b"]);
+
+    // No webhook runs here: the reconciler's sweeps assign.
+    let mine = Api::<DynamicObject>::namespaced_with(w.client.clone(), &w.ns, &gadget_api);
+    let elsewhere = Api::<DynamicObject>::namespaced_with(w.client.clone(), &other, &gadget_api);
+    let names: Vec<String> = (0..10).map(|i| format!("gadget-{i}")).collect();
+    for name in &names {
+        for api in [&mine, &elsewhere] {
+            api.create(
+                &PostParams::default(),
+                &DynamicObject::new(name, &gadget_api),
+            )
+            .await
+            .expect("gadget");
+        }
+    }
+    let untouched = elsewhere.list(&Default::default()).await.expect("list");
+
+    w.start_reconciler_with(
+        Duration::from_secs(1),
+        &["--log-level", "info,sharder_reconciler=debug"],
+    )
+    .await;
+    eventually("the ring's gadgets are assigned", WAIT, || async {
+        for name in &names {
+            let gadget = mine.get(name).await.map_err(|e| e.to_string())?;
+            let key = ObjectKey::main("test.sharder.dev", "Gadget", Some(&w.ns), name)
+                .expect("named")
+                .to_string();
+            let want = shards.shard_for(&key);
+            if w.shard_of(&gadget).as_deref() != want {
+                return Err(format!("{name}: {:?} != {want:?}", w.shard_of(&gadget)));
+            }
+        }
+        Ok(())
+    })
+    .await;
+
+    // What the reconciler listed: gadgets across the cluster, never namespace by namespace.
+    let pages = |log: &str, namespace: &str| {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| {
+                l["message"] == "listed a page"
+                    && l["resource"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("gadgets"))
+                    && l["namespace"] == namespace
+            })
+            .count()
+    };
+    let swept = w
+        .reconciler_log(0)
+        .lines()
+        .filter(|l| l.contains(r#""message":"rebalance""#))
+        .count();
+    eventually("two more sweeps", WAIT, || async {
+        let now = w
+            .reconciler_log(0)
+            .lines()
+            .filter(|l| l.contains(r#""message":"rebalance""#))
+            .count();
+        (now >= swept + 2)
+            .then_some(())
+            .ok_or(format!("{} sweeps since", now - swept))
+    })
+    .await;
+    let log = w.reconciler_log(0);
+    assert!(
+        pages(&log, "") > 0,
+        "no page of gadgets listed across the cluster"
+    );
+    assert_eq!(
+        pages(&log, &w.ns),
+        0,
+        "gadgets listed namespace by namespace"
+    );
+
+    // The left-out namespace's gadgets were listed with the rest but never written.
+    let after = elsewhere.list(&Default::default()).await.expect("list");
+    assert_eq!(after.items.len(), names.len());
+    for (before, now) in untouched.items.iter().zip(&after.items) {
+        assert_eq!(
+            now.resource_version(),
+            before.resource_version(),
+            "{} was written",
+            now.name_any()
+        );
+        assert_eq!(w.shard_of(now), None);
     }
 }
 
@@ -859,4 +958,53 @@ async fn the_write_rate_limit_holds_across_rings() {
         "{} writes took {span:.2} s, less than {floor:.2} s: the limit did not hold across rings",
         received.len()
     );
+}
+
+/// Installs the test custom resource `<plural>.test.sharder.dev` (kind `kind`, `scope`
+/// `Cluster` or `Namespaced`, any fields) and waits until it is established.
+async fn install_test_crd(
+    w: &Test,
+    kind: &str,
+    plural: &str,
+    scope: &str,
+) -> kube::core::ApiResource {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::runtime::wait::{await_condition, conditions};
+
+    let name = format!("{plural}.test.sharder.dev");
+    let crds = Api::<CustomResourceDefinition>::all(w.client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {
+            "group": "test.sharder.dev",
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase()},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .expect("crd");
+    crds.patch(
+        &name,
+        &PatchParams::apply("sharder-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("install the test resource");
+    tokio::time::timeout(
+        WAIT,
+        await_condition(crds, &name, conditions::is_crd_established()),
+    )
+    .await
+    .expect("established in time")
+    .expect("established");
+    kube::core::ApiResource {
+        group: "test.sharder.dev".into(),
+        version: "v1".into(),
+        api_version: "test.sharder.dev/v1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
 }
