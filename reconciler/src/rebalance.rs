@@ -114,6 +114,15 @@ impl Scope {
     }
 }
 
+/// One list of a target's objects: across the cluster (`namespace` `None`) or in one
+/// namespace, its pages continuing `first`.
+#[derive(Clone, Copy, Debug)]
+struct ListRange<'a> {
+    target: &'a Target,
+    namespace: Option<&'a str>,
+    first: &'a ListParams,
+}
+
 /// Which namespaces a ring's namespaced objects may be in, and how they are listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Namespaces {
@@ -495,12 +504,17 @@ impl Rebalancer {
             first = first.labels(&selector);
         }
         for namespace in view.namespaces.list_ranges(target) {
+            let range = ListRange {
+                target,
+                namespace,
+                first: &first,
+            };
             let mut opening = self.open_page(target, namespace, first.clone());
             loop {
                 let listing = std::time::Instant::now();
                 let mut objects = 0;
                 let page = self
-                    .list_page(view, target, namespace, &first, opening, &tx, &mut objects)
+                    .list_page(view, &range, opening, &tx, &mut objects)
                     .await;
                 outcome.listed += objects;
                 match page {
@@ -536,18 +550,21 @@ impl Rebalancer {
 
     /// Lists the page `opening` into `tx` as it arrives (counting its objects in `objects`),
     /// leaving out objects in namespaces the ring does not shard and main objects that stay.
-    /// The next page (`first` continued) is requested as soon as its token is known.
-    #[allow(clippy::too_many_arguments)]
+    /// The next page (the range's first page continued) is requested as soon as its token is
+    /// known.
     async fn list_page(
         &self,
         view: &RingView<'_>,
-        target: &Target,
-        namespace: Option<&str>,
-        first: &ListParams,
+        range: &ListRange<'_>,
         opening: Opening,
         tx: &tokio::sync::mpsc::Sender<ObjectMeta>,
         objects: &mut usize,
     ) -> Result<Listed, kube::Error> {
+        let ListRange {
+            target,
+            namespace,
+            first,
+        } = *range;
         let mut page = opening
             .await
             .map_err(|e| kube::Error::Service(e.into()))??;
