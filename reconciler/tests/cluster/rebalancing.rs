@@ -370,13 +370,7 @@ async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_a
         ],
         namespace_selector: ring.spec.namespace_selector.clone(),
     };
-    Api::<ClusterRing>::all(w.client.clone())
-        .create(&PostParams::default(), &ring)
-        .await
-        .expect("ring");
-    w.add_shard_lease("shard-a", 3600).await;
-    w.add_shard_lease("shard-b", 3600).await;
-    let shards = Ring::new(["shard-a", "shard-b"]);
+    let shards = create_ring_of_two_shards(&w, &ring).await;
 
     // No webhook runs here: everything is assigned by the reconciler's sweeps.
     let widgets = Api::<DynamicObject>::all_with(w.client.clone(), &widget_api);
@@ -479,13 +473,7 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
             }]),
         }),
     };
-    Api::<ClusterRing>::all(w.client.clone())
-        .create(&PostParams::default(), &ring)
-        .await
-        .expect("ring");
-    w.add_shard_lease("shard-a", 3600).await;
-    w.add_shard_lease("shard-b", 3600).await;
-    let shards = Ring::new(["shard-a", "shard-b"]);
+    let shards = create_ring_of_two_shards(&w, &ring).await;
 
     // No webhook runs here: the reconciler's sweeps assign.
     let mine = Api::<DynamicObject>::namespaced_with(w.client.clone(), &w.ns, &gadget_api);
@@ -1007,4 +995,15 @@ async fn install_test_crd(
         kind: kind.into(),
         plural: plural.into(),
     }
+}
+
+/// Creates `ring` and two live shards of it, `shard-a` and `shard-b`; their ring.
+async fn create_ring_of_two_shards(w: &Test, ring: &ClusterRing) -> Ring {
+    Api::<ClusterRing>::all(w.client.clone())
+        .create(&PostParams::default(), ring)
+        .await
+        .expect("ring");
+    w.add_shard_lease("shard-a", 3600).await;
+    w.add_shard_lease("shard-b", 3600).await;
+    Ring::new(["shard-a", "shard-b"])
 }
