@@ -96,8 +96,9 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_CRASHES", default_value_t = 3)]
     pub crashes: usize,
 
-    /// Shard Lease duration in the crash benchmark, in seconds.
-    #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10)]
+    /// Shard Lease duration in the crash benchmark, in seconds (the bench's shards renew every
+    /// second, so at least 2).
+    #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
     pub lease_seconds: u64,
 
     /// Arguments for the webhook load bench (`cargo bench -p sharder-bench --bench load`);

@@ -36,7 +36,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::stats::{CpuUse, median, median_item};
 use crate::timeline::Timeline;
-use crate::tracker::Tracker;
+use crate::tracker::{Alarm, Tracker};
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup, start_reconciler, wait_first_rebalance};
 
@@ -259,18 +259,20 @@ pub(crate) fn start_shard(
     lease: Duration,
     on_stop: OnStop,
     concurrency: u16,
+    alarm: &Alarm,
 ) -> BenchShard {
     let shard = Shard::new(client.clone(), ns, name).with_on_stop(on_stop);
     let keeper = shard.lease(ns, lease, Duration::from_secs(1));
     let api: Api<Secret> = Api::namespaced(client, ns);
     let shutdown = CancellationToken::new();
     let stop_on = shutdown.clone();
+    let (name, alarm) = (name.to_owned(), alarm.clone());
     let task = tokio::spawn(async move {
         let config = shard.watcher_config();
         let reconciler = shard.reconciler(|_: Arc<Secret>, _: Arc<()>| async {
             Ok::<_, Infallible>(Action::await_change())
         });
-        let _ = shard
+        let run = shard
             .run(keeper, &stop_on, |stop| {
                 let (controller, listed) = listed_controller(api, config);
                 let running = controller
@@ -285,6 +287,12 @@ pub(crate) fn start_shard(
                 async move { drive(running, &listed, &stop).await }
             })
             .await;
+        // Stopped by the bench it returns Ok; an error (its Lease lost, say to renewals
+        // late under load) leaves the ring without a shard the bench counts on.
+        if let Err(e) = run {
+            eprintln!("[bench]   shard {name} stopped: {e}");
+            alarm.raise(format!("shard {name} stopped: {e}"));
+        }
     });
     BenchShard { task, shutdown }
 }
@@ -511,6 +519,8 @@ struct Bench<'a> {
     raw_user: String,
     raw_client: Client,
     shards: BTreeMap<String, BenchShard>,
+    /// Raised by a shard that stops by itself.
+    alarm: Alarm,
     lease: Duration,
     shard_concurrency: u16,
     processes: Vec<(&'static str, u32)>,
@@ -525,6 +535,7 @@ impl Bench<'_> {
             self.lease,
             OnStop::Release,
             self.shard_concurrency,
+            &self.alarm,
         );
         self.shards.insert(name.to_owned(), shard);
     }
@@ -766,6 +777,7 @@ pub async fn run(
     let setup = RingSetup::new(cp, "bench-rebalance", false, 0).await?;
     let accounts = Accounts::new(cp, &setup).await?;
     let mut shards = BTreeMap::new();
+    let alarm = Alarm::default();
     for i in 0..3 {
         let name = format!("shard-{i}");
         let shard = start_shard(
@@ -775,6 +787,7 @@ pub async fn run(
             lease,
             OnStop::Release,
             args.shard_concurrency,
+            &alarm,
         );
         shards.insert(name.clone(), shard);
         wait_ready(&setup, &name).await?;
@@ -782,7 +795,7 @@ pub async fn run(
     let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
     let rate = setup.create_assigned(0..n, &three).await?;
     eprintln!("[bench]   {n} objects created ({rate:.0}/s)");
-    let tracker = Tracker::start(&setup).await?;
+    let tracker = Tracker::start(&setup, &alarm).await?;
     let reconciler = start_moving_reconciler(
         &setup,
         dir.path(),
@@ -811,6 +824,7 @@ pub async fn run(
         raw_user: accounts.raw_user,
         raw_client: accounts.raw_client,
         shards,
+        alarm,
         lease,
         shard_concurrency: args.shard_concurrency,
         processes,

@@ -14,7 +14,7 @@ use sharder_tests::ControlPlane;
 use crate::rebalance::{
     Accounts, BenchShard, start_moving_reconciler, start_shard, wait_ready, writes_by,
 };
-use crate::tracker::Tracker;
+use crate::tracker::{Alarm, Tracker};
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup};
 
@@ -91,6 +91,7 @@ pub async fn run(
 
     let mut names: Vec<String> = (0..SHARDS).map(|i| format!("shard-{i}")).collect();
     let mut shards: BTreeMap<String, BenchShard> = BTreeMap::new();
+    let alarm = Alarm::default();
     let start = |name: &str, on_stop: OnStop| {
         start_shard(
             shard_client.clone(),
@@ -99,6 +100,7 @@ pub async fn run(
             lease,
             on_stop,
             args.shard_concurrency,
+            &alarm,
         )
     };
     for name in &names {
@@ -108,7 +110,7 @@ pub async fn run(
     setup.create_assigned(0..n, &ring_of(&names)).await?;
     let reconciler =
         start_moving_reconciler(&setup, dir.path(), &kubeconfig, webhooks, args, n).await?;
-    let tracker = Tracker::start(&setup).await?;
+    let tracker = Tracker::start(&setup, &alarm).await?;
     let converge = |ring: Ring| {
         let (tracker, setup) = (&tracker, &setup);
         async move { tracker.converge(setup, &ring).await }

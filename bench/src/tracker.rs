@@ -18,6 +18,36 @@ use tokio::task::JoinHandle;
 
 use crate::{Error, RingSetup};
 
+/// Raised when something the waits rely on stops (a bench shard losing its Lease): a wait on
+/// the objects then ends at once with the reason instead of running into its timeout.
+#[derive(Clone, Debug, Default)]
+pub struct Alarm(Arc<AlarmState>);
+
+#[derive(Debug, Default)]
+struct AlarmState {
+    why: Mutex<Option<String>>,
+    raised: Notify,
+}
+
+impl Alarm {
+    /// Raises the alarm for `why` (the first reason is kept).
+    pub fn raise(&self, why: String) {
+        lock(&self.0.why).get_or_insert(why);
+        self.0.raised.notify_waiters();
+    }
+
+    /// Why the alarm was raised, once it is.
+    async fn raised(&self) -> String {
+        loop {
+            let notified = self.0.raised.notified();
+            if let Some(why) = lock(&self.0.why).clone() {
+                return why;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// Where one object is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Place {
@@ -85,6 +115,7 @@ pub struct Tracker {
     changed: Arc<Notify>,
     task: JoinHandle<()>,
     setup_ns: String,
+    alarm: Alarm,
 }
 
 impl Drop for Tracker {
@@ -93,13 +124,14 @@ impl Drop for Tracker {
     }
 }
 
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Tracker {
     /// Starts watching the Secrets of `setup`'s namespace; returns once the first list is in.
-    pub async fn start(setup: &RingSetup) -> Result<Self, Error> {
+    /// Waits end early when `alarm` is raised.
+    pub async fn start(setup: &RingSetup, alarm: &Alarm) -> Result<Self, Error> {
         let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(setup.client.clone(), &setup.ns);
         let state = Arc::new(Mutex::new(State::default()));
         let changed = Arc::new(Notify::new());
@@ -146,6 +178,7 @@ impl Tracker {
             changed,
             task,
             setup_ns: setup.ns.clone(),
+            alarm: alarm.clone(),
         };
         tracker
             .wait(Duration::from_secs(600), "the first list", |s| s.synced)
@@ -165,7 +198,17 @@ impl Tracker {
             if done(&lock(&self.state)) {
                 return Ok(());
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let timed_out = tokio::select! {
+                _ = notified => false,
+                why = self.alarm.raised() => {
+                    return Err(Error::Setup(format!(
+                        "the Secrets of {} cannot reach {what}: {why}",
+                        self.setup_ns
+                    )));
+                }
+                _ = tokio::time::sleep_until(deadline) => true,
+            };
+            if timed_out {
                 let s = lock(&self.state);
                 return Err(Error::Setup(format!(
                     "the Secrets of {} did not reach {what} within {timeout:?}: {} of {} misplaced{}",
@@ -208,5 +251,24 @@ impl Tracker {
             .collect();
         s.target = None;
         Ok((at, all))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_raised_alarm_wakes_its_waiter_with_the_first_reason() {
+        let alarm = Alarm::default();
+        let waiting = tokio::spawn({
+            let alarm = alarm.clone();
+            async move { alarm.raised().await }
+        });
+        tokio::task::yield_now().await;
+        alarm.raise("shard-1 stopped".into());
+        alarm.raise("shard-2 stopped".into());
+        assert_eq!(waiting.await.expect("waiter"), "shard-1 stopped");
+        assert_eq!(alarm.raised().await, "shard-1 stopped");
     }
 }

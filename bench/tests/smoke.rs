@@ -23,8 +23,10 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "1",
         "--crashes",
         "2",
+        // Renewed every second: 4 s leave a shard 3 s of a loaded machine's delays before
+        // its Lease counts as expired.
         "--lease-seconds",
-        "2",
+        "4",
         "--load-args",
         "none",
         "--load-process-seconds",
