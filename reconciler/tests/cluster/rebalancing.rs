@@ -919,8 +919,10 @@ async fn the_write_rate_limit_holds_across_rings() {
     })
     .await;
 
-    // When the apiserver received each of the reconciler's writes to the two namespaces.
-    let received: Vec<Timestamp> =
+    // When the apiserver received each of the reconciler's writes to the two namespaces. A
+    // write's audit event is logged after it is stored, so the last ones may still be coming
+    // when the objects show it.
+    let received = || -> Vec<Timestamp> {
         w.cp.audited_writes()
             .into_iter()
             .filter(|e| {
@@ -930,7 +932,17 @@ async fn the_write_rate_limit_holds_across_rings() {
                         .contains(&e["objectRef"]["namespace"].as_str().unwrap_or_default())
             })
             .filter_map(|e| e["requestReceivedTimestamp"].as_str()?.parse().ok())
-            .collect();
+            .collect()
+    };
+    let received = eventually("every write audited", WAIT, || async {
+        let received = received();
+        if received.len() >= 2 * PER_RING {
+            Ok(received)
+        } else {
+            Err(format!("{} audited", received.len()))
+        }
+    })
+    .await;
     assert_eq!(received.len(), 2 * PER_RING, "one write per object");
     let first = received.iter().min().expect("writes");
     let last = received.iter().max().expect("writes");
