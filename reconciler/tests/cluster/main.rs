@@ -113,6 +113,25 @@ impl Test {
         self.world.log(&format!("reconciler-{i}"))
     }
 
+    /// Waits until reconciler replica `i` has reported `n` more rebalances (every sweep is
+    /// one) than it had now: whatever those could have written is written.
+    async fn wait_for_rebalances(&self, i: usize, n: usize) {
+        let reported = || {
+            self.reconciler_log(i)
+                .lines()
+                .filter(|l| l.contains(r#""message":"rebalance""#))
+                .count()
+        };
+        let before = reported();
+        eventually(&format!("{n} more rebalances"), WAIT, || async {
+            let now = reported();
+            (now >= before + n)
+                .then_some(())
+                .ok_or(format!("{} since", now - before))
+        })
+        .await;
+    }
+
     /// Waits until the webhook configuration of ring `ring` exists (`what` names the wait).
     async fn configuration_of(&self, ring: &str, what: &str) -> MutatingWebhookConfiguration {
         let mwcs = Api::<MutatingWebhookConfiguration>::all(self.client.clone());

@@ -58,8 +58,8 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
             .ok_or(format!("{drained} of {} drained", moving.len()))
     })
     .await;
-    // Give a straggling write a moment to show up, then check what was written.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two more sweeps later (a straggling write has shown up by then), check what was written.
+    w.wait_for_rebalances(0, 2).await;
     let after = w.list_secrets().await;
     for (name, secret) in &after {
         if moving.contains(name) {
@@ -425,7 +425,7 @@ async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_a
     )
     .await;
     // Two more sweeps later, the secret in the unselected namespace is still untouched.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    w.wait_for_rebalances(0, 2).await;
     let untouched = elsewhere.get("not-mine").await.expect("get");
     assert_eq!(w.shard_of(&untouched), None);
     for name in &names {
@@ -524,22 +524,7 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
             })
             .count()
     };
-    let swept = w
-        .reconciler_log(0)
-        .lines()
-        .filter(|l| l.contains(r#""message":"rebalance""#))
-        .count();
-    eventually("two more sweeps", WAIT, || async {
-        let now = w
-            .reconciler_log(0)
-            .lines()
-            .filter(|l| l.contains(r#""message":"rebalance""#))
-            .count();
-        (now >= swept + 2)
-            .then_some(())
-            .ok_or(format!("{} sweeps since", now - swept))
-    })
-    .await;
+    w.wait_for_rebalances(0, 2).await;
     let log = w.reconciler_log(0);
     assert!(
         pages(&log, "") > 0,
