@@ -1,4 +1,5 @@
-//! Installs the checked-in ClusterRing CRD into a control plane and waits until it is served.
+//! Installs CRDs (the checked-in ClusterRing CRD, tests' own) into a control plane and waits
+//! until they are served.
 
 use std::time::Duration;
 
@@ -18,12 +19,21 @@ pub const CLUSTER_RING_CRD: &str =
 pub async fn install_cluster_ring_crd(client: &Client) -> Result<CustomResourceDefinition, Error> {
     let crd: CustomResourceDefinition = serde_yaml::from_str(CLUSTER_RING_CRD)
         .map_err(|e| Error::Provision(format!("the chart's CRD does not parse: {e}")))?;
+    install_crd(client, &crd).await
+}
+
+/// Applies `crd` (server-side apply, so calling it again is harmless) and waits until the
+/// apiserver reports it Established.
+pub async fn install_crd(
+    client: &Client,
+    crd: &CustomResourceDefinition,
+) -> Result<CustomResourceDefinition, Error> {
     let name = crd.metadata.name.clone().unwrap_or_default();
     let api = Api::<CustomResourceDefinition>::all(client.clone());
     api.patch(
         &name,
         &PatchParams::apply("sharder-tests").force(),
-        &Patch::Apply(&crd),
+        &Patch::Apply(crd),
     )
     .await
     .map_err(Error::Kube)?;

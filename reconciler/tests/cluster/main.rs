@@ -115,21 +115,15 @@ impl Test {
 
     /// Waits until reconciler replica `i` has reported `n` more rebalances (every sweep is
     /// one) than it had now: whatever those could have written is written.
-    async fn wait_for_rebalances(&self, i: usize, n: usize) {
-        let reported = || {
-            self.reconciler_log(i)
-                .lines()
-                .filter(|l| l.contains(r#""message":"rebalance""#))
-                .count()
-        };
-        let before = reported();
-        eventually(&format!("{n} more rebalances"), WAIT, || async {
-            let now = reported();
-            (now >= before + n)
-                .then_some(())
-                .ok_or(format!("{} since", now - before))
-        })
-        .await;
+    async fn wait_for_rebalances(&mut self, i: usize, n: usize) {
+        let process = &mut self.reconcilers[i].process;
+        for _ in 0..n {
+            let seen = process.lines().len();
+            process
+                .wait_for_message("rebalance", seen, WAIT)
+                .await
+                .expect("another rebalance");
+        }
     }
 
     /// Waits until the webhook configuration of ring `ring` exists (`what` names the wait).

@@ -512,9 +512,10 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
     .await;
 
     // What the reconciler listed: gadgets across the cluster, never namespace by namespace.
-    let pages = |log: &str, namespace: &str| {
-        log.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    w.wait_for_rebalances(0, 2).await;
+    let log = w.reconcilers[0].process.lines();
+    let pages = |namespace: &str| {
+        log.iter()
             .filter(|l| {
                 l["message"] == "listed a page"
                     && l["resource"]
@@ -524,17 +525,11 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
             })
             .count()
     };
-    w.wait_for_rebalances(0, 2).await;
-    let log = w.reconciler_log(0);
     assert!(
-        pages(&log, "") > 0,
+        pages("") > 0,
         "no page of gadgets listed across the cluster"
     );
-    assert_eq!(
-        pages(&log, &w.ns),
-        0,
-        "gadgets listed namespace by namespace"
-    );
+    assert_eq!(pages(&w.ns), 0, "gadgets listed namespace by namespace");
 
     // The left-out namespace's gadgets were listed with the rest but never written.
     let after = elsewhere.list(&Default::default()).await.expect("list");
@@ -953,15 +948,10 @@ async fn install_test_crd(
     plural: &str,
     scope: &str,
 ) -> kube::core::ApiResource {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::runtime::wait::{await_condition, conditions};
-
-    let name = format!("{plural}.test.sharder.dev");
-    let crds = Api::<CustomResourceDefinition>::all(w.client.clone());
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+    let crd = serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": name},
+        "metadata": {"name": format!("{plural}.test.sharder.dev")},
         "spec": {
             "group": "test.sharder.dev",
             "scope": scope,
@@ -971,20 +961,9 @@ async fn install_test_crd(
         }
     }))
     .expect("crd");
-    crds.patch(
-        &name,
-        &PatchParams::apply("sharder-tests").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("install the test resource");
-    tokio::time::timeout(
-        WAIT,
-        await_condition(crds, &name, conditions::is_crd_established()),
-    )
-    .await
-    .expect("established in time")
-    .expect("established");
+    sharder_tests::crd::install_crd(&w.client, &crd)
+        .await
+        .expect("install the test resource");
     kube::core::ApiResource {
         group: "test.sharder.dev".into(),
         version: "v1".into(),
