@@ -13,7 +13,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use sharder_common::{ObjectKey, Ring, RingLabels};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::{Error, RingSetup};
@@ -21,29 +21,30 @@ use crate::{Error, RingSetup};
 /// Raised when something the waits rely on stops (a bench shard losing its Lease): a wait on
 /// the objects then ends at once with the reason instead of running into its timeout.
 #[derive(Clone, Debug, Default)]
-pub struct Alarm(Arc<AlarmState>);
-
-#[derive(Debug, Default)]
-struct AlarmState {
-    why: Mutex<Option<String>>,
-    raised: Notify,
-}
+pub struct Alarm(watch::Sender<Option<String>>);
 
 impl Alarm {
     /// Raises the alarm for `why` (the first reason is kept).
     pub fn raise(&self, why: String) {
-        lock(&self.0.why).get_or_insert(why);
-        self.0.raised.notify_waiters();
+        self.0.send_if_modified(|raised| {
+            let first = raised.is_none();
+            raised.get_or_insert(why);
+            first
+        });
     }
 
     /// Why the alarm was raised, once it is.
     async fn raised(&self) -> String {
-        loop {
-            let notified = self.0.raised.notified();
-            if let Some(why) = lock(&self.0.why).clone() {
-                return why;
-            }
-            notified.await;
+        let mut alarm = self.0.subscribe();
+        let why = alarm
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|w| w.clone());
+        match why {
+            Some(why) => why,
+            // The sender is this alarm, which outlives the wait.
+            None => std::future::pending().await,
         }
     }
 }
@@ -124,7 +125,7 @@ impl Drop for Tracker {
     }
 }
 
-fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
