@@ -509,7 +509,7 @@ impl Rebalancer {
                 namespace,
                 first: &first,
             };
-            let mut opening = self.open_page(target, namespace, first.clone());
+            let mut opening = self.open_page(&range, None);
             loop {
                 let listing = std::time::Instant::now();
                 let mut objects = 0;
@@ -538,11 +538,15 @@ impl Rebalancer {
         outcome
     }
 
-    /// Requests a page of `target`'s objects in `namespace` with `params` in the background.
-    fn open_page(&self, target: &Target, namespace: Option<&str>, params: ListParams) -> Opening {
+    /// Requests a page of `range` in the background: its first, or the one `token` continues.
+    fn open_page(&self, range: &ListRange<'_>, token: Option<&str>) -> Opening {
         let client = self.lists.clone();
-        let api = target.api.clone();
-        let namespace = namespace.map(str::to_owned);
+        let api = range.target.api.clone();
+        let namespace = range.namespace.map(str::to_owned);
+        let params = match token {
+            Some(token) => range.first.clone().continue_token(token),
+            None => range.first.clone(),
+        };
         AbortOnDropHandle::new(tokio::spawn(async move {
             requests::Page::open(&client, &api, namespace.as_deref(), &params).await
         }))
@@ -560,11 +564,7 @@ impl Rebalancer {
         tx: &tokio::sync::mpsc::Sender<ObjectMeta>,
         objects: &mut usize,
     ) -> Result<Listed, kube::Error> {
-        let ListRange {
-            target,
-            namespace,
-            first,
-        } = *range;
+        let target = range.target;
         let mut page = opening
             .await
             .map_err(|e| kube::Error::Service(e.into()))??;
@@ -573,8 +573,7 @@ impl Rebalancer {
             if next.is_none()
                 && let Some(Some(token)) = page.early_continue_token()
             {
-                *next =
-                    Some(self.open_page(target, namespace, first.clone().continue_token(token)));
+                *next = Some(self.open_page(range, Some(token)));
             }
         };
         loop {
