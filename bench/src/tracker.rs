@@ -35,17 +35,10 @@ impl Alarm {
 
     /// Why the alarm was raised, once it is.
     async fn raised(&self) -> String {
+        // The sender is this alarm, which outlives the wait, so the wait cannot fail.
         let mut alarm = self.0.subscribe();
-        let why = alarm
-            .wait_for(Option::is_some)
-            .await
-            .ok()
-            .and_then(|w| w.clone());
-        match why {
-            Some(why) => why,
-            // The sender is this alarm, which outlives the wait.
-            None => std::future::pending().await,
-        }
+        let why = alarm.wait_for(Option::is_some).await.map(|why| why.clone());
+        why.ok().flatten().unwrap_or_default()
     }
 }
 

@@ -429,13 +429,7 @@ async fn the_global_namespace_selector_limits_every_ring_and_its_lists() {
     w.wait_until_all_assigned("the included namespace's objects assigned")
         .await;
     // Two more sweeps, then the excluded namespace's objects are still untouched.
-    let rebalances = |log: &str| log.matches(r#""message":"rebalance""#).count();
-    let seen = rebalances(&w.reconciler_log(0));
-    eventually("two more sweeps", WAIT, || async {
-        let now = rebalances(&w.reconciler_log(0));
-        (now >= seen + 2).then_some(()).ok_or(now)
-    })
-    .await;
+    w.wait_for_rebalances(0, 2).await;
     let touched: Vec<String> = in_other
         .list(&ListParams::default())
         .await
