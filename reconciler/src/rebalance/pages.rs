@@ -30,6 +30,8 @@ pub struct PageScanner {
     /// The list's `metadata` has been read.
     metadata_read: bool,
     continue_token: Option<String>,
+    /// The search for the end of the value at `pos`.
+    scan: ValueScan,
 }
 
 /// Where in the top level of the list the scanner is.
@@ -140,7 +142,7 @@ impl PageScanner {
             }
             State::Key => {
                 expect(b'"', self.state)?;
-                let Some(end) = value_end(&self.buf, self.pos)? else {
+                let Some(end) = self.scan.end(&self.buf, self.pos)? else {
                     return Ok(false);
                 };
                 let key: std::borrow::Cow<'_, str> =
@@ -162,7 +164,7 @@ impl PageScanner {
                 };
             }
             State::Value(field) => {
-                let Some(end) = value_end(&self.buf, self.pos)? else {
+                let Some(end) = self.scan.end(&self.buf, self.pos)? else {
                     return Ok(false);
                 };
                 let value = &self.buf[self.pos..end];
@@ -197,7 +199,7 @@ impl PageScanner {
                 }
                 // An empty list as the apiserver sends it: a nil slice.
                 b'n' => {
-                    let Some(end) = value_end(&self.buf, self.pos)? else {
+                    let Some(end) = self.scan.end(&self.buf, self.pos)? else {
                         return Ok(false);
                     };
                     serde_json::from_slice::<()>(&self.buf[self.pos..end])?;
@@ -211,7 +213,7 @@ impl PageScanner {
                 self.state = State::AfterValue;
             }
             State::FirstItem | State::Item => {
-                let Some(end) = value_end(&self.buf, self.pos)? else {
+                let Some(end) = self.scan.end(&self.buf, self.pos)? else {
                     return Ok(false);
                 };
                 let item: Item = serde_json::from_slice(&self.buf[self.pos..end])?;
@@ -225,63 +227,87 @@ impl PageScanner {
     }
 }
 
-/// Where the JSON value starting at `buf[start]` ends (exclusive), or `None` if `buf` holds only
-/// part of it. Objects and arrays are matched by nesting (strings skipped); `serde_json` checks
-/// the value itself afterwards.
-fn value_end(buf: &[u8], start: usize) -> Result<Option<usize>, serde_json::Error> {
-    let first = buf[start];
-    match first {
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut in_string = false;
-            let mut escaped = false;
-            for (i, &b) in buf.iter().enumerate().skip(start) {
-                if in_string {
-                    if escaped {
-                        escaped = false;
-                    } else if b == b'\\' {
-                        escaped = true;
-                    } else if b == b'"' {
-                        in_string = false;
-                    }
-                    continue;
+/// How far the search for the end of the JSON value at the scanner's position got: kept
+/// while the value's text is still arriving, so a value longer than a read (an object with big
+/// annotations, say) is scanned once, not again from its start with every read.
+#[derive(Clone, Copy, Debug, Default)]
+struct ValueScan {
+    /// Bytes of the value scanned so far.
+    scanned: usize,
+    /// Objects and arrays open.
+    depth: usize,
+    in_string: bool,
+    /// After a backslash in a string.
+    escaped: bool,
+}
+
+impl ValueScan {
+    /// Where the JSON value starting at `buf[start]` ends (exclusive), or `None` if `buf` holds
+    /// only part of it (the scan goes on from there next time). Objects and arrays are matched
+    /// by nesting (strings skipped); `serde_json` checks the value itself afterwards.
+    fn end(&mut self, buf: &[u8], start: usize) -> Result<Option<usize>, serde_json::Error> {
+        let first = buf[start];
+        let from = start + self.scanned.max(1);
+        let found = match first {
+            b'{' | b'[' | b'"' => {
+                if self.scanned == 0 {
+                    self.depth = usize::from(first != b'"');
+                    self.in_string = first == b'"';
                 }
-                match b {
-                    b'"' => in_string = true,
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Ok(Some(i + 1));
-                        }
-                    }
-                    _ => {}
-                }
+                self.nested_end(&buf[from..])
             }
-            Ok(None)
-        }
-        b'"' => {
-            let mut escaped = false;
-            for (i, &b) in buf.iter().enumerate().skip(start + 1) {
-                if escaped {
-                    escaped = false;
+            b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => buf[from..]
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace()),
+            other => {
+                return Err(error(format!(
+                    "unexpected character '{}' in the list",
+                    other.escape_ascii()
+                )));
+            }
+        };
+        Ok(match found {
+            Some(n) => {
+                let scalar = !matches!(first, b'{' | b'[' | b'"');
+                *self = Self::default();
+                Some(from + n + usize::from(!scalar))
+            }
+            None => {
+                self.scanned = buf.len() - start;
+                None
+            }
+        })
+    }
+
+    /// Where in `rest` (which follows what was scanned) the value's closing byte is.
+    fn nested_end(&mut self, rest: &[u8]) -> Option<usize> {
+        for (i, &b) in rest.iter().enumerate() {
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
                 } else if b == b'\\' {
-                    escaped = true;
+                    self.escaped = true;
                 } else if b == b'"' {
-                    return Ok(Some(i + 1));
+                    self.in_string = false;
+                    if self.depth == 0 {
+                        return Some(i);
+                    }
                 }
+                continue;
             }
-            Ok(None)
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth -= 1;
+                    if self.depth == 0 {
+                        return Some(i);
+                    }
+                }
+                _ => {}
+            }
         }
-        b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => Ok(buf
-            .iter()
-            .skip(start)
-            .position(|b| matches!(b, b',' | b'}' | b']') || b.is_ascii_whitespace())
-            .map(|n| start + n)),
-        other => Err(error(format!(
-            "unexpected character '{}' in the list",
-            other.escape_ascii()
-        ))),
+        None
     }
 }
 
