@@ -3,12 +3,15 @@
 //! drains or assigns those not on their desired shard, each write with the object's
 //! resourceVersion, bounded in concurrency and rate. Every move is logged.
 //!
-//! Lists and writes run as a pipeline: the next page is requested as soon as the current
-//! page's continue token arrives, and the writes never wait for a page to finish. What a page holds is cut
-//! down to the fields a move needs as it is parsed (no managedFields, annotations or the like),
-//! and at most [`LISTED_AHEAD`] objects wait between the lister and the writers, so memory does
-//! not grow with the number of objects or the page size. How many writes are in flight adapts to the apiserver's answers
-//! ([`concurrency`]).
+//! Lists and writes run as a pipeline: the writes never wait for a page to finish, and a page
+//! is never left waiting for the writes. A page is requested once its objects have room to wait
+//! for a write slot (a page and [`LISTED_AHEAD`] more), so it is read to its end as fast as
+//! the apiserver sends it, however slowly its objects are written: the apiserver ends a
+//! request that outlives its `--request-timeout` by closing the connection. What a page holds
+//! is cut down to the fields a move needs as it is parsed (no managedFields, annotations or the
+//! like), and only objects that need a write wait, so memory grows with the page size and
+//! never with the number of objects. How many writes are in flight adapts to the apiserver's
+//! answers ([`concurrency`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -22,7 +25,8 @@ use kube::{Api, Client};
 use sharder_common::key::{display_name, group_of_api_version};
 use sharder_common::{GroupResource, Ring, RingLabels, Role};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
-use tokio::sync::Mutex;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
@@ -61,12 +65,10 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// `--max-concurrent-writes`).
 pub const INITIAL_CONCURRENT_WRITES: usize = 16;
 
-/// Listed objects that may wait for a write slot: the lister reads on while fewer wait, so a
-/// page's objects flow to the writers as they arrive, and memory does not depend on the page
-/// size. One round of the default write slots: a list reads tens of thousands of objects a
-/// second, far more than are written, so a longer queue would only hold memory. The next page
-/// is requested as soon as the current one's continue token arrives (before its objects), so
-/// the writers do not wait for it at a page boundary.
+/// Listed objects that may still wait for a write slot when the next page is requested (on
+/// top of the page's own): the writers work through them while the apiserver prepares the page
+/// (about 0.2 s per page with 300,000 objects in a namespace on etcd 3.4), so they do not run
+/// dry at a page boundary. One round of the default write slots.
 pub const LISTED_AHEAD: usize = 64;
 
 /// The rebalancer's clients: list pages and object writes (with the small reads around them:
@@ -121,6 +123,8 @@ struct ListRange<'a> {
     target: &'a Target,
     namespace: Option<&'a str>,
     first: &'a ListParams,
+    /// Places for listed objects waiting for a write slot.
+    room: &'a Arc<Semaphore>,
 }
 
 /// Which namespaces a ring's namespaced objects may be in, and how they are listed.
@@ -305,8 +309,12 @@ enum Listed {
     Stopped,
 }
 
-/// A list page being requested in the background (dropping it cancels the request).
-type Opening = AbortOnDropHandle<Result<requests::Page, kube::Error>>;
+/// A list page being requested in the background, with the places its objects may take
+/// (dropping it cancels the request).
+type Opening = AbortOnDropHandle<Result<(requests::Page, OwnedSemaphorePermit), kube::Error>>;
+
+/// A listed object waiting for a write slot, holding its place in the room.
+type Waiting = (ObjectMeta, OwnedSemaphorePermit);
 
 /// What one object needs.
 enum Planned {
@@ -465,17 +473,23 @@ impl Rebalancer {
         target: &Target,
         scope: &Scope,
     ) -> Outcome {
-        // What waits between the lister and the writers: a few objects per write slot, however
-        // large the pages.
-        let (tx, rx) = tokio::sync::mpsc::channel(LISTED_AHEAD);
-        let lister = self.list_into(view, target, scope, tx);
+        // What waits between the lister and the writers: at most a page and LISTED_AHEAD
+        // objects, each holding a place in `room` until a writer takes it.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let room = Arc::new(Semaphore::new(
+            self.settings.page_size as usize + LISTED_AHEAD,
+        ));
+        let lister = self.list_into(view, target, scope, &room, tx);
         let writers = async {
             let mut outcome = Outcome::default();
             let mut results = std::pin::pin!(
                 futures::stream::unfold(rx, |mut rx| async move {
-                    rx.recv().await.map(|meta| (meta, rx))
+                    rx.recv().await.map(|waiting| (waiting, rx))
                 })
-                .map(|meta| self.handle(view, targets, target, meta))
+                .map(|(meta, place): Waiting| {
+                    drop(place);
+                    self.handle(view, targets, target, meta)
+                })
                 .buffer_unordered(self.parallel())
             );
             while let Some(result) = results.next().await {
@@ -490,13 +504,15 @@ impl Rebalancer {
 
     /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
     /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring does
-    /// not shard are left out); the outcome counts what was listed and failed lists.
+    /// not shard are left out), each page once `room` has a place for each of its objects;
+    /// the outcome counts what was listed and failed lists.
     async fn list_into(
         &self,
         view: &RingView<'_>,
         target: &Target,
         scope: &Scope,
-        tx: tokio::sync::mpsc::Sender<ObjectMeta>,
+        room: &Arc<Semaphore>,
+        tx: UnboundedSender<Waiting>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut first = ListParams::default().limit(self.settings.page_size);
@@ -508,6 +524,7 @@ impl Rebalancer {
                 target,
                 namespace,
                 first: &first,
+                room,
             };
             let mut opening = self.open_page(&range, None);
             loop {
@@ -538,7 +555,8 @@ impl Rebalancer {
         outcome
     }
 
-    /// Requests a page of `range` in the background: its first, or the one `token` continues.
+    /// Requests a page of `range` in the background (its first, or the one `token`
+    /// continues) once its room has a place for each object the page may hold.
     fn open_page(&self, range: &ListRange<'_>, token: Option<&str>) -> Opening {
         let client = self.lists.clone();
         let api = range.target.api.clone();
@@ -547,25 +565,33 @@ impl Rebalancer {
             Some(token) => range.first.clone().continue_token(token),
             None => range.first.clone(),
         };
+        let room = Arc::clone(range.room);
+        let page_size = self.settings.page_size;
         AbortOnDropHandle::new(tokio::spawn(async move {
-            requests::Page::open(&client, &api, namespace.as_deref(), &params).await
+            let places = room
+                .acquire_many_owned(page_size)
+                .await
+                .expect("the room is never closed");
+            let page = requests::Page::open(&client, &api, namespace.as_deref(), &params).await?;
+            Ok((page, places))
         }))
     }
 
     /// Lists the page `opening` into `tx` as it arrives (counting its objects in `objects`),
-    /// leaving out objects in namespaces the ring does not shard and main objects that stay.
-    /// The next page (the range's first page continued) is requested as soon as its token is
-    /// known.
+    /// leaving out objects in namespaces the ring does not shard and main objects that stay;
+    /// each object handed over takes one of the page's places (the rest are given back when
+    /// the page ends). The next page (the range's first page continued) is requested as soon
+    /// as its token is known, and opens once its places are free.
     async fn list_page(
         &self,
         view: &RingView<'_>,
         range: &ListRange<'_>,
         opening: Opening,
-        tx: &tokio::sync::mpsc::Sender<ObjectMeta>,
+        tx: &UnboundedSender<Waiting>,
         objects: &mut usize,
     ) -> Result<Listed, kube::Error> {
         let target = range.target;
-        let mut page = opening
+        let (mut page, mut places) = opening
             .await
             .map_err(|e| kube::Error::Service(e.into()))??;
         let mut next = None;
@@ -588,7 +614,15 @@ impl Rebalancer {
             {
                 continue;
             }
-            if tx.send(meta).await.is_err() {
+            // A page longer than asked for (a server that ignores `limit`) waits for places.
+            let place = match places.split(1) {
+                Some(place) => place,
+                None => Arc::clone(range.room)
+                    .acquire_owned()
+                    .await
+                    .expect("the room is never closed"),
+            };
+            if tx.send((meta, place)).is_err() {
                 return Ok(Listed::Stopped);
             }
         }

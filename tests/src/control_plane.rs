@@ -145,6 +145,14 @@ fn tail(text: &str, lines: usize) -> String {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditMark(u64);
 
+/// How a control plane's kube-apiserver is started, beyond what every one gets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `--request-timeout`: how long a request other than a watch may take before the
+    /// apiserver ends it (`None`: its default, 60 s).
+    pub request_timeout: Option<Duration>,
+}
+
 /// A running etcd + kube-apiserver pair.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -163,10 +171,18 @@ impl ControlPlane {
     /// temp folder removed when the binary exits, whatever the test outcome.
     pub async fn shared() -> Result<&'static ControlPlane, Error> {
         static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
-        SHARED.get_or_try_init(Self::start).await
+        SHARED
+            .get_or_try_init(|| Self::start(Options::default()))
+            .await
     }
 
-    async fn start() -> Result<Self, Error> {
+    /// A control plane of its own started with `options`, for a test that needs the apiserver
+    /// set up differently. It lives as long as the test binary (like [`Self::shared`]).
+    pub async fn dedicated(options: Options) -> Result<&'static ControlPlane, Error> {
+        Ok(Box::leak(Box::new(Self::start(options).await?)))
+    }
+
+    async fn start(options: Options) -> Result<Self, Error> {
         let assets = tokio::task::spawn_blocking(assets_dir)
             .await
             .map_err(|e| Error::Provision(e.to_string()))??;
@@ -235,6 +251,9 @@ impl ControlPlane {
                     // 0 would mean lumberjack's default: rotation at 100 MB, after which the
                     // counts of a long run (the benchmarks) would start over mid-measurement.
                     .args(["--audit-log-maxsize", "1000000"]);
+                if let Some(timeout) = options.request_timeout {
+                    apiserver.arg(format!("--request-timeout={}s", timeout.as_secs().max(1)));
+                }
                 let serving = format!("Serving securely on 127.0.0.1:{secure_port}");
                 (apiserver, serving, secure_port)
             })

@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
 use sharder_reconciler::webhook_config::configuration_name;
+use sharder_tests::control_plane::ControlPlane;
 use sharder_tests::launch::{Env, Reconciler, Webhook};
 use sharder_tests::wait::eventually;
 use sharder_tests::world::World;
@@ -54,7 +55,16 @@ impl DerefMut for Test {
 
 impl Test {
     async fn new(prefix: &str) -> Self {
-        let world = World::new(prefix).await;
+        Self::in_world(World::new(prefix).await).await
+    }
+
+    /// The same on control plane `cp` (one the test started for itself).
+    async fn on(cp: &'static ControlPlane, prefix: &str) -> Self {
+        let ns = cp.namespace(prefix).await.expect("namespace");
+        Self::in_world(World::in_namespace(cp, ns).await).await
+    }
+
+    async fn in_world(world: World) -> Self {
         let reconciler_env = world.service_account_env(RECONCILER_ACCOUNT).await;
         Self {
             world,

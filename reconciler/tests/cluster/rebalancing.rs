@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -14,6 +15,7 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
+use sharder_tests::control_plane::{ControlPlane, Options};
 use sharder_tests::fixtures::{secret, secrets_ring, shard_lease};
 use sharder_tests::wait::eventually;
 
@@ -982,4 +984,81 @@ async fn create_ring_of_two_shards(w: &Test, ring: &ClusterRing) -> Ring {
     w.add_shard_lease("shard-a", 3600).await;
     w.add_shard_lease("shard-b", 3600).await;
     Ring::new(["shard-a", "shard-b"])
+}
+
+/// A list page is read to its end at the speed the apiserver sends it, however slowly its
+/// objects are written: the apiserver ends a request that outlives its `--request-timeout`
+/// (60 s by default) by closing the connection, and a page whose reading waited on the writes
+/// would be cut off mid-way once it no longer fits the sockets' buffers. Here the apiserver
+/// allows 2 s, the page holds about 30 MB (objects with big annotations, which a metadata list
+/// carries; its apiserver sends it in about 0.4 s), and the reconciler writes 20 objects a
+/// second, 2 at a time: its 200 objects take 10 s.
+#[tokio::test]
+async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
+    const OBJECTS: usize = 200;
+    let cp = ControlPlane::dedicated(Options {
+        request_timeout: Some(Duration::from_secs(2)),
+    })
+    .await
+    .expect("a control plane with a short request timeout");
+    let mut w = Test::on(cp, "slowpage").await;
+    w.create_ring().await;
+    w.add_shard_lease("shard-a", 3600).await;
+    // No webhook: every object is assigned by a reconciler write.
+    let padding = "x".repeat(150 * 1024);
+    let secrets = w.secrets();
+    futures::stream::iter(0..OBJECTS)
+        .map(|i| {
+            let mut object = secret(&format!("object-{i}"));
+            object.metadata.annotations =
+                Some([("sharder.test/padding".to_owned(), padding.clone())].into());
+            let secrets = secrets.clone();
+            async move {
+                secrets
+                    .create(&PostParams::default(), &object)
+                    .await
+                    .expect("secret");
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<()>()
+        .await;
+    w.start_reconciler_with(
+        Duration::from_secs(1),
+        &[
+            "--max-writes-per-second",
+            "20",
+            "--max-concurrent-writes",
+            "2",
+            "--list-page-size",
+            "500",
+        ],
+    )
+    .await;
+    eventually("every object assigned", Duration::from_secs(90), || async {
+        let unassigned = w.unassigned().await;
+        (unassigned == 0)
+            .then_some(())
+            .ok_or(format!("{unassigned} unassigned"))
+    })
+    .await;
+
+    let log = w.reconciler_log(0);
+    assert!(
+        !log.contains("cannot list objects"),
+        "a list failed while its objects were written:\n{}",
+        log.lines()
+            .filter(|l| l.contains("cannot list"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let by_reconciler = w.writes_by(&w.reconciler_user());
+    for i in 0..OBJECTS {
+        let name = format!("object-{i}");
+        assert_eq!(
+            by_reconciler.get(&("secrets".to_owned(), name.clone())),
+            Some(&1),
+            "{name}: one write"
+        );
+    }
 }
