@@ -314,7 +314,7 @@ enum Listed {
 type Opening = AbortOnDropHandle<Result<(requests::Page, OwnedSemaphorePermit), kube::Error>>;
 
 /// A listed object waiting for a write slot, holding its place in the room.
-type Waiting = (ObjectMeta, OwnedSemaphorePermit);
+type Waiting = (pages::Waiting, OwnedSemaphorePermit);
 
 /// What one object needs.
 enum Planned {
@@ -488,7 +488,7 @@ impl Rebalancer {
                 })
                 .map(|(meta, place): Waiting| {
                     drop(place);
-                    self.handle(view, targets, target, meta)
+                    self.handle(view, targets, target, meta.into())
                 })
                 .buffer_unordered(self.parallel())
             );
@@ -622,7 +622,7 @@ impl Rebalancer {
                     .await
                     .expect("the room is never closed"),
             };
-            if tx.send((meta, place)).is_err() {
+            if tx.send((meta.into(), place)).is_err() {
                 return Ok(Listed::Stopped);
             }
         }

@@ -347,6 +347,44 @@ impl From<Meta> for ObjectMeta {
     }
 }
 
+/// A listed object while it waits for a write slot: the fields of [`ObjectMeta`] the scanner
+/// keeps, in 112 bytes and their strings instead of an `ObjectMeta`'s 360 and the half-KiB node
+/// of its label map. Up to a page of these wait at once, so they are kept small; converting
+/// back gives the same `ObjectMeta`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waiting {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+    labels: Option<Box<[(String, String)]>>,
+    owner_references: Option<Vec<OwnerReference>>,
+}
+
+impl From<ObjectMeta> for Waiting {
+    fn from(meta: ObjectMeta) -> Self {
+        Self {
+            name: meta.name,
+            namespace: meta.namespace,
+            resource_version: meta.resource_version,
+            labels: meta.labels.map(|l| l.into_iter().collect()),
+            owner_references: meta.owner_references,
+        }
+    }
+}
+
+impl From<Waiting> for ObjectMeta {
+    fn from(waiting: Waiting) -> Self {
+        ObjectMeta {
+            name: waiting.name,
+            namespace: waiting.namespace,
+            resource_version: waiting.resource_version,
+            labels: waiting.labels.map(|l| l.into_vec().into_iter().collect()),
+            owner_references: waiting.owner_references,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
 /// The shard and drain labels of an object: other labels are skipped without being copied.
 struct ShardingLabels(BTreeMap<String, String>);
 
@@ -603,6 +641,43 @@ mod tests {
             let got: Vec<_> = whole.0.iter().map(|m| m.name.clone().unwrap_or_default()).collect();
             prop_assert_eq!(got, names);
             prop_assert_eq!(whole.1, (!token.is_empty()).then_some(token));
+            for meta in whole.0 {
+                prop_assert_eq!(ObjectMeta::from(Waiting::from(meta.clone())), meta);
+            }
+        }
+    }
+
+    #[test]
+    fn a_waiting_object_converts_back_to_the_same_metadata() {
+        let ring = RingLabels::new("ring");
+        let child = ObjectMeta {
+            name: Some("child".into()),
+            namespace: Some("ns".into()),
+            resource_version: Some("42".into()),
+            labels: Some(
+                [
+                    (ring.shard.clone(), "shard-0".to_owned()),
+                    (ring.drain.clone(), "true".to_owned()),
+                ]
+                .into(),
+            ),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Secret".into(),
+                name: "owner".into(),
+                uid: "uid-1".into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        };
+        let unlabelled = ObjectMeta {
+            name: Some("plain".into()),
+            labels: Some(BTreeMap::new()),
+            ..ObjectMeta::default()
+        };
+        for meta in [child, unlabelled, ObjectMeta::default()] {
+            assert_eq!(ObjectMeta::from(Waiting::from(meta.clone())), meta);
         }
     }
 }
