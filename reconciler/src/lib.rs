@@ -124,8 +124,10 @@ pub struct Args {
     #[arg(long, env = "SHARDER_DRAIN_CHECK_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub drain_check_interval: Duration,
 
-    /// Objects per list page.
-    #[arg(long, env = "SHARDER_LIST_PAGE_SIZE", default_value_t = 500)]
+    /// Objects per list page (at least 1). Up to a page of the objects that need a write wait
+    /// for a write slot, so memory grows with it.
+    #[arg(long, env = "SHARDER_LIST_PAGE_SIZE", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub list_page_size: u32,
 
     /// Object writes in flight at most: the limit starts at 16 (or this, if lower) and adapts
@@ -512,7 +514,26 @@ async fn lead(
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser as _;
+
     use super::*;
+
+    #[test]
+    fn a_list_page_of_no_objects_is_refused_with_the_flag_named() {
+        let base = [
+            "sharder-reconciler",
+            "--webhook-url",
+            "https://webhook",
+            "--webhook-ca-file",
+            "/ca.crt",
+        ];
+        let parse = |size: &str| {
+            Args::try_parse_from(base.iter().copied().chain(["--list-page-size", size]))
+        };
+        let err = parse("0").expect_err("0 is no page").to_string();
+        assert!(err.contains("--list-page-size"), "{err}");
+        assert_eq!(parse("1").expect("1 object a page").list_page_size, 1);
+    }
 
     #[test]
     fn the_namespace_selector_flag_is_a_json_label_selector() {
