@@ -320,44 +320,30 @@ struct ListMeta {
 #[derive(Deserialize)]
 struct Item {
     #[serde(default)]
-    metadata: Meta,
+    metadata: Waiting,
 }
 
-/// The metadata fields a move needs.
-#[derive(Default, Deserialize)]
+/// The metadata fields a move needs, as the scanner keeps them and as a listed object waits
+/// for a write slot: in 112 bytes and their strings instead of an [`ObjectMeta`]'s 360 and the
+/// half-KiB node of its label map (up to a page of these wait at once). Converting to an
+/// `ObjectMeta` and back gives the same value.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Meta {
-    name: Option<String>,
-    namespace: Option<String>,
-    labels: Option<ShardingLabels>,
-    resource_version: Option<String>,
-    owner_references: Option<Vec<OwnerReference>>,
-}
-
-impl From<Meta> for ObjectMeta {
-    fn from(meta: Meta) -> Self {
-        ObjectMeta {
-            name: meta.name,
-            namespace: meta.namespace,
-            labels: meta.labels.map(|l| l.0),
-            resource_version: meta.resource_version,
-            owner_references: meta.owner_references,
-            ..ObjectMeta::default()
-        }
-    }
-}
-
-/// A listed object while it waits for a write slot: the fields of [`ObjectMeta`] the scanner
-/// keeps, in 112 bytes and their strings instead of an `ObjectMeta`'s 360 and the half-KiB node
-/// of its label map. Up to a page of these wait at once, so they are kept small; converting
-/// back gives the same `ObjectMeta`.
-#[derive(Clone, Debug, PartialEq)]
 pub struct Waiting {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
-    labels: Option<Box<[(String, String)]>>,
+    /// The shard and drain labels (others are skipped while parsing).
+    #[serde(default, deserialize_with = "sharding_labels")]
+    labels: Option<Labels>,
     owner_references: Option<Vec<OwnerReference>>,
+}
+
+/// Labels as pairs: a couple of them fit in far less than a map's node.
+type Labels = Box<[(String, String)]>;
+
+fn sharding_labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Labels>, D::Error> {
+    Ok(Option::<ShardingLabels>::deserialize(deserializer)?.map(|l| l.0.into_iter().collect()))
 }
 
 impl From<ObjectMeta> for Waiting {
