@@ -268,9 +268,8 @@ impl ValueScan {
         };
         Ok(match found {
             Some(n) => {
-                let scalar = !matches!(first, b'{' | b'[' | b'"');
                 *self = Self::default();
-                Some(from + n + usize::from(!scalar))
+                Some(from + n)
             }
             None => {
                 self.scanned = buf.len() - start;
@@ -279,7 +278,8 @@ impl ValueScan {
         })
     }
 
-    /// Where in `rest` (which follows what was scanned) the value's closing byte is.
+    /// Where in `rest` (which follows what was scanned) the value ends: just past its closing
+    /// byte.
     fn nested_end(&mut self, rest: &[u8]) -> Option<usize> {
         for (i, &b) in rest.iter().enumerate() {
             if self.in_string {
@@ -290,7 +290,7 @@ impl ValueScan {
                 } else if b == b'"' {
                     self.in_string = false;
                     if self.depth == 0 {
-                        return Some(i);
+                        return Some(i + 1);
                     }
                 }
                 continue;
@@ -301,7 +301,7 @@ impl ValueScan {
                 b'}' | b']' => {
                     self.depth -= 1;
                     if self.depth == 0 {
-                        return Some(i);
+                        return Some(i + 1);
                     }
                 }
                 _ => {}

@@ -1035,13 +1035,7 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
         ],
     )
     .await;
-    eventually("every object assigned", Duration::from_secs(90), || async {
-        let unassigned = w.unassigned().await;
-        (unassigned == 0)
-            .then_some(())
-            .ok_or(format!("{unassigned} unassigned"))
-    })
-    .await;
+    w.wait_until_all_assigned("every object assigned").await;
 
     let log = w.reconciler_log(0);
     assert!(
