@@ -110,10 +110,23 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LOAD_PROCESS_SECONDS", default_value_t = 10)]
     pub load_process_seconds: u64,
 
-    /// `MALLOC_ARENA_MAX` for the reconciler and webhook processes (the chart sets 2); 0 leaves glibc's
+    /// `MALLOC_ARENA_MAX` for the webhook processes (the chart sets 2); 0 leaves glibc's default
+    /// (8 arenas per core).
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_WEBHOOK_MALLOC_ARENA_MAX",
+        default_value_t = 2
+    )]
+    pub webhook_malloc_arena_max: u32,
+
+    /// `MALLOC_ARENA_MAX` for the reconciler processes (the chart sets 1); 0 leaves glibc's
     /// default (8 arenas per core).
-    #[arg(long, env = "SHARDER_BENCH_MALLOC_ARENA_MAX", default_value_t = 2)]
-    pub malloc_arena_max: u32,
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_RECONCILER_MALLOC_ARENA_MAX",
+        default_value_t = 1
+    )]
+    pub reconciler_malloc_arena_max: u32,
 
     /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -440,7 +453,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let cp = ControlPlane::shared().await?;
     sharder_tests::crd::install_cluster_ring_crd(&cp.client().await?).await?;
     eprintln!("[bench] control plane up; starting the webhooks");
-    let webhooks = webhooks::start(cp, args.malloc_arena_max).await?;
+    let webhooks = webhooks::start(cp, args.webhook_malloc_arena_max).await?;
     let mut report = report::Report::new(&args, cp);
     if args.runs(Section::Latency) {
         eprintln!("[bench] 1/6 CREATE latency through the apiserver");
@@ -507,4 +520,41 @@ pub fn cargo_bench(package: &str, bench: &str, args: &str) -> Result<String, Str
 
 fn load_bench(args: &Args) -> Option<Result<String, String>> {
     (args.load_args != "none").then(|| cargo_bench("sharder-bench", "load", &args.load_args))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::Args;
+
+    /// The `MALLOC_ARENA_MAX` the chart's template `name` sets, read from its text.
+    fn chart_arena_max(name: &str) -> u32 {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../charts/sharder/templates")
+            .join(name);
+        let text = std::fs::read_to_string(&path).expect("the chart's template");
+        let mut lines = text
+            .lines()
+            .skip_while(|l| !l.contains("name: MALLOC_ARENA_MAX"));
+        let value = lines.nth(1).expect("a value under MALLOC_ARENA_MAX");
+        value
+            .trim()
+            .strip_prefix("value: ")
+            .and_then(|v| v.trim_matches('"').parse().ok())
+            .unwrap_or_else(|| panic!("{}: MALLOC_ARENA_MAX is {value:?}", path.display()))
+    }
+
+    #[test]
+    fn the_bench_runs_each_process_with_the_malloc_arenas_the_chart_sets() {
+        let args = Args::try_parse_from(["sharder-bench"]).expect("the defaults parse");
+        assert_eq!(
+            args.reconciler_malloc_arena_max,
+            chart_arena_max("reconciler.yaml")
+        );
+        assert_eq!(
+            args.webhook_malloc_arena_max,
+            chart_arena_max("webhook.yaml")
+        );
+    }
 }

@@ -79,7 +79,7 @@ pub async fn run(
                 "--sweep-interval",
                 "1h",
             ],
-            args.malloc_arena_max,
+            args.reconciler_malloc_arena_max,
         )
         .await?;
         let pid = reconciler.process.pid();

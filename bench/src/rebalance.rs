@@ -378,7 +378,7 @@ pub(crate) async fn start_moving_reconciler(
             "--log-level",
             "info,sharder_reconciler::rebalance=debug",
         ],
-        args.malloc_arena_max,
+        args.reconciler_malloc_arena_max,
     )
     .await?;
     wait_first_rebalance(&mut reconciler, n).await?;

@@ -345,7 +345,7 @@ impl Report {
         let _ = writeln!(
             out,
             "Memory of the webhook processes under load: the floor webhook and the sharder webhook, each its own process as deployed (the sharder webhook watching the real ring and its 3 shard Leases, `MALLOC_ARENA_MAX={}` as the chart sets), loaded in turn by this process over {} HTTP/1.1 keep-alive TLS connections with a Secret CREATE review for {} s after a 1 s warm-up. RSS from `/proc/<pid>/status` (VmRSS before any load and right after, peak VmHWM).\n",
-            self.args.malloc_arena_max,
+            self.args.webhook_malloc_arena_max,
             crate::load::PROCESS_CONNECTIONS,
             self.args.load_process_seconds
         );
@@ -389,7 +389,8 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "For each size: a fresh ring and namespace with that many Secrets (already assigned to 3 shard Leases), a reconciler process through its first full rebalance (a paginated, metadata-only list of every object) and a scale-out to 4 shards (drains of a quarter of the objects, not acknowledged: the drain checks every 2 s sweep for unassigned objects and read a page of the pending drains). Baseline in the same run: a process keeping a kube-rs reflector over the metadata of the same objects (what a controller caching every object's metadata holds). RSS from `/proc/<pid>/status` (VmRSS, peak VmHWM); sockets: the reconciler's open sockets after the scale-out (`/proc/<pid>/fd`).\n"
+            "For each size: a fresh ring and namespace with that many Secrets (already assigned to 3 shard Leases), a reconciler process (`MALLOC_ARENA_MAX={}` as the chart sets) through its first full rebalance (a paginated, metadata-only list of every object) and a scale-out to 4 shards (drains of a quarter of the objects, not acknowledged: the drain checks every 2 s sweep for unassigned objects and read a page of the pending drains). Baseline in the same run: a process keeping a kube-rs reflector over the metadata of the same objects (what a controller caching every object's metadata holds). RSS from `/proc/<pid>/status` (VmRSS, peak VmHWM); sockets: the reconciler's open sockets after the scale-out (`/proc/<pid>/fd`).\n",
+            self.args.reconciler_malloc_arena_max
         );
         let _ = writeln!(
             out,
@@ -458,7 +459,7 @@ impl Report {
             if ratio > 1.1 || mib(large.reconciler_peak) > 20.0 {
                 let _ = writeln!(
                     out,
-                    "Why missed: nothing the reconciler holds grows with the number of objects: from {} to {} objects the baseline cache grows by {:.0} MiB while the reconciler's peak changes by {:+.1} MiB. The steady RSS is the process's base (code, kube client, rustls, tokio: the baseline process holds {:.1} MiB with {} objects). The rest is work in flight: a page is parsed as it arrives (16 KiB pieces, only the fields a move needs) and only the objects that need a write wait for a slot (at most a page and 64 of them, about 0.3 KiB each: a quarter of a 500-object page in a scale-out), but every write in flight holds an HTTP/1.1 connection (up to `--max-concurrent-writes`, 64: buffers, TLS state and hyper's dispatch channel, about 40 KiB each). Profiled with heaptrack (1000 and 100000 objects, one run): the live heap at its peak is 4.41 and 5.17 MiB. Of the +0.76 MiB, 0.60 MiB is a second 8.5 KiB block in each write connection's dispatch channel (hyper's, taken once the connection carried 32 requests; the {} objects' {} drains never get there) and 0.27 MiB read buffers of answers in flight. The rest of the RSS difference is memory the allocator once used and keeps resident (`MALLOC_ARENA_MAX={}` as the chart sets), more of it the longer the run. Renewing every write connection after 16 requests (`Connection: close`, so no channel takes a second block) made it worse: 20.3 against 19.5 MiB at 100000 objects the same day, the new connections' TLS handshakes churning the heap. Another allocator does not help either: with mimalloc (its transparent huge pages off; left on, the reconciler holds 33 MiB at both sizes) the peaks were 18.5 and 20.8 MiB (1.12x) against glibc's 17.4 and 19.2 MiB (1.11x) the same day. To close it: fewer write connections (fewer writes in flight, slower moves) or HTTP/2 writes on one connection (11 % fewer PATCH/s on this apiserver, see `runtime/src/clients.rs`); neither is worth a slower crash recovery.\n",
+                    "Why missed: nothing the reconciler holds grows with the number of objects: from {} to {} objects the baseline cache grows by {:.0} MiB while the reconciler's peak changes by {:+.1} MiB. The steady RSS is the process's base (code, kube client, rustls, tokio: the baseline process holds {:.1} MiB with {} objects). The rest is work in flight: a page is parsed as it arrives (16 KiB pieces, only the fields a move needs) and only the objects that need a write wait for a slot (at most a page and 64 of them, about 0.3 KiB each: a quarter of a 500-object page in a scale-out), but every write in flight holds an HTTP/1.1 connection (up to `--max-concurrent-writes`, 64: buffers, TLS state and hyper's dispatch channel, about 40 KiB each). Profiled with heaptrack (1000 and 100000 objects, one run): the live heap at its peak is 4.41 and 5.17 MiB. Of the +0.76 MiB, 0.60 MiB is a second 8.5 KiB block in each write connection's dispatch channel (hyper's, taken once the connection carried 32 requests; the {} objects' {} drains never get there) and 0.27 MiB read buffers of answers in flight. The rest of the RSS difference is memory the allocator once used and keeps resident (`MALLOC_ARENA_MAX={}` as the chart sets), more of it the longer the run: at 100000 objects the RSS grows through the whole scale-out while the live heap stays flat, and a `malloc_trim(0)` every second does not stop it (the freed memory is not whole pages). Each arena holds its own: with 2 arenas (the chart's setting before) the peaks at 100000 objects were 18.8 to 19.2 MiB in 4 runs, with 1 arena 18.1 to 18.3 MiB in 3 runs the same day, the 1000-object peaks 17.1 to 17.4 and 16.9 to 17.1 MiB. Renewing every write connection after 16 requests (`Connection: close`, so no channel takes a second block) made it worse: 20.3 against 19.5 MiB at 100000 objects the same day, the new connections' TLS handshakes churning the heap. Another allocator does not help either: with mimalloc (its transparent huge pages off; left on, the reconciler holds 33 MiB at both sizes) the peaks were 18.5 and 20.8 MiB (1.12x) against glibc's 17.4 and 19.2 MiB (1.11x) the same day. To close it: fewer write connections (fewer writes in flight, slower moves) or HTTP/2 writes on one connection (11 % fewer PATCH/s on this apiserver, see `runtime/src/clients.rs`); neither is worth a slower crash recovery.\n",
                     small.objects,
                     large.objects,
                     mib(large.baseline_steady.saturating_sub(small.baseline_steady)),
@@ -467,7 +468,7 @@ impl Report {
                     small.objects,
                     small.objects,
                     small.drained,
-                    self.args.malloc_arena_max
+                    self.args.reconciler_malloc_arena_max
                 );
             }
         }
