@@ -61,12 +61,15 @@ pub enum LeaseError {
     Cancelled,
 }
 
+/// How many times one attempt reads the Lease again after its write lost a race (409).
+pub const CONFLICT_REREADS: usize = 3;
+
 /// What one attempt found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attempt {
     /// The Lease is held by us now.
     Held,
-    /// Someone else holds the Lease (or won a race for it).
+    /// Someone else holds the Lease (read after any race for it).
     HeldByOther,
 }
 
@@ -196,19 +199,32 @@ impl LeaseKeeper {
 
     /// One attempt: create the Lease, renew it if ours, or take it if released or expired
     /// (see [`plan`]).
+    ///
+    /// A write that loses a race (409: the Lease changed since it was read) does not decide
+    /// anything by itself: the writer may be another candidate, or only someone writing the
+    /// Lease's labels (the shard lease controller's state label on a shard Lease). The Lease is
+    /// read and planned again, up to [`CONFLICT_REREADS`] times; what it then shows decides.
+    /// Still racing after that, the attempt fails (the renewal loop retries until its deadline).
     pub async fn try_acquire_or_renew(&self) -> Result<Attempt, LeaseError> {
-        let existing = self
-            .api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(|e| self.err(e))?;
+        let mut rereads = 0;
+        loop {
+            match self.read_plan_write().await {
+                Err(e) if Self::is_conflict(&e) && rereads < CONFLICT_REREADS => rereads += 1,
+                result => return result.map_err(|e| self.err(e)),
+            }
+        }
+    }
+
+    /// One read of the Lease, its [`plan`], and the write it asks for.
+    async fn read_plan_write(&self) -> Result<Attempt, kube::Error> {
+        let existing = self.api.get_opt(&self.config.name).await?;
         let planned = plan(
             existing.as_ref().and_then(|l| l.spec.as_ref()),
             &self.config.identity,
             self.config.duration,
             Timestamp::now(),
         );
-        let result = match (planned, existing) {
+        match (planned, existing) {
             (Plan::HeldByOther, _) => return Ok(Attempt::HeldByOther),
             (Plan::Create(spec), _) | (Plan::Renew(spec) | Plan::Take(spec), None) => {
                 let lease = Lease {
@@ -220,7 +236,7 @@ impl LeaseKeeper {
                     },
                     spec: Some(spec),
                 };
-                self.api.create(&PostParams::default(), &lease).await
+                self.api.create(&PostParams::default(), &lease).await?;
             }
             (Plan::Renew(spec) | Plan::Take(spec), Some(mut lease)) => {
                 lease.spec = Some(spec);
@@ -231,14 +247,10 @@ impl LeaseKeeper {
                     .extend(self.config.labels.clone());
                 self.api
                     .replace(&self.config.name, &PostParams::default(), &lease)
-                    .await
+                    .await?;
             }
-        };
-        match result {
-            Ok(_) => Ok(Attempt::Held),
-            Err(e) if Self::is_conflict(&e) => Ok(Attempt::HeldByOther),
-            Err(e) => Err(self.err(e)),
         }
+        Ok(Attempt::Held)
     }
 
     /// Waits until the Lease is held (retrying every `renew_interval`), then keeps renewing it

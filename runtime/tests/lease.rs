@@ -1,13 +1,14 @@
 //! The Lease keeper against a real kube-apiserver: one holder at a time, renewals keep the Lease
 //! ready, a release hands it over at once, an abandoned Lease is taken after it expires, and a
-//! holder whose Lease is taken learns it has lost it.
+//! holder whose Lease is taken learns it has lost it, and one whose Lease's labels are written
+//! beside it (the shard lease controller's state label) keeps it.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use sharder_common::{ShardState, shard_state};
 use sharder_runtime::lease::{Attempt, HoldError, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_tests::ControlPlane;
@@ -104,6 +105,48 @@ async fn a_holder_whose_lease_is_taken_loses_it() {
     tokio::time::timeout(Duration::from_secs(5), held.lost().cancelled())
         .await
         .expect("the holder learns it lost the lease");
+}
+
+#[tokio::test]
+async fn a_holder_keeps_its_lease_while_others_write_its_labels() {
+    let (a, _, api) = keepers("relabelled", ["relabelled", "other"]).await;
+    let held = a.acquire(&CancellationToken::new()).await.expect("acquire");
+    // The shard lease controller writes its state label with merge patches (no
+    // resourceVersion). Here one label write follows another for 3 s: about 10 renewals, each
+    // of which finds the Lease changed between its read and its write.
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut writes = 0_u32;
+    while tokio::time::Instant::now() < until && !held.lost().is_cancelled() {
+        let patch =
+            serde_json::json!({"metadata": {"labels": {"test/written": writes.to_string()}}});
+        api.patch("relabelled", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("label write");
+        writes += 1;
+    }
+    assert!(
+        !held.lost().is_cancelled(),
+        "the holder lost its Lease to {writes} label writes"
+    );
+    let lease = api.get("relabelled").await.expect("get");
+    assert_eq!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some("relabelled")
+    );
+    assert_eq!(
+        shard_state(&lease, Timestamp::now()).state,
+        ShardState::Ready
+    );
+    let labels = lease.metadata.labels.expect("labels");
+    assert_eq!(labels["app"], "test", "the keeper's own label stays");
+    assert_eq!(
+        labels["test/written"],
+        (writes - 1).to_string(),
+        "a renewal wrote back no older labels"
+    );
 }
 
 #[tokio::test]
