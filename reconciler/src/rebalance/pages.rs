@@ -10,7 +10,6 @@
 //! top-level value and each object. It is pure: fed the same bytes cut at any points, it hands
 //! over the same objects (property-tested).
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -343,7 +342,7 @@ pub struct Waiting {
 type Labels = Box<[(String, String)]>;
 
 fn sharding_labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Labels>, D::Error> {
-    Ok(Option::<ShardingLabels>::deserialize(deserializer)?.map(|l| l.0.into_iter().collect()))
+    Ok(Option::<ShardingLabels>::deserialize(deserializer)?.map(|l| l.0))
 }
 
 impl From<ObjectMeta> for Waiting {
@@ -372,7 +371,7 @@ impl From<Waiting> for ObjectMeta {
 }
 
 /// The shard and drain labels of an object: other labels are skipped without being copied.
-struct ShardingLabels(BTreeMap<String, String>);
+struct ShardingLabels(Labels);
 
 impl<'de> Deserialize<'de> for ShardingLabels {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -383,18 +382,16 @@ impl<'de> Deserialize<'de> for ShardingLabels {
                 f.write_str("a map of labels")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut kept = BTreeMap::new();
+                let mut kept = Vec::new();
                 while let Some(key) = map.next_key_seed(SeenKey)? {
                     match key {
-                        Some(key) => {
-                            kept.insert(key, map.next_value()?);
-                        }
+                        Some(key) => kept.push((key, map.next_value()?)),
                         None => {
                             map.next_value::<IgnoredAny>()?;
                         }
                     }
                 }
-                Ok(ShardingLabels(kept))
+                Ok(ShardingLabels(kept.into_boxed_slice()))
             }
         }
         deserializer.deserialize_map(Labels)
@@ -423,6 +420,8 @@ impl Visitor<'_> for SeenKey {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use proptest::prelude::*;
     use serde_json::{Value, json};
     use sharder_common::RingLabels;
