@@ -60,6 +60,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| crash-1 | ",
         "| crash-2 | ",
         "| writes per dead-shard move | ",
+        "| dead-shard moves/s vs the best raw PATCH/s right after each crash (median over the crashes) | ",
         "| process | dead-shard moves | the list alone | ",
         "| kube-apiserver | ",
         "| 50 | ",
