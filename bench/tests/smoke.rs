@@ -61,6 +61,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| crash-2 | ",
         "| writes per dead-shard move | ",
         "| dead-shard moves/s vs the best raw PATCH/s right after each crash (median over the crashes) | ",
+        "| the most the moves and the list of the dead shard's objects allow (the moves at the raw rate after the list alone; median) | ",
         "| process | dead-shard moves | the list alone | ",
         "| kube-apiserver | ",
         "| 50 | ",
