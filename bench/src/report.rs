@@ -787,9 +787,17 @@ impl Report {
             .position(|(p, _)| p == "reconciler")
             .map_or(f64::NAN, |i| per(&c.cpu, i, c.writes));
         if ratio < 0.9 {
-            let _ = writeln!(
+            let (apiserver, apiserver_raw) = c
+                .cpu
+                .iter()
+                .position(|(p, _)| p == "kube-apiserver")
+                .map_or((f64::NAN, f64::NAN), |i| {
+                    (per(&c.cpu, i, c.writes), per(&best.cpu, i, best.count))
+                });
+            let parts_ratio = c.parts_ratio(raw_rate);
+            let _ = write!(
                 out,
-                "Why missed: the apiserver, etcd, the reconciler and the shards share this machine's 2 cores, and the moves are bound by their CPU: a dead-shard move took {:.3} ms of CPU on the machine against {:.3} ms per raw PATCH at {} (a raw PATCH costs {:.2} of a move; this crash's moves ran at {:.2} of the raw rate). Of the difference, the list of the dead shard's objects takes {:.3} ms per move (the apiserver and etcd read every object of the namespace to find the shard's; alone it took {:.2} s) and the reconciler's own work {reconciler:.3} ms (parsing the list, the writes' TLS and HTTP, a log line each). Those run at the same time as the moves, so they are not waits the reconciler could remove: it reached {:.2} of its parts done one after another. The moves cannot do without the list (nothing caches the objects, and a label-selected list from etcd reads the whole namespace), so on a machine where the apiserver's CPU is the bound they reach at most {:.2} of the raw rate here (the moves at the raw rate after the list alone; {limit:.2} over the crashes, median).\n",
+                "Why missed: the apiserver, etcd, the reconciler and the shards share this machine's 2 cores, and the moves are bound by their CPU: a dead-shard move took {:.3} ms of CPU on the machine against {:.3} ms per raw PATCH at {} (a raw PATCH costs {:.2} of a move; this crash's moves ran at {:.2} of the raw rate). Of the difference, the list of the dead shard's objects takes {:.3} ms per move (the apiserver and etcd read every object of the namespace to find the shard's; alone it took {:.2} s) and the reconciler's own work {reconciler:.3} ms (parsing the list, the writes' TLS and HTTP, a log line each). ",
                 sums[0],
                 sums[2],
                 best.concurrency,
@@ -797,7 +805,23 @@ impl Report {
                 c.ratio(raw_rate),
                 sums[1],
                 list.took.as_secs_f64(),
-                c.parts_ratio(raw_rate),
+            );
+            if parts_ratio >= 0.95 {
+                let _ = write!(
+                    out,
+                    "Those run at the same time as the moves, so they are not waits the reconciler could remove: it reached {parts_ratio:.2} of its parts done one after another. "
+                );
+            } else {
+                let took = w.last_answered - w.first_received;
+                let _ = write!(
+                    out,
+                    "That does not explain all of it: the moves reached {parts_ratio:.2} of their parts done one after another, so {:.2} s of the {took:.2} s are neither the list nor writes at the raw rate, and the apiserver spent {apiserver:.3} ms of CPU per move against {apiserver_raw:.3} ms per raw PATCH, more than the list adds. Where that goes is not profiled yet. ",
+                    took - c.parts(raw_rate),
+                );
+            }
+            let _ = writeln!(
+                out,
+                "The moves cannot do without the list (nothing caches the objects, and a label-selected list from etcd reads the whole namespace), so on a machine where the apiserver's CPU is the bound they reach at most {:.2} of the raw rate here (the moves at the raw rate after the list alone; {limit:.2} over the crashes, median).\n",
                 c.limit(raw_rate),
             );
         }
