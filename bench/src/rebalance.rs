@@ -54,6 +54,19 @@ pub struct RawPatches {
     pub cpu: Vec<(String, f64)>,
 }
 
+impl RawPatches {
+    /// The fastest of `runs`, if any.
+    pub fn fastest(runs: &[Self]) -> Option<&Self> {
+        runs.iter()
+            .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
+    }
+
+    /// The run of `runs` at `concurrency`, if any.
+    pub fn at(runs: &[Self], concurrency: usize) -> Option<&Self> {
+        runs.iter().find(|x| x.concurrency == concurrency)
+    }
+}
+
 /// One scale-out 3 -> 4 and what was measured beside it.
 #[derive(Clone, Debug)]
 pub struct Round {
@@ -85,10 +98,7 @@ pub struct Round {
 impl Round {
     /// The fastest raw PATCH rate of the round (the apiserver's ceiling for plain writes).
     pub fn raw_best(&self) -> &RawPatches {
-        self.raw
-            .iter()
-            .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
-            .unwrap_or(&self.raw_webhook)
+        RawPatches::fastest(&self.raw).unwrap_or(&self.raw_webhook)
     }
 
     /// Rebalancing writes per second (first received to last answered) over the best raw rate.
@@ -177,9 +187,7 @@ impl Crash {
     /// The fastest raw PATCH run right after this crash (the apiserver's ceiling for plain
     /// writes beside it), if any ran.
     pub fn raw_best(&self) -> Option<&RawPatches> {
-        self.raw
-            .iter()
-            .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
+        RawPatches::fastest(&self.raw)
     }
 
     /// The fastest raw PATCH rate right after this crash (NaN if none ran).
@@ -224,6 +232,11 @@ impl RebalanceResult {
         median(self.rounds.iter().map(f).collect())
     }
 
+    /// The median of `f` over the crashes.
+    pub fn crash_median(&self, f: impl Fn(&Crash) -> f64) -> f64 {
+        median(self.crashes.iter().map(f).collect())
+    }
+
     /// The rounds' yardstick together, for reference beside the goals (each judged against
     /// the raw runs right beside its round or crash): for each concurrency, the median raw
     /// PATCH rate over the rounds; the best of those, and its concurrency.
@@ -242,12 +255,7 @@ impl RebalanceResult {
 
     /// The median raw PATCH rate over the rounds at `concurrency` in flight (NaN if not run).
     pub fn raw_at(&self, concurrency: usize) -> f64 {
-        self.median(|r| {
-            r.raw
-                .iter()
-                .find(|x| x.concurrency == concurrency)
-                .map_or(f64::NAN, |x| x.per_second)
-        })
+        self.median(|r| RawPatches::at(&r.raw, concurrency).map_or(f64::NAN, |x| x.per_second))
     }
 
     /// The crash with the median ratio to the raw rate right after it (its timeline is shown).
@@ -756,10 +764,7 @@ impl Bench<'_> {
         let count = timeline.writes.count.max(1000);
         let raw = self.raw_runs(&names, count, 10 * number).await?;
         let runs = self.raw_run(&names, count);
-        let best = raw
-            .iter()
-            .max_by(|a, b| a.per_second.total_cmp(&b.per_second))
-            .map_or(64, |r| r.concurrency);
+        let best = RawPatches::fastest(&raw).map_or(64, |r| r.concurrency);
         let raw_webhook = runs.run(best, 10 * number + 9, true).await?;
         self.tracker.converge(&self.setup, &four).await?;
         eprintln!(

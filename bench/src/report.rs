@@ -9,9 +9,9 @@ use sharder_tests::ControlPlane;
 use crate::Args;
 use crate::create_latency::{CreateLatency, Mode};
 use crate::memory::MemoryRow;
-use crate::rebalance::{Crash, RebalanceResult, Round};
+use crate::rebalance::{RawPatches, RebalanceResult, Round};
 use crate::ring_balance::RingResult;
-use crate::stats::{median, mib, ms};
+use crate::stats::{mib, ms};
 
 /// The object count of the memory goal (its peak against the smallest size's).
 const GOAL_MEMORY_OBJECTS: usize = 100_000;
@@ -671,15 +671,9 @@ impl Report {
             r.crashes.len(),
             r.concurrency,
         );
-        let raw_at = |c: &Crash, concurrency: usize| {
-            c.raw
-                .iter()
-                .find(|x| x.concurrency == concurrency)
-                .map_or(f64::NAN, |x| x.per_second)
-        };
         for c in &r.crashes {
             let raw = c.raw_beside();
-            let same = raw_at(c, r.concurrency);
+            let same = RawPatches::at(&c.raw, r.concurrency).map_or(f64::NAN, |x| x.per_second);
             let _ = writeln!(
                 out,
                 "| {} | {} | {:.2} | {:.2} | {} | {} | {:.0} | {:.1} | {:.0} (at {}) | {:.2} | {same:.0} | {:.2} | {:.2} |",
@@ -704,21 +698,12 @@ impl Report {
             .iter()
             .filter(|c| c.recovery.as_secs_f64() <= c.bound(r.lease, c.raw_beside()))
             .count();
-        let margin = median(
-            r.crashes
-                .iter()
-                .map(|c| c.bound(r.lease, c.raw_beside()) - c.recovery.as_secs_f64())
-                .collect(),
-        );
-        let ratio = median(r.crashes.iter().map(|c| c.ratio(c.raw_beside())).collect());
-        let against_yardstick = median(r.crashes.iter().map(|c| c.ratio(yardstick)).collect());
-        let limit = median(r.crashes.iter().map(|c| c.limit(c.raw_beside())).collect());
-        let parts = median(
-            r.crashes
-                .iter()
-                .map(|c| c.parts_ratio(c.raw_beside()))
-                .collect(),
-        );
+        let margin =
+            r.crash_median(|c| c.bound(r.lease, c.raw_beside()) - c.recovery.as_secs_f64());
+        let ratio = r.crash_median(|c| c.ratio(c.raw_beside()));
+        let against_yardstick = r.crash_median(|c| c.ratio(yardstick));
+        let limit = r.crash_median(|c| c.limit(c.raw_beside()));
+        let parts = r.crash_median(|c| c.parts_ratio(c.raw_beside()));
         let exact = r.crashes.iter().all(|c| c.writes == c.objects);
         let _ = writeln!(
             out,
@@ -749,7 +734,7 @@ impl Report {
             w.last_answered - w.first_received,
             c.parts_ratio(raw_rate),
         );
-        let same = c.raw.iter().find(|x| x.concurrency == r.concurrency);
+        let same = RawPatches::at(&c.raw, r.concurrency);
         let per = |cpu: &[(String, f64)], i: usize, n: usize| {
             cpu.get(i)
                 .map_or(f64::NAN, |(_, s)| 1e3 * s / n.max(1) as f64)
@@ -781,19 +766,18 @@ impl Report {
             "| all | {:.3} | {:.3} | {:.3} | {:.3} |\n",
             sums[0], sums[1], sums[2], sums[3]
         );
-        let reconciler = c
-            .cpu
-            .iter()
-            .position(|(p, _)| p == "reconciler")
-            .map_or(f64::NAN, |i| per(&c.cpu, i, c.writes));
-        if ratio < 0.9 {
-            let (apiserver, apiserver_raw) = c
-                .cpu
+        // One process's CPU per move, and per raw PATCH of the fastest run.
+        let process = |name: &str| {
+            c.cpu
                 .iter()
-                .position(|(p, _)| p == "kube-apiserver")
+                .position(|(p, _)| p == name)
                 .map_or((f64::NAN, f64::NAN), |i| {
                     (per(&c.cpu, i, c.writes), per(&best.cpu, i, best.count))
-                });
+                })
+        };
+        let (reconciler, _) = process("reconciler");
+        if ratio < 0.9 {
+            let (apiserver, apiserver_raw) = process("kube-apiserver");
             let parts_ratio = c.parts_ratio(raw_rate);
             let _ = write!(
                 out,
