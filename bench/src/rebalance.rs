@@ -6,8 +6,8 @@
 //! apiserver (plain, at several concurrencies, and through the webhook as an acknowledgement
 //! goes) and a list of every object alone; then the fourth shard leaves (its Lease released: its
 //! objects move back directly). After the rounds, shards crash one after another (each a fresh
-//! shard that joined and took its share), each followed by raw PATCHes of its objects: every
-//! move is compared with the apiserver's write rate measured right beside it.
+//! shard that joined and took its share), each followed by raw PATCHes (several times its
+//! objects): every move is compared with the apiserver's write rate measured right beside it.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -50,6 +50,8 @@ pub struct RawPatches {
     pub count: usize,
     /// Patches per second at the apiserver (audit log: first received to last answered).
     pub per_second: f64,
+    /// Patches in flight at the apiserver on average (audit log), against `concurrency` sent.
+    pub in_flight: f64,
     /// CPU seconds of each process over the run.
     pub cpu: Vec<(String, f64)>,
 }
@@ -166,9 +168,9 @@ pub struct Crash {
     pub cpu: Vec<(String, f64)>,
     /// The reconciler's list of the crashed shard's objects, made alone just before the crash.
     pub list_alone: ListAlone,
-    /// Raw merge PATCHes of the crashed shard's objects right after they were back (as many
-    /// as it had, at least 1000), at each concurrency: the apiserver's plain write rate beside
-    /// this crash.
+    /// Raw merge PATCHes of the namespace's objects right after the crashed shard's were back
+    /// ([`RAW_AFTER_CRASH`] times as many as it had), at each concurrency: the apiserver's
+    /// plain write rate beside this crash.
     pub raw: Vec<RawPatches>,
 }
 
@@ -432,6 +434,16 @@ const ADMIN_USER: &str = "admin";
 /// Concurrencies of the raw PATCH baseline.
 pub const RAW_CONCURRENCIES: [usize; 4] = [16, 32, 64, 128];
 
+/// The raw PATCH runs right after a crash write this many times the crash's objects (at least
+/// [`RAW_MIN`], at most every object of the namespace once): a run as short as the moves (about
+/// 2 s) holds none or one of the apiserver's garbage collections (a few tenths of a second of
+/// its CPU each, about every 2 s under this load), which moves its rate by a fifth either way,
+/// and the fastest of four such runs is then biased upwards.
+pub const RAW_AFTER_CRASH: usize = 3;
+
+/// The fewest writes of a raw PATCH run.
+pub const RAW_MIN: usize = 1000;
+
 /// One raw PATCH run, as `user` through `client`.
 struct RawRun<'a> {
     cp: &'a ControlPlane,
@@ -493,6 +505,7 @@ impl RawRun<'_> {
             concurrency,
             count: timeline.writes.count,
             per_second: timeline.writes.rate(),
+            in_flight: timeline.writes.in_flight(),
             cpu,
         })
     }
@@ -657,15 +670,11 @@ impl Bench<'_> {
             timeline.writes.in_flight(),
         );
         // The apiserver's plain write rate right beside the moves: its speed drifts by a
-        // fifth and more between minutes on a shared machine.
-        let names: Vec<String> = after
-            .iter()
-            .filter(|(_, shard)| **shard == name)
-            .map(|(object, _)| object.clone())
-            .collect();
-        let raw = self
-            .raw_runs(&names, objects.max(1000), 1000 + 10 * number)
-            .await?;
+        // fifth and more between minutes on a shared machine. Any object of the namespace
+        // will do (each a Secret on a live shard); none is written twice in a run.
+        let names: Vec<String> = after.into_keys().collect();
+        let count = (RAW_AFTER_CRASH * objects).max(RAW_MIN).min(names.len());
+        let raw = self.raw_runs(&names, count, 1000 + 10 * number).await?;
         Ok(Crash {
             shard: name,
             objects,
@@ -692,8 +701,8 @@ impl Bench<'_> {
         for (i, concurrency) in RAW_CONCURRENCIES.into_iter().enumerate() {
             let r = runs.run(concurrency, first + i, false).await?;
             eprintln!(
-                "[bench]   raw PATCH: {} at {} in flight: {:.0}/s",
-                r.count, r.concurrency, r.per_second
+                "[bench]   raw PATCH: {} at {} in flight: {:.0}/s, {:.1} in flight at the apiserver",
+                r.count, r.concurrency, r.per_second, r.in_flight
             );
             raw.push(r);
         }
@@ -761,7 +770,7 @@ impl Bench<'_> {
 
         // Raw PATCHes of the same apiserver, as many writes, each concurrency in turn.
         let names: Vec<String> = after.keys().cloned().collect();
-        let count = timeline.writes.count.max(1000);
+        let count = timeline.writes.count.max(RAW_MIN);
         let raw = self.raw_runs(&names, count, 10 * number).await?;
         let runs = self.raw_run(&names, count);
         let best = RawPatches::fastest(&raw).map_or(64, |r| r.concurrency);
@@ -921,6 +930,7 @@ mod tests {
             concurrency,
             count: 1000,
             per_second,
+            in_flight: concurrency as f64,
             cpu: Vec::new(),
         }
     }

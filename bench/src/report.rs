@@ -9,7 +9,7 @@ use sharder_tests::ControlPlane;
 use crate::Args;
 use crate::create_latency::{CreateLatency, Mode};
 use crate::memory::MemoryRow;
-use crate::rebalance::{RawPatches, RebalanceResult, Round};
+use crate::rebalance::{RAW_AFTER_CRASH, RawPatches, RebalanceResult, Round};
 use crate::ring_balance::RingResult;
 use crate::stats::{mib, ms};
 
@@ -667,8 +667,9 @@ impl Report {
         let _ = writeln!(out, "## 5. Shard crashes\n");
         let _ = writeln!(
             out,
-            "After the rounds, {} times: a fresh shard joins the three and takes its share (live moves), then stops at once (its task aborted: no release, no more renewals). A Lease counts as expired after its duration and is taken over one duration later (the protocol's `uncertain` state), then its objects move directly (no drain). Right after each crash's objects are back, raw merge PATCHes of those objects (as many as it had, at least 1000) at 16/32/64/128 in flight, as in section 4: the best of those is the crash's raw rate, the apiserver's plain write rate beside it (this machine's rate drifts by a fifth and more from one minute to the next). Bound: 2 x lease + N / raw rate + 1 s.\n\n| crash | objects | reassigned after s | bound s | last renewal before the crash s | writes | moves/s (first received to last answered) | in flight | best raw right after /s | vs it | raw at {} right after /s | vs it | vs section 4's yardstick ({yardstick:.0}/s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "After the rounds, {} times: a fresh shard joins the three and takes its share (live moves), then stops at once (its task aborted: no release, no more renewals). A Lease counts as expired after its duration and is taken over one duration later (the protocol's `uncertain` state), then its objects move directly (no drain). Right after each crash's objects are back, raw merge PATCHes of the namespace's objects ({} times as many as the crash had, each object at most once per run) at 16/32/64/128 in flight, as in section 4: the best of those is the crash's raw rate, the apiserver's plain write rate beside it (this machine's rate drifts by a fifth and more from one minute to the next). The runs are longer than the moves: a run of about 2 s holds none or one of the apiserver's garbage collections, which moves its rate by a fifth either way, and the fastest of four such runs is biased upwards. Bound: 2 x lease + N / raw rate + 1 s.\n\n| crash | objects | reassigned after s | bound s | last renewal before the crash s | writes | moves/s (first received to last answered) | in flight | best raw right after /s | vs it | raw at {} right after /s | vs it | vs section 4's yardstick ({yardstick:.0}/s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             r.crashes.len(),
+            RAW_AFTER_CRASH,
             r.concurrency,
         );
         for c in &r.crashes {
