@@ -61,7 +61,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| crash-2 | ",
         "| writes per dead-shard move | ",
         "| dead-shard moves/s vs the best raw PATCH/s right after each crash (median over the crashes) | ",
-        "| the most the moves and the list of the dead shard's objects allow (the moves at the raw rate after the list alone; median) | ",
+        "| listed first, then moved at the raw rate (the list alone and the moves one after the other, against the raw rate; median) | ",
         "| process | dead-shard moves | the list alone | ",
         "| kube-apiserver | ",
         "| 50 | ",
