@@ -40,9 +40,10 @@ pub mod webhooks;
 /// `--max-concurrent-writes` of the reconciler in the moving benchmarks: twice the reconciler's
 /// default (64), with which the apiserver's audit log shows about 38 writes at once (the rest
 /// are on their way or wait for a CPU: both sides' TLS and HTTP, the apiserver's token check,
-/// all before its audit log sees a request; a plain PATCH client at 64 shows 41). Measured with the crash section on this machine (two runs of
-/// 5 crashes each at either setting, alternated, one day): dead-shard moves at 0.83 and 0.84
-/// of the best raw PATCH rate right after each crash with 64, 0.95 and 0.91 with 128.
+/// all before its audit log sees a request; a plain PATCH client at 64 shows 41). Measured
+/// with the crash section on this machine (two runs of 5 crashes each at either setting,
+/// alternated, one day): dead-shard moves at 0.83 and 0.84 of the best raw PATCH rate right
+/// after each crash with 64, 0.95 and 0.91 with 128.
 pub const REBALANCE_CONCURRENCY: usize = 128;
 
 /// Flags of the benchmark command.
