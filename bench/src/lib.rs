@@ -40,12 +40,9 @@ pub mod webhooks;
 /// `--max-concurrent-writes` of the reconciler in the moving benchmarks: twice the reconciler's
 /// default (64), with which the apiserver's audit log shows about 38 writes at once (the rest
 /// are on their way or wait for a CPU: both sides' TLS and HTTP, the apiserver's token check,
-/// all before its audit log sees a request; a plain PATCH client at 64 shows 41). Measured
-/// with the crash section on this machine (two runs of 5 crashes each at either setting,
-/// alternated, one day): dead-shard moves at 0.83 and 0.84 of the best raw PATCH rate right
-/// after each crash with 64, 0.95 and 0.91 with 128. The reconciler's default stays 64 for
-/// its memory (the memory section runs at the default): with 128 its peak was 18.9 MiB at 1000
-/// and 21.4 MiB at 100,000 objects (1.13x), against 17.0 and 18.2 MiB (1.07x) with 64.
+/// all before its audit log sees a request; a plain PATCH client at 64 shows 41). What 128
+/// buys in speed and costs in memory, measured, is in README's `--max-concurrent-writes` row;
+/// the memory section runs the reconciler at its default.
 pub const REBALANCE_CONCURRENCY: usize = 128;
 
 /// Flags of the benchmark command.

@@ -67,6 +67,11 @@ impl RawPatches {
     pub fn at(runs: &[Self], concurrency: usize) -> Option<&Self> {
         runs.iter().find(|x| x.concurrency == concurrency)
     }
+
+    /// The rate of the run of `runs` at `concurrency` (NaN if none ran).
+    pub fn rate_at(runs: &[Self], concurrency: usize) -> f64 {
+        Self::at(runs, concurrency).map_or(f64::NAN, |x| x.per_second)
+    }
 }
 
 /// One scale-out 3 -> 4 and what was measured beside it.
@@ -257,7 +262,7 @@ impl RebalanceResult {
 
     /// The median raw PATCH rate over the rounds at `concurrency` in flight (NaN if not run).
     pub fn raw_at(&self, concurrency: usize) -> f64 {
-        self.median(|r| RawPatches::at(&r.raw, concurrency).map_or(f64::NAN, |x| x.per_second))
+        self.median(|r| RawPatches::rate_at(&r.raw, concurrency))
     }
 
     /// The crash with the median ratio to the raw rate right after it (its timeline is shown).

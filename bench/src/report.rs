@@ -674,7 +674,7 @@ impl Report {
         );
         for c in &r.crashes {
             let raw = c.raw_beside();
-            let same = RawPatches::at(&c.raw, r.concurrency).map_or(f64::NAN, |x| x.per_second);
+            let same = RawPatches::rate_at(&c.raw, r.concurrency);
             let _ = writeln!(
                 out,
                 "| {} | {} | {:.2} | {:.2} | {} | {} | {:.0} | {:.1} | {:.0} (at {}) | {:.2} | {same:.0} | {:.2} | {:.2} |",
