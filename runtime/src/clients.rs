@@ -17,6 +17,18 @@
 //! same machine and day): the reconciler's peak at 100,000 objects 20.5 -> 19.4 MiB, at 1,000
 //! objects 18.1 -> 17.7 MiB.
 //!
+//! HTTP/2 writes spread over a few connections ([`Transport::http2_writes`]) are the alternative
+//! when connections cost more than speed: a connection carries up to 250 writes at once (the
+//! apiserver's default stream limit), but the apiserver reads and writes one connection's frames in
+//! one loop, so the writes are spread over several, in turn. Measured with the benchmarks' crash
+//! section (5 crashes a run, 128 writes in flight at most; the median per run of dead-shard moves
+//! against the best raw PATCH rate right after each crash; runs alternated): HTTP/1.1 1.07 and
+//! 0.91, with the apiserver's audit log seeing 66-79 writes at once; 4 HTTP/2 connections 0.90 and
+//! 0.79 (48-60 at once); 16 HTTP/2 connections 0.92 and 0.80 (60-68 at once). Its memory section,
+//! 128 in flight, the reconciler's peak from 1,000 to 100,000 objects: HTTP/1.1 18.9 -> 21.4 MiB
+//! (142-144 sockets, a day earlier); 4 HTTP/2 connections 16.8 -> 17.8 and 16.9 -> 17.6 MiB (17-19
+//! sockets); 16 of them 17.3 -> 18.4 MiB (29-33 sockets).
+//!
 //! Why connections are kept, not renewed: a connection's dispatch channel (hyper's) takes a
 //! second 8.5 KiB block once it carried 32 requests, the one part of a connection that grows
 //! with use. Renewing every write connection after 16 requests (`Connection: close`) was
@@ -31,12 +43,13 @@
 //! writes in flight at most), the extra ones are closed as they come back. Idle connections are
 //! closed after [`IDLE_TIMEOUT`].
 
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt as _;
-use tower::{BoxError, ServiceBuilder};
+use tower::{BoxError, Service, ServiceBuilder};
 
 use crate::Error;
 
@@ -46,12 +59,15 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How a client talks to the apiserver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transport {
-    /// Offer HTTP/2 (ALPN `h2`, then `http/1.1`): every request on one connection. Otherwise
-    /// HTTP/1.1: a connection per request in flight, kept for reuse.
+    /// Offer HTTP/2 (ALPN `h2`, then `http/1.1`): every request of a pool on one connection.
+    /// Otherwise HTTP/1.1: a connection per request in flight, kept for reuse.
     pub http2: bool,
+    /// Separate connection pools the requests take in turn (at least 1): with HTTP/2, this
+    /// many connections.
+    pub pools: usize,
     /// How an HTTP/1.1 connection reads.
     pub reads: Reads,
-    /// The most idle connections the client keeps for reuse (at least 1); more are closed
+    /// The most idle connections each pool keeps for reuse (at least 1); more are closed
     /// when their request is done.
     pub idle_connections: usize,
 }
@@ -73,6 +89,7 @@ impl Transport {
     /// [`Self::with_idle_connections`]).
     pub const WRITES: Self = Self {
         http2: false,
+        pools: 1,
         reads: Reads::Exact(4 * 1024),
         idle_connections: 64,
     };
@@ -82,6 +99,7 @@ impl Transport {
     /// buffer to 400 KiB and more).
     pub const LISTS: Self = Self {
         http2: false,
+        pools: 1,
         reads: Reads::Growing(16 * 1024),
         idle_connections: 8,
     };
@@ -89,9 +107,21 @@ impl Transport {
     /// Everything on one HTTP/2 connection.
     pub const MULTIPLEXED: Self = Self {
         http2: true,
+        pools: 1,
         reads: Reads::Growing(64 * 1024),
         idle_connections: 1,
     };
+
+    /// Object writes over HTTP/2, spread in turn over `connections` connections (at least 1).
+    /// Should the apiserver answer only HTTP/1.1, they read like [`Self::WRITES`] and each
+    /// pool keeps at most 64 idle connections (see [`Self::with_idle_connections`]).
+    pub const fn http2_writes(connections: usize) -> Self {
+        Self {
+            http2: true,
+            pools: if connections == 0 { 1 } else { connections },
+            ..Self::WRITES
+        }
+    }
 
     /// This transport keeping at most `n` idle connections (at least 1).
     pub const fn with_idle_connections(self, n: usize) -> Self {
@@ -137,16 +167,104 @@ pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Cl
         Reads::Exact(size) => builder.http1_read_buf_exact_size(size.max(1)),
         Reads::Growing(max) => builder.http1_max_buf_size(max.max(8 * 1024)),
     };
-    let hyper = builder
+    builder
         .pool_max_idle_per_host(transport.idle_connections.max(1))
         .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(IDLE_TIMEOUT)
-        .build(https);
+        .pool_idle_timeout(IDLE_TIMEOUT);
+    let pools = (0..transport.pools.max(1))
+        .map(|_| builder.build(https.clone()))
+        .collect();
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(Error::Client)?)
         .layer(config.extra_headers_layer().map_err(Error::Client)?)
         .map_err(BoxError::from)
-        .service(hyper);
+        .service(InTurn::new(pools));
     Ok(kube::Client::new(service, config.default_namespace))
+}
+
+/// Requests spread over several services in turn (each of the transport's pools).
+#[derive(Clone, Debug)]
+pub struct InTurn<S> {
+    services: Vec<S>,
+    next: usize,
+}
+
+impl<S> InTurn<S> {
+    /// Requests to `services` in turn, starting with the first.
+    ///
+    /// # Panics
+    /// If `services` is empty.
+    pub fn new(services: Vec<S>) -> Self {
+        assert!(!services.is_empty(), "InTurn needs a service");
+        Self { services, next: 0 }
+    }
+}
+
+impl<S: Service<R>, R> Service<R> for InTurn<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.services[self.next].poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let this = self.next;
+        self.next = (this + 1) % self.services.len();
+        self.services[this].call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{Ready, ready};
+
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    /// A service answering with its own number.
+    #[derive(Clone, Copy, Debug)]
+    struct Numbered(usize);
+
+    impl Service<()> for Numbered {
+        type Response = usize;
+        type Error = std::convert::Infallible;
+        type Future = Ready<Result<usize, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, (): ()) -> Self::Future {
+            ready(Ok(self.0))
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_take_the_services_in_turn() {
+        let mut spread = InTurn::new((0..3).map(Numbered).collect());
+        let mut answered = Vec::new();
+        for _ in 0..7 {
+            answered.push(spread.ready().await.unwrap().call(()).await.unwrap());
+        }
+        assert_eq!(answered, [0, 1, 2, 0, 1, 2, 0]);
+    }
+
+    #[tokio::test]
+    async fn one_service_takes_every_request() {
+        let mut spread = InTurn::new(vec![Numbered(7)]);
+        for _ in 0..3 {
+            assert_eq!(spread.ready().await.unwrap().call(()).await.unwrap(), 7);
+        }
+    }
+
+    #[test]
+    fn zero_http2_write_connections_mean_one() {
+        assert_eq!(Transport::http2_writes(0).pools, 1);
+        assert_eq!(Transport::http2_writes(4).pools, 4);
+        assert!(Transport::http2_writes(4).http2);
+    }
 }

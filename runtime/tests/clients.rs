@@ -26,6 +26,7 @@ async fn each_transport_speaks_its_http_version_and_carries_many_requests_at_onc
         (Transport::WRITES, http::Version::HTTP_11),
         (Transport::LISTS, http::Version::HTTP_11),
         (Transport::MULTIPLEXED, http::Version::HTTP_2),
+        (Transport::http2_writes(3), http::Version::HTTP_2),
     ] {
         let client = client_for(cp.config().await.expect("config"), transport).expect("client");
         let request = http::Request::get("/version")
@@ -70,9 +71,14 @@ async fn each_transport_speaks_its_http_version_and_carries_many_requests_at_onc
 async fn answers_far_larger_than_the_read_buffer_arrive_whole() {
     let cp = ControlPlane::shared().await.expect("control plane");
     let ns = cp.namespace("clients-large").await.expect("namespace");
-    for (i, transport) in [Transport::WRITES, Transport::LISTS, Transport::MULTIPLEXED]
-        .into_iter()
-        .enumerate()
+    for (i, transport) in [
+        Transport::WRITES,
+        Transport::LISTS,
+        Transport::MULTIPLEXED,
+        Transport::http2_writes(3),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let (Reads::Exact(buffer) | Reads::Growing(buffer)) = transport.reads;
         assert!(buffer < 100 * 1024, "{transport:?}");

@@ -1,13 +1,51 @@
 //! What `/proc` says of a process, for tests and benchmarks that count its resources.
 
+use std::collections::HashSet;
+
 /// Sockets process `pid` holds open (its connections and listeners), from `/proc/<pid>/fd`;
 /// `None` if the process is gone.
 pub fn open_sockets(pid: u32) -> Option<usize> {
+    Some(socket_inodes(pid)?.len())
+}
+
+/// The established TCP connections process `pid` holds to `port` (on any address), as their
+/// sockets' inodes, from `/proc/<pid>/net/tcp` and `tcp6` matched against its sockets; `None`
+/// if the process is gone.
+pub fn connections_to(pid: u32, port: u16) -> Option<HashSet<String>> {
+    let inodes = socket_inodes(pid)?;
+    let mut connections = HashSet::new();
+    for table in ["tcp", "tcp6"] {
+        // No tcp6 table without IPv6.
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        connections.extend(text.lines().skip(1).filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // rem_address is fields[2] ("0100007F:1A0B"), st fields[3] (01: established),
+            // inode fields[9].
+            let remote_port = fields
+                .get(2)
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            let inode = fields.get(9)?;
+            (remote_port == Some(port) && fields.get(3) == Some(&"01") && inodes.contains(*inode))
+                .then(|| (*inode).to_owned())
+        }));
+    }
+    Some(connections)
+}
+
+/// The inodes of the sockets process `pid` holds open (`socket:[<inode>]` in `/proc/<pid>/fd`).
+fn socket_inodes(pid: u32) -> Option<HashSet<String>> {
     let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
     Some(
         entries
             .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|target| target.to_string_lossy().starts_with("socket:"))
-            .count(),
+            .filter_map(|target| {
+                let target = target.to_string_lossy();
+                let inode = target.strip_prefix("socket:[")?.strip_suffix(']')?;
+                Some(inode.to_owned())
+            })
+            .collect(),
     )
 }

@@ -199,7 +199,10 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         })
     };
     w.start_webhook().await;
-    w.start_reconciler().await;
+    // Writes over HTTP/2 on 2 connections (the other tests write over HTTP/1.1): the same
+    // moves, one write each.
+    w.start_reconciler_with(Duration::from_secs(1), &["--http2-write-connections", "2"])
+        .await;
     w.wait_until_webhook_assigns().await;
     w.create_objects(60).await;
     let three = Ring::new(["mortal", "shard-a", "shard-b"]);
