@@ -1,0 +1,138 @@
+//! The bulk clients' connections against a real kube-apiserver, counted as the established
+//! connections this process holds to the apiserver that were not there before the client: an
+//! HTTP/1.1 client opens more than its idle cap while more requests are in flight and closes
+//! the extra ones as they come back; HTTP/2 writes end on as many connections as the transport
+//! names, however many requests are in flight.
+//!
+//! The tests take turns (a lock): each counts the connections the other would open.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sharder_runtime::clients::{Transport, client_for};
+use sharder_tests::ControlPlane;
+use sharder_tests::procfs::connections_to;
+use tokio::sync::Mutex;
+
+/// One test at a time.
+static TURN: Mutex<()> = Mutex::const_new(());
+
+/// The apiserver's connections of a client made after it was created.
+struct Counter {
+    port: u16,
+    before: HashSet<String>,
+}
+
+impl Counter {
+    fn new(cp: &ControlPlane) -> Self {
+        let port = http::Uri::try_from(cp.url())
+            .expect("apiserver url")
+            .port_u16()
+            .expect("apiserver port");
+        // Connections opened before are not the client's (though they may close meanwhile).
+        let before = connections_to(std::process::id(), port).expect("/proc/self");
+        Self { port, before }
+    }
+
+    fn open(&self) -> usize {
+        connections_to(std::process::id(), self.port)
+            .expect("/proc/self")
+            .difference(&self.before)
+            .count()
+    }
+
+    /// Waits until `want(open)` holds (polled, not slept on; 10 s at most).
+    async fn until(&self, what: &str, want: impl Fn(usize) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let open = self.open();
+            if want(open) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{open} connections open, {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// `rounds` times `at_once` GETs of /version at once; every answer must be a success in
+/// `version`. Returns the most connections open as the answers arrived.
+async fn bursts(
+    client: &kube::Client,
+    counter: &Counter,
+    rounds: usize,
+    at_once: usize,
+    version: http::Version,
+) -> usize {
+    let most = AtomicUsize::new(0);
+    for _ in 0..rounds {
+        let answers: Vec<_> = futures::stream::iter(0..at_once)
+            .map(|_| {
+                let most = &most;
+                async move {
+                    let request = http::Request::get("/version")
+                        .body(kube::client::Body::empty())
+                        .expect("request");
+                    let answer = client.send(request).await;
+                    most.fetch_max(counter.open(), Ordering::Relaxed);
+                    answer
+                }
+            })
+            .buffer_unordered(at_once)
+            .collect()
+            .await;
+        for answer in answers {
+            let answer = answer.expect("version");
+            assert!(answer.status().is_success(), "{:?}", answer.status());
+            assert_eq!(answer.version(), version);
+        }
+    }
+    most.into_inner()
+}
+
+#[tokio::test]
+async fn connections_beyond_the_idle_cap_are_closed_when_their_requests_are_done() {
+    let _turn = TURN.lock().await;
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let config = cp.config().await.expect("config");
+    let counter = Counter::new(cp);
+    let client =
+        client_for(config, Transport::WRITES.with_idle_connections(2)).expect("write client");
+
+    let most = bursts(&client, &counter, 20, 16, http::Version::HTTP_11).await;
+    assert!(
+        most > 2,
+        "16 requests at once used {most} connections: the test shows nothing"
+    );
+    counter
+        .until(&format!("cap 2 (at most {most} were open)"), |open| {
+            open <= 2
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn http2_writes_use_as_many_connections_as_the_transport_names() {
+    let _turn = TURN.lock().await;
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let config = cp.config().await.expect("config");
+    let counter = Counter::new(cp);
+    let client = client_for(config, Transport::http2_writes(3)).expect("write client");
+
+    let most = bursts(&client, &counter, 10, 64, http::Version::HTTP_2).await;
+    assert!(
+        most >= 3,
+        "64 requests at once over 3 HTTP/2 pools used {most} connections"
+    );
+    // Connections opened while ALPN was not known yet are closed: 3 stay.
+    counter
+        .until(&format!("3 named (at most {most} were open)"), |open| {
+            open == 3
+        })
+        .await;
+}
