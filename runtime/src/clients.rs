@@ -21,13 +21,9 @@
 //! when connections cost more than speed: a connection carries up to 250 writes at once (the
 //! apiserver's default stream limit), but the apiserver reads and writes one connection's frames in
 //! one loop, so the writes are spread over several, in turn. Measured with the benchmarks' crash
-//! section (5 crashes a run, 128 writes in flight at most; the median per run of dead-shard moves
-//! against the best raw PATCH rate right after each crash; the HTTP/1.1 and 4-connection runs
-//! alternated): HTTP/1.1 1.07 and 0.91, with the apiserver's audit log seeing 66-79 writes at once;
-//! 4 HTTP/2 connections 0.90 and 0.79 (48-60 at once); 16 HTTP/2 connections 0.92 and 0.80 (60-68
-//! at once). Its memory section, 128 in flight, the reconciler's peak from 1,000 to 100,000
-//! objects: HTTP/1.1 18.9 -> 21.4 MiB (142-144 sockets, a day earlier); 4 HTTP/2 connections 16.8
-//! -> 17.8 and 16.9 -> 17.6 MiB (17-19 sockets); 16 of them 17.3 -> 18.4 MiB (29-33 sockets).
+//! and memory sections (README, `--http2-write-connections`): with 128 writes in flight, the
+//! apiserver's audit log sees fewer of them at once than over HTTP/1.1 and dead-shard moves are
+//! slower, while the reconciler holds far fewer sockets and less memory.
 //!
 //! Why connections are kept, not renewed: a connection's dispatch channel (hyper's) takes a
 //! second 8.5 KiB block once it carried 32 requests, the one part of a connection that grows
@@ -185,7 +181,7 @@ pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Cl
 
 /// Requests spread over several services in turn (each of the transport's pools).
 #[derive(Clone, Debug)]
-pub struct InTurn<S> {
+struct InTurn<S> {
     services: Vec<S>,
     next: usize,
 }
@@ -195,7 +191,7 @@ impl<S> InTurn<S> {
     ///
     /// # Panics
     /// If `services` is empty.
-    pub fn new(services: Vec<S>) -> Self {
+    fn new(services: Vec<S>) -> Self {
         assert!(!services.is_empty(), "InTurn needs a service");
         Self { services, next: 0 }
     }

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use sharder_runtime::clients::{Transport, client_for};
 use sharder_tests::ControlPlane;
 use sharder_tests::procfs::connections_to;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 /// One test at a time.
 static TURN: Mutex<()> = Mutex::const_new(());
@@ -95,14 +95,20 @@ async fn bursts(
     most.into_inner()
 }
 
-#[tokio::test]
-async fn connections_beyond_the_idle_cap_are_closed_when_their_requests_are_done() {
-    let _turn = TURN.lock().await;
+/// Waits for this test's turn, then a client with `transport` and a counter of its
+/// connections.
+async fn client_in_turn(transport: Transport) -> (MutexGuard<'static, ()>, kube::Client, Counter) {
+    let turn = TURN.lock().await;
     let cp = ControlPlane::shared().await.expect("control plane");
     let config = cp.config().await.expect("config");
     let counter = Counter::new(cp);
-    let client =
-        client_for(config, Transport::WRITES.with_idle_connections(2)).expect("write client");
+    let client = client_for(config, transport).expect("client");
+    (turn, client, counter)
+}
+
+#[tokio::test]
+async fn connections_beyond_the_idle_cap_are_closed_when_their_requests_are_done() {
+    let (_turn, client, counter) = client_in_turn(Transport::WRITES.with_idle_connections(2)).await;
 
     let most = bursts(&client, &counter, 20, 16, http::Version::HTTP_11).await;
     assert!(
@@ -118,11 +124,7 @@ async fn connections_beyond_the_idle_cap_are_closed_when_their_requests_are_done
 
 #[tokio::test]
 async fn http2_writes_use_as_many_connections_as_the_transport_names() {
-    let _turn = TURN.lock().await;
-    let cp = ControlPlane::shared().await.expect("control plane");
-    let config = cp.config().await.expect("config");
-    let counter = Counter::new(cp);
-    let client = client_for(config, Transport::http2_writes(3)).expect("write client");
+    let (_turn, client, counter) = client_in_turn(Transport::http2_writes(3)).await;
 
     let most = bursts(&client, &counter, 10, 64, http::Version::HTTP_2).await;
     assert!(
