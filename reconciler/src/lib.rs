@@ -163,7 +163,7 @@ pub const DEFAULT_HTTP2_WRITE_CONNECTIONS: usize = 0;
 pub fn write_transport(max_concurrent_writes: usize, http2_connections: usize) -> Transport {
     let max = max_concurrent_writes.max(1);
     if http2_connections == 0 {
-        Transport::WRITES.with_idle_connections(max)
+        Transport::WRITES.with_connections(max)
     } else {
         Transport::http2_writes(http2_connections)
             .with_idle_connections(max.div_ceil(http2_connections))
@@ -561,10 +561,9 @@ mod tests {
     #[test]
     fn writes_go_over_http1_or_spread_over_the_named_http2_connections() {
         assert_eq!(write_transport(64, 0), Transport::WRITES);
-        assert_eq!(
-            write_transport(128, 0),
-            Transport::WRITES.with_idle_connections(128)
-        );
+        let http1 = write_transport(128, 0);
+        assert!(!http1.http2);
+        assert_eq!((http1.max_connections, http1.idle_connections), (128, 128));
         let http2 = write_transport(128, 3);
         assert!(http2.http2);
         assert_eq!(http2.pools, 3);

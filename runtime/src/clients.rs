@@ -8,8 +8,8 @@
 //! own goroutine, an HTTP/2 stream through its connection's frame loop. Measured on the
 //! benchmarks' 1.20 apiserver (2 cores, 5,000 merge PATCHes per run, 64 in flight, nine runs
 //! each, alternated): median 1,274 PATCH/s over HTTP/1.1 and 1,130/s over one HTTP/2
-//! connection. The price is a connection per write in flight (about 40 KiB each: buffers,
-//! TLS state, hyper's dispatch channel), which [`Transport::reads`] keeps from growing.
+//! connection. The price is a connection per write in flight (about 30 KiB each: TLS and HTTP
+//! buffers, TLS state, hyper's dispatch channel), which [`Transport::reads`] keeps from growing.
 //! Writes read in exact 4 KiB pieces ([`Reads::Exact`]): an answer's head is a few
 //! hundred bytes and its body (the object's metadata) is read piece by piece, while hyper's
 //! default reserves 8 KiB per read and, as it reads ahead while the previous answer still holds
@@ -25,29 +25,44 @@
 //! apiserver's audit log sees fewer of them at once than over HTTP/1.1 and dead-shard moves are
 //! slower, while the reconciler holds far fewer sockets and less memory.
 //!
-//! Why connections are kept, not renewed: a connection's dispatch channel (hyper's) takes a
-//! second 8.5 KiB block once it carried 32 requests, the one part of a connection that grows
-//! with use. Renewing every write connection after 16 requests (`Connection: close`) was
-//! measured with the benchmarks' memory section (same machine and day): the reconciler's peak at
-//! 100,000 objects rose from 19.5 to 20.3 MiB, the new connections' TLS handshakes churning
-//! the heap more than the blocks they save.
+//! Why write connections are capped, not only their idle ones ([`Transport::max_connections`],
+//! `clients::capped`): when a request finds no idle connection, hyper-util's pool starts a new one,
+//! and if another request's connection comes back first it takes that one and still keeps the
+//! new connection. A cap on idle connections ([`Transport::idle_connections`], what the lists
+//! use) closes the extra ones as they come back, but at the peak of a rebalance the reconciler
+//! held 163 write connections for 128 writes in flight (heaptrack, benchmarks' memory section
+//! at 10,000 objects). Capped, a write that finds none idle waits for the next to come back:
+//! the reconciler's peak at 10,000 objects with 128 in flight was 20.1-20.3 MiB against 21.4.
 //!
-//! Why a cap on idle connections: when a request finds no idle connection, hyper starts a new
-//! one, and if another request's connection comes back first it takes that one and still keeps
-//! the new connection when it is ready. Uncapped, a long run of writes collects connections
-//! beyond the writes ever in flight at once; capped at [`Transport::idle_connections`] (the
-//! writes in flight at most), the extra ones are closed as they come back. Idle connections are
-//! closed after [`IDLE_TIMEOUT`].
+//! Why a capped connection's hyper state is renewed, not the connection: hyper hands requests
+//! to a connection through a channel that takes a second 8.5 KiB block once it carried 32
+//! requests, the one part of a connection that grows with use. Renewing whole connections
+//! (`Connection: close` after 16 requests) was measured worse (peak at 100,000 objects 20.3
+//! against 19.5 MiB, the TLS handshakes churning the heap); `clients::capped` keeps the TCP and TLS
+//! connection and starts hyper's state again on it every [`REQUESTS_PER_CHANNEL`] requests.
+//! Idle connections are closed after [`IDLE_TIMEOUT`].
 
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt as _;
 use tower::{BoxError, Service, ServiceBuilder};
 
 use crate::Error;
+
+mod capped;
+
+use capped::CappedPool;
+
+/// Requests an HTTP/1.1 connection of a capped pool ([`Transport::max_connections`]) carries
+/// before hyper's state on it is started again (same TCP and TLS connection): hyper hands
+/// requests to a connection through a channel whose memory comes in blocks of 32 messages, and
+/// closing it takes a slot too, so 31 requests and the close fit in the first block; a
+/// connection that carried more holds a second block (8.5 KiB) for the rest of its life.
+pub const REQUESTS_PER_CHANNEL: usize = 31;
 
 /// How long a connection may stay idle in a client's pool before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -66,6 +81,9 @@ pub struct Transport {
     /// The most idle connections each pool keeps for reuse (at least 1); more are closed
     /// when their request is done.
     pub idle_connections: usize,
+    /// HTTP/1.1 only: the most connections the client holds, busy or idle (0: no cap); a
+    /// request that finds none idle at the cap waits for one to come back (`clients::capped`).
+    pub max_connections: usize,
 }
 
 /// How an HTTP/1.1 connection reads what the apiserver sends.
@@ -88,6 +106,7 @@ impl Transport {
         pools: 1,
         reads: Reads::Exact(4 * 1024),
         idle_connections: 64,
+        max_connections: 64,
     };
 
     /// List pages: HTTP/1.1, read in pieces of at most 16 KiB (a page is parsed as it arrives,
@@ -98,6 +117,7 @@ impl Transport {
         pools: 1,
         reads: Reads::Growing(16 * 1024),
         idle_connections: 8,
+        max_connections: 0,
     };
 
     /// Everything on one HTTP/2 connection.
@@ -106,6 +126,7 @@ impl Transport {
         pools: 1,
         reads: Reads::Growing(64 * 1024),
         idle_connections: 1,
+        max_connections: 0,
     };
 
     /// Object writes over HTTP/2, spread in turn over `connections` connections (at least 1).
@@ -115,6 +136,7 @@ impl Transport {
         Self {
             http2: true,
             pools: if connections == 0 { 1 } else { connections },
+            max_connections: 0,
             ..Self::WRITES
         }
     }
@@ -123,6 +145,17 @@ impl Transport {
     pub const fn with_idle_connections(self, n: usize) -> Self {
         Self {
             idle_connections: if n == 0 { 1 } else { n },
+            ..self
+        }
+    }
+
+    /// This transport holding at most `n` connections (at least 1), all of which it keeps
+    /// when idle: as many as writes in flight at most.
+    pub const fn with_connections(self, n: usize) -> Self {
+        let n = if n == 0 { 1 } else { n };
+        Self {
+            idle_connections: n,
+            max_connections: n,
             ..self
         }
     }
@@ -158,6 +191,17 @@ pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Cl
     } else {
         https.enable_http1().wrap_connector(http)
     };
+    if transport.max_connections > 0 && !transport.http2 {
+        let mut http1 = hyper::client::conn::http1::Builder::new();
+        match transport.reads {
+            Reads::Exact(size) => http1.read_buf_exact_size(Some(size.max(1))),
+            Reads::Growing(max) => http1.max_buf_size(max.max(8 * 1024)),
+        };
+        let pools = (0..transport.pools.max(1))
+            .map(|_| CappedPool::new(https.clone(), http1.clone(), transport.max_connections))
+            .collect();
+        return kube_client(&config, InTurn::new(pools));
+    }
     let mut builder = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
     match transport.reads {
         Reads::Exact(size) => builder.http1_read_buf_exact_size(size.max(1)),
@@ -170,13 +214,27 @@ pub fn client_for(config: kube::Config, transport: Transport) -> Result<kube::Cl
     let pools = (0..transport.pools.max(1))
         .map(|_| builder.build(https.clone()))
         .collect();
+    kube_client(&config, InTurn::new(pools))
+}
+
+/// A kube client sending through `service` (absolute URIs in, answers out) with `config`'s
+/// base URI, credentials and extra headers.
+fn kube_client<S>(config: &kube::Config, service: S) -> Result<kube::Client, Error>
+where
+    S: Service<http::Request<kube::client::Body>, Response = http::Response<Incoming>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(Error::Client)?)
         .layer(config.extra_headers_layer().map_err(Error::Client)?)
-        .map_err(BoxError::from)
-        .service(InTurn::new(pools));
-    Ok(kube::Client::new(service, config.default_namespace))
+        .map_err(Into::<BoxError>::into)
+        .service(service);
+    Ok(kube::Client::new(service, config.default_namespace.clone()))
 }
 
 /// Requests spread over several services in turn (each of the transport's pools).

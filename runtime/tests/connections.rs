@@ -1,8 +1,9 @@
 //! The bulk clients' connections against a real kube-apiserver, counted as the established
 //! connections this process holds to the apiserver that were not there before the client: an
 //! HTTP/1.1 client opens more than its idle cap while more requests are in flight and closes
-//! the extra ones as they come back; HTTP/2 writes end on as many connections as the transport
-//! names, however many requests are in flight.
+//! the extra ones as they come back; an HTTP/1.1 client with a connection cap (the writes')
+//! never holds more, and its connections carry any number of requests; HTTP/2 writes end on
+//! as many connections as the transport names, however many requests are in flight.
 //!
 //! The tests take turns (a lock): each counts the connections the other would open.
 
@@ -36,11 +37,17 @@ impl Counter {
         Self { port, before }
     }
 
-    fn open(&self) -> usize {
+    /// The client's connections (socket inodes).
+    fn current(&self) -> HashSet<String> {
         connections_to(std::process::id(), self.port)
             .expect("/proc/self")
             .difference(&self.before)
-            .count()
+            .cloned()
+            .collect()
+    }
+
+    fn open(&self) -> usize {
+        self.current().len()
     }
 
     /// Waits until `want(open)` holds (polled, not slept on; 10 s at most).
@@ -108,7 +115,7 @@ async fn client_in_turn(transport: Transport) -> (MutexGuard<'static, ()>, kube:
 
 #[tokio::test]
 async fn connections_beyond_the_idle_cap_are_closed_when_their_requests_are_done() {
-    let (_turn, client, counter) = client_in_turn(Transport::WRITES.with_idle_connections(2)).await;
+    let (_turn, client, counter) = client_in_turn(Transport::LISTS.with_idle_connections(2)).await;
 
     let most = bursts(&client, &counter, 20, 16, http::Version::HTTP_11).await;
     assert!(
@@ -137,4 +144,38 @@ async fn http2_writes_use_as_many_connections_as_the_transport_names() {
             open == 3
         })
         .await;
+}
+
+#[tokio::test]
+async fn capped_writes_never_hold_more_connections_than_their_cap() {
+    let (_turn, client, counter) = client_in_turn(Transport::WRITES.with_connections(3)).await;
+
+    let most = bursts(&client, &counter, 20, 16, http::Version::HTTP_11).await;
+    assert!(
+        (1..=3).contains(&most),
+        "16 requests at once with a cap of 3 used {most} connections"
+    );
+    assert!(
+        counter.open() <= 3,
+        "{} open after the bursts",
+        counter.open()
+    );
+}
+
+#[tokio::test]
+async fn a_capped_connection_carries_many_more_requests_than_one_channel_holds() {
+    let (_turn, client, counter) = client_in_turn(Transport::WRITES.with_connections(1)).await;
+
+    // One request at a time: every one on the same connection (the same socket), its hyper
+    // state renewed every REQUESTS_PER_CHANNEL requests without a new TCP or TLS connection.
+    bursts(&client, &counter, 1, 1, http::Version::HTTP_11).await;
+    let first = counter.current();
+    assert_eq!(first.len(), 1, "one request opened {first:?}");
+    let requests = 5 * sharder_runtime::clients::REQUESTS_PER_CHANNEL + 3;
+    let most = bursts(&client, &counter, requests, 1, http::Version::HTTP_11).await;
+    assert_eq!(
+        most, 1,
+        "{requests} requests one after another used {most} connections"
+    );
+    assert_eq!(counter.current(), first, "the connection was replaced");
 }
