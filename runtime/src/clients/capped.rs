@@ -49,6 +49,50 @@ impl<C, B> Clone for CappedPool<C, B> {
     }
 }
 
+/// What opens a pool's connections (hyper-rustls' connector): a URI in, a TLS stream out.
+pub(crate) trait Connector:
+    Service<Uri, Error = BoxError, Response = Self::Io, Future = Self::Connecting>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+    /// The stream it opens.
+    type Io: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static;
+    /// Its connecting future.
+    type Connecting: Future<Output = Result<Self::Io, BoxError>> + Send;
+}
+
+impl<C> Connector for C
+where
+    C: Service<Uri, Error = BoxError> + Clone + Send + Sync + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    C::Future: Send,
+{
+    type Io = C::Response;
+    type Connecting = C::Future;
+}
+
+/// The body of the requests a pool sends (kube's).
+pub(crate) trait RequestBody:
+    Body<Data = Self::Chunk, Error = Self::Failure> + Send + 'static
+{
+    /// Its pieces.
+    type Chunk: hyper::body::Buf + Send;
+    /// Its errors.
+    type Failure: Into<BoxError>;
+}
+
+impl<B> RequestBody for B
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Chunk = B::Data;
+    type Failure = B::Error;
+}
+
 /// What every clone of a pool and every connection's task share.
 struct Shared<C, B> {
     connector: C,
@@ -67,6 +111,15 @@ struct State<B> {
     open: usize,
     /// Whether a task closes expired idle connections.
     reaping: bool,
+}
+
+impl<B> State<B> {
+    /// Drops the idle connections the apiserver closed or that were idle for
+    /// [`IDLE_TIMEOUT`]: dropping a sender ends its connection's task, which frees its place.
+    fn drop_stale(&mut self, now: Instant) {
+        self.idle
+            .retain(|p| !p.sender.is_closed() && now - p.idle_since < IDLE_TIMEOUT);
+    }
 }
 
 /// One connection's sending side, between two requests.
@@ -132,12 +185,8 @@ enum Checkout<C, B> {
 
 impl<C, B> Shared<C, B>
 where
-    C: Service<Uri, Error = BoxError> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    C::Future: Send,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
+    C: Connector,
+    B: RequestBody,
 {
     /// The most recently used idle connection to `authority`, or room for a new one; waits
     /// while neither is there.
@@ -148,12 +197,7 @@ where
             changed.as_mut().enable();
             {
                 let mut state = self.state();
-                let now = Instant::now();
-                // Dropping a closed or expired sender ends its connection's task, which frees
-                // its place.
-                state
-                    .idle
-                    .retain(|p| !p.sender.is_closed() && now - p.idle_since < IDLE_TIMEOUT);
+                state.drop_stale(Instant::now());
                 if let Some(at) = state.idle.iter().rposition(|p| &p.authority == authority) {
                     return Checkout::Idle(state.idle.remove(at));
                 }
@@ -264,13 +308,9 @@ async fn serve<C, B, T>(
     authority: Authority,
     renew: Arc<AtomicBool>,
 ) where
-    C: Service<Uri, Error = BoxError> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    C::Future: Send,
+    C: Connector,
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
+    B: RequestBody,
 {
     loop {
         // Errors end the connection; the request that saw them reports them.
@@ -306,10 +346,7 @@ async fn reap<C, B>(shared: Weak<Shared<C, B>>) {
             return;
         };
         let mut state = pool.state();
-        let now = Instant::now();
-        state
-            .idle
-            .retain(|p| !p.sender.is_closed() && now - p.idle_since < IDLE_TIMEOUT);
+        state.drop_stale(Instant::now());
         if state.idle.is_empty() {
             state.reaping = false;
             return;
@@ -319,12 +356,8 @@ async fn reap<C, B>(shared: Weak<Shared<C, B>>) {
 
 impl<C, B> Service<Request<B>> for CappedPool<C, B>
 where
-    C: Service<Uri, Error = BoxError> + Clone + Send + Sync + 'static,
-    C::Response: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    C::Future: Send,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
+    C: Connector,
+    B: RequestBody,
 {
     type Response = Response<Incoming>;
     type Error = BoxError;
