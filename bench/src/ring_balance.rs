@@ -1,6 +1,7 @@
 //! The ring: lookup cost (the criterion bench `sharder-common/benches/ring.rs`, run as a
-//! subprocess) and balance (objects per shard for 100k keys: max/mean and relative standard
-//! deviation) for 3, 10 and 50 shards.
+//! subprocess), balance (objects per shard for 100k keys: max/mean and relative standard
+//! deviation) for 3, 10 and 50 shards, and the share of objects a switch from the reference's
+//! v0.8 sharder moves (it hashed `<apiVersion>/<Kind>/<namespace>/<name>`).
 
 use sharder_common::{ObjectKey, Ring};
 
@@ -26,6 +27,40 @@ pub struct RingResult {
     pub lookups: Result<Vec<(String, String)>, String>,
     /// Balance for 3, 10, 50 shards.
     pub balance: Vec<Balance>,
+    /// (shards, share of 100k objects that land on another shard under the v0.8 key).
+    pub v08_moves: Vec<(usize, f64)>,
+}
+
+/// A typical mix of main objects as (apiVersion, group, Kind): core, a built-in group and a
+/// custom resource.
+const MIX: [(&str, &str, &str); 3] = [
+    ("v1", "", "Secret"),
+    ("apps/v1", "apps", "Deployment"),
+    (
+        "webhosting.timebertt.dev/v1alpha1",
+        "webhosting.timebertt.dev",
+        "Website",
+    ),
+];
+
+/// The share of `keys` objects (the [`MIX`] in turn, spread over 10 namespaces) whose shard
+/// differs between the v0.8 key (`<apiVersion>/<Kind>/<namespace>/<name>`) and the current one
+/// (`<group>/<Kind>/<namespace>/<name>`) on a ring of `shards` shards: what switching from a
+/// v0.8 sharder moves once.
+pub fn v08_moves(shards: usize, keys: usize) -> f64 {
+    let ring = Ring::new((0..shards).map(|i| format!("shard-{i}")));
+    let moved = (0..keys)
+        .filter(|i| {
+            let (api_version, group, kind) = MIX[i % MIX.len()];
+            let (namespace, name) = (format!("team-{}", i % 10), format!("object-{i}"));
+            let old = format!("{api_version}/{kind}/{namespace}/{name}");
+            let new = ObjectKey::main(group, kind, Some(&namespace), &name)
+                .map(|k| k.to_string())
+                .unwrap_or_default();
+            ring.shard_for(&old) != ring.shard_for(&new)
+        })
+        .count();
+    moved as f64 / keys as f64
 }
 
 /// Balance of `shards` shards named `shard-<i>` over `keys` Secret keys.
@@ -87,6 +122,10 @@ pub fn run(criterion: bool) -> RingResult {
             .into_iter()
             .map(|s| balance(s, 100_000))
             .collect(),
+        v08_moves: [3, 10, 50]
+            .into_iter()
+            .map(|s| (s, v08_moves(s, 100_000)))
+            .collect(),
     }
 }
 
@@ -111,6 +150,14 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn objects_move_under_the_v08_key_as_often_as_another_shard_is_picked() {
+        // The two keys hash independently, so about (n-1)/n of the objects move.
+        let share = v08_moves(4, 20_000);
+        assert!((share - 0.75).abs() < 0.05, "{share}");
+        assert_eq!(v08_moves(1, 100), 0.0, "one shard: nothing moves");
     }
 
     #[test]
