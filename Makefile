@@ -36,9 +36,9 @@ crd:
 
 ## Provisions etcd and kube-apiserver (built once per machine, cached under ~/.cache/sharder).
 control-plane:
-	bash tests/control-plane/provision.sh
+	bash harness/control-plane/provision.sh
 
 ## Installs Helm for the chart tests (the Helm v4 SDK from PyPI's helm-python-sdk, cached under
 ## ~/.cache/sharder).
 helm:
-	bash tests/helm/provision.sh
+	bash harness/helm/provision.sh

@@ -57,7 +57,7 @@ fn options() -> Options {
 }
 
 fn review_body() -> Vec<u8> {
-    sharder_tests::fixtures::secret_create_review(
+    sharder_harness::fixtures::secret_create_review(
         "object-1234",
         "project-a",
         &[("app", "web")],
@@ -80,7 +80,7 @@ impl Owners for NoOwners {
 
 /// Starts both servers on their own runtime; returns (floor, sharder) addresses and the CA.
 fn start_servers() -> (SocketAddr, SocketAddr, String) {
-    let ca = sharder_tests::certs::TestCa::new("bench-ca").expect("ca");
+    let ca = sharder_harness::certs::TestCa::new("bench-ca").expect("ca");
     let cert = ca.serving_cert("bench").expect("cert");
     let dir = tempfile::tempdir().expect("dir").keep();
     std::fs::write(dir.join("tls.crt"), &cert.cert_pem).expect("cert");
@@ -97,7 +97,7 @@ fn start_servers() -> (SocketAddr, SocketAddr, String) {
             .build()
             .expect("runtime");
         runtime.block_on(async move {
-            let spec = sharder_tests::fixtures::secrets_ring("example", None).spec;
+            let spec = sharder_harness::fixtures::secrets_ring("example", None).spec;
             let rings = Arc::new(Rings::default());
             rings.publish(
                 [(

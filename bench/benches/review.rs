@@ -47,7 +47,7 @@ fn body(controlled: bool) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    let spec = sharder_tests::fixtures::secrets_ring("example", None).spec;
+    let spec = sharder_harness::fixtures::secrets_ring("example", None).spec;
     let ring = RingSnapshot::new("example", &spec, (0..10).map(|i| format!("shard-{i}")));
     let main = body(false);
     let controlled = body(true);

@@ -19,10 +19,10 @@ use kube::core::PartialObjectMeta;
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
-use sharder_tests::ControlPlane;
-use sharder_tests::control_plane::NAMESPACE_LABEL;
-use sharder_tests::fixtures::{secrets_ring, shard_lease};
-use sharder_tests::launch::{Env, Reconciler, ReconcilerFlags};
+use sharder_harness::ControlPlane;
+use sharder_harness::control_plane::NAMESPACE_LABEL;
+use sharder_harness::fixtures::{secrets_ring, shard_lease};
+use sharder_harness::launch::{Env, Reconciler, ReconcilerFlags};
 
 pub mod create_latency;
 pub mod floor;
@@ -191,7 +191,7 @@ pub fn helper_args<const N: usize>(usage: &str) -> anyhow::Result<[String; N]> {
 pub enum Error {
     /// The control plane or a test-support piece failed.
     #[error(transparent)]
-    Support(#[from] sharder_tests::Error),
+    Support(#[from] sharder_harness::Error),
     /// A request to the apiserver failed.
     #[error("apiserver request failed: {0}")]
     Kube(#[from] kube::Error),
@@ -237,7 +237,7 @@ impl RingSetup {
         leases: usize,
     ) -> Result<Self, Error> {
         let client = cp.client().await?;
-        sharder_tests::crd::install_cluster_ring_crd(&client).await?;
+        sharder_harness::crd::install_cluster_ring_crd(&client).await?;
         let ns = cp.namespace(prefix).await?;
         let mut ring = secrets_ring(&ns, Some(&ns));
         if !controlled {
@@ -460,7 +460,7 @@ pub fn rebalanced(line: &Value, n: usize) -> bool {
 pub async fn run(args: Args) -> Result<(), Error> {
     let started = Instant::now();
     let cp = ControlPlane::shared().await?;
-    sharder_tests::crd::install_cluster_ring_crd(&cp.client().await?).await?;
+    sharder_harness::crd::install_cluster_ring_crd(&cp.client().await?).await?;
     eprintln!("[bench] control plane up; starting the webhooks");
     let webhooks = webhooks::start(cp, args.webhook_malloc_arena_max).await?;
     let mut report = report::Report::new(&args, cp);

@@ -221,7 +221,7 @@ pub async fn processes_under_load(
     duration: Duration,
 ) -> Result<Vec<ProcessUnderLoad>, Error> {
     let connector = connector(&webhooks.ca_pem)?;
-    let body = Bytes::from(sharder_tests::fixtures::secret_create_review(
+    let body = Bytes::from(sharder_harness::fixtures::secret_create_review(
         "object-load",
         ring,
         &[("app", "web")],

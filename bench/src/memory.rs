@@ -7,8 +7,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sharder_common::Ring;
-use sharder_tests::ControlPlane;
-use sharder_tests::procfs::open_sockets;
+use sharder_harness::ControlPlane;
+use sharder_harness::procfs::open_sockets;
 
 use crate::stats::rss_kib;
 use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use sharder_common::Ring;
+use sharder_harness::ControlPlane;
 use sharder_sdk::lease::OnStop;
-use sharder_tests::ControlPlane;
 
 use crate::rebalance::{
     Accounts, BenchShard, start_moving_reconciler, start_shard, wait_ready, writes_by,

@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use sharder_tests::certs::TestCa;
-use sharder_tests::launch::{Env, Webhook};
-use sharder_tests::{ControlPlane, Supervised};
+use sharder_harness::certs::TestCa;
+use sharder_harness::launch::{Env, Webhook};
+use sharder_harness::{ControlPlane, Supervised};
 
 use crate::Error;
 

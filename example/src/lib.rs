@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -296,7 +295,7 @@ async fn apply_checksums(
                 metadata: ObjectMeta {
                     name: Some(name),
                     namespace: Some(namespace.to_owned()),
-                    owner_references: Some(vec![controller_reference(secret)]),
+                    owner_references: secret.controller_owner_ref(&()).map(|o| vec![o]),
                     ..ObjectMeta::default()
                 },
                 data: Some(want),
@@ -310,17 +309,6 @@ async fn apply_checksums(
         }
     }
     Ok(Action::await_change())
-}
-
-fn controller_reference(secret: &Secret) -> OwnerReference {
-    OwnerReference {
-        api_version: Secret::api_version(&()).into_owned(),
-        kind: Secret::kind(&()).into_owned(),
-        name: secret.name_any(),
-        uid: secret.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
-use sharder_runtime::clients::{self, Transport};
 use sharder_runtime::controller::{self, Listed, listed_controller};
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
@@ -29,6 +28,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+pub mod clients;
 pub mod metrics;
 pub mod rebalance;
 pub mod rings;
@@ -136,12 +136,6 @@ pub struct Args {
     #[arg(long, env = "SHARDER_MAX_CONCURRENT_WRITES", default_value_t = DEFAULT_MAX_CONCURRENT_WRITES)]
     pub max_concurrent_writes: usize,
 
-    /// HTTP/2 connections the object writes are spread over, in turn (0: HTTP/1.1, a
-    /// connection per write in flight). Fewer connections and less memory, slower moves:
-    /// see `sharder_runtime::clients`.
-    #[arg(long, env = "SHARDER_HTTP2_WRITE_CONNECTIONS", default_value_t = DEFAULT_HTTP2_WRITE_CONNECTIONS)]
-    pub http2_write_connections: usize,
-
     /// Object writes per second (0: unlimited).
     #[arg(long, env = "SHARDER_MAX_WRITES_PER_SECOND", default_value_t = 200)]
     pub max_writes_per_second: u32,
@@ -153,22 +147,6 @@ pub struct Args {
 
 /// Default of `--max-concurrent-writes`.
 pub const DEFAULT_MAX_CONCURRENT_WRITES: usize = 64;
-
-/// Default of `--http2-write-connections`.
-pub const DEFAULT_HTTP2_WRITE_CONNECTIONS: usize = 0;
-
-/// The transport of object writes: HTTP/1.1 keeping a connection per write in flight, or
-/// HTTP/2 over `http2_connections` connections (each keeping its share of the writes' idle
-/// connections, should the apiserver answer only HTTP/1.1).
-pub fn write_transport(max_concurrent_writes: usize, http2_connections: usize) -> Transport {
-    let max = max_concurrent_writes.max(1);
-    if http2_connections == 0 {
-        Transport::WRITES.with_connections(max)
-    } else {
-        Transport::http2_writes(http2_connections)
-            .with_idle_connections(max.div_ceil(http2_connections))
-    }
-}
 
 /// Errors of the reconciler.
 #[derive(Debug, thiserror::Error)]
@@ -269,11 +247,10 @@ where
 pub async fn run(args: Args) -> Result<(), Error> {
     sharder_runtime::start(&args.common.clone(), |client, shutdown| async move {
         let bulk = rebalance::Clients {
-            lists: clients::client(Transport::LISTS).await?,
-            writes: clients::client(write_transport(
-                args.max_concurrent_writes,
-                args.http2_write_connections,
-            ))
+            lists: clients::client(clients::Transport::LISTS).await?,
+            writes: clients::client(
+                clients::Transport::WRITES.with_idle_connections(args.max_concurrent_writes),
+            )
             .await?,
         };
         run_with_client(args, client, bulk, shutdown).await
@@ -287,7 +264,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 ///
 /// `bulk` carries the rebalancer's list pages and object writes (with the small reads around
 /// them), each on connections of their own (`run` builds them with
-/// [`sharder_runtime::clients`]: no retry layer, so overload answers reach the rebalancer,
+/// [`clients`]: no retry layer, so overload answers reach the rebalancer,
 /// which slows down, see `rebalance::concurrency`); watches and everything else go through
 /// `client`.
 pub async fn run_with_client(
@@ -556,20 +533,6 @@ mod tests {
         let err = parse("0").expect_err("0 is no page").to_string();
         assert!(err.contains("--list-page-size"), "{err}");
         assert_eq!(parse("1").expect("1 object a page").list_page_size, 1);
-    }
-
-    #[test]
-    fn writes_go_over_http1_or_spread_over_the_named_http2_connections() {
-        assert_eq!(write_transport(64, 0), Transport::WRITES);
-        let http1 = write_transport(128, 0);
-        assert!(!http1.http2);
-        assert_eq!((http1.max_connections, http1.idle_connections), (128, 128));
-        let http2 = write_transport(128, 3);
-        assert!(http2.http2);
-        assert_eq!(http2.pools, 3);
-        // Should the apiserver answer only HTTP/1.1, the pools keep the writes' connections.
-        assert_eq!(http2.idle_connections, 43);
-        assert_eq!(write_transport(0, 4).idle_connections, 1);
     }
 
     #[test]

@@ -10,9 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
     WebhookClientConfig,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, OwnerReference,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use sharder_common::endpoint::webhook_path;
@@ -156,19 +154,11 @@ pub fn webhook_configuration(
             }
         })
         .collect();
-    let owner = OwnerReference {
-        api_version: ClusterRing::api_version(&()).into_owned(),
-        kind: ClusterRing::kind(&()).into_owned(),
-        name: name.clone(),
-        uid: ring.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    };
     MutatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(configuration_name(&name)),
             labels: Some([(RING_LABEL.to_owned(), name.clone())].into()),
-            owner_references: Some(vec![owner]),
+            owner_references: ring.controller_owner_ref(&()).map(|o| vec![o]),
             ..ObjectMeta::default()
         },
         webhooks: Some(vec![MutatingWebhook {

@@ -1,8 +1,8 @@
 //! The runtime pieces shared by Sharder's components and sharded controllers: the admin server
 //! (probes and Prometheus metrics), logging setup, graceful shutdown on signals, supervised
-//! tasks, controllers that stop when asked ([`controller`]), the bulk API clients
-//! ([`clients`]), the Lease keeper, and [`lease::hold`], which runs work only while a Lease is held (the
-//! reconciler's leader election and a shard's membership alike).
+//! tasks, controllers that stop when asked ([`controller`]), the Lease keeper, and
+//! [`lease::hold`], which runs work only while a Lease is held (the reconciler's leader election
+//! and a shard's membership alike).
 //!
 //! The webhook and the reconciler depend on this crate alone; sharded controllers use it
 //! through the shard SDK (`sharder-sdk`), which re-exports it.
@@ -11,7 +11,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 pub mod admin;
-pub mod clients;
 pub mod controller;
 pub mod duration;
 pub mod files;

@@ -10,8 +10,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use sharder_common::{ShardState, shard_state};
+use sharder_harness::ControlPlane;
 use sharder_runtime::lease::{Attempt, HoldError, LeaseConfig, LeaseKeeper, OnStop, hold};
-use sharder_tests::ControlPlane;
 use tokio_util::sync::CancellationToken;
 
 async fn keepers(name: &str, identities: [&str; 2]) -> (LeaseKeeper, LeaseKeeper, Api<Lease>) {

@@ -8,19 +8,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
-use kube::{Api, Client};
 use sharder_common::labels::RING_LABEL;
+use sharder_harness::world::World;
 use sharder_sdk::shard::{Shard, ShardError, ShardReconcileError};
-use sharder_tests::ControlPlane;
 use tokio_util::sync::CancellationToken;
-
-async fn setup(prefix: &str) -> (Client, String) {
-    let cp = ControlPlane::shared().await.expect("control plane");
-    let ns = cp.namespace(prefix).await.expect("namespace");
-    (cp.client().await.expect("client"), ns)
-}
 
 /// Sets a flag when dropped: shows whether the controllers' future was dropped.
 struct DropFlag(Arc<AtomicBool>);
@@ -33,7 +27,8 @@ impl Drop for DropFlag {
 
 #[tokio::test]
 async fn a_lost_lease_stops_the_controllers_at_once() {
-    let (client, ns) = setup("shard-lost").await;
+    let world = World::new("shard-lost").await;
+    let (client, ns) = (world.client.clone(), world.ns.clone());
     let shard = Shard::new(client.clone(), "ring-a", "shard-a");
     let lease = shard.lease(&ns, Duration::from_secs(2), Duration::from_millis(200));
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
@@ -85,7 +80,8 @@ async fn a_lost_lease_stops_the_controllers_at_once() {
 
 #[tokio::test]
 async fn a_graceful_stop_releases_the_lease_after_the_controllers_finished() {
-    let (client, ns) = setup("shard-stop").await;
+    let world = World::new("shard-stop").await;
+    let (client, ns) = (world.client.clone(), world.ns.clone());
     let shard = Shard::new(client.clone(), "ring-b", "shard-b");
     let lease = shard.lease(&ns, Duration::from_secs(10), Duration::from_millis(200));
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
@@ -125,7 +121,8 @@ struct Never;
 
 #[tokio::test]
 async fn a_drain_is_acknowledged_under_an_optimistic_lock_instead_of_reconciled() {
-    let (client, ns) = setup("shard-drain").await;
+    let world = World::new("shard-drain").await;
+    let (client, ns) = (world.client.clone(), world.ns.clone());
     let shard = Shard::new(client.clone(), "ring-c", "shard-c");
     let labels = shard.labels().clone();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);

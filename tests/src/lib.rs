@@ -1,64 +1,8 @@
-//! Test support for Sharder: a real kube-apiserver + etcd on loopback, one per test binary,
-//! and supervised child processes that never outlive the tests.
-//!
-//! ```no_run
-//! # async fn example() -> Result<(), sharder_tests::Error> {
-//! let control_plane = sharder_tests::ControlPlane::shared().await?;
-//! let client = control_plane.client().await?;
-//! # Ok(()) }
-//! ```
+//! Sharder's end-to-end system for the scenario tests and the demo: every component as a real
+//! process on the harness's control plane ([`system::System`]), the observed history of the
+//! sharded objects ([`history`]) and the single-ownership and ordered-handover checks
+//! ([`ownership`]) fed from the example shards' reconcile records.
 
-pub mod binaries;
-pub mod certs;
-pub mod control_plane;
-pub mod crd;
-pub mod fixtures;
-pub mod helm;
 pub mod history;
-pub mod launch;
 pub mod ownership;
-pub mod procfs;
-pub mod proxy;
-pub mod supervisor;
 pub mod system;
-pub mod wait;
-pub mod world;
-
-pub use control_plane::ControlPlane;
-pub use supervisor::Supervised;
-
-/// Errors of the test support library.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The control plane binaries could not be provisioned (see
-    /// `tests/control-plane/provision.sh` or set `KUBEBUILDER_ASSETS`).
-    #[error("cannot provision the control plane: {0}")]
-    Provision(String),
-
-    /// The control plane did not become ready; the message carries its log tail.
-    #[error("control plane not ready: {0}")]
-    NotReady(String),
-
-    /// A kubeconfig could not be built or loaded.
-    #[error("kubeconfig: {0}")]
-    Kubeconfig(#[source] kube::config::KubeconfigError),
-
-    /// A request to the apiserver failed.
-    #[error("apiserver request failed: {0}")]
-    Kube(#[source] kube::Error),
-
-    /// The product's binaries could not be built; the message carries cargo's output.
-    #[error("cannot build the binaries under test: {0}")]
-    Build(String),
-
-    /// A file or process operation failed; the first field says which.
-    #[error("cannot {0}: {1}")]
-    Io(&'static str, #[source] std::io::Error),
-}
-
-impl Error {
-    /// Wraps an I/O error with what was being done.
-    pub fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
-        move |e| Self::Io(what, e)
-    }
-}

@@ -3,7 +3,7 @@
 //! (`checksum-controller`) recording every reconcile, one ClusterRing over a test namespace, and a
 //! history of every version of its objects (how long they stay unassigned, whether children run
 //! ahead of their owners). Built on [`World`]; every process is started
-//! through the launchers of [`crate::launch`].
+//! through the launchers of `sharder_harness::launch`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
@@ -22,12 +22,12 @@ use sharder_common::{ObjectKey, Ring, is_available};
 use sharder_example::{checksums, configmap_name};
 
 use crate::history::History;
-use crate::launch::{Env, Reconciler, Shard, ShardFlags, Webhook};
 use crate::ownership::{self, Report};
-use crate::proxy::Proxy;
-use crate::wait::eventually;
-pub use crate::world::WAIT;
-use crate::world::World;
+use sharder_harness::launch::{Env, Reconciler, Shard, ShardFlags, Webhook};
+use sharder_harness::proxy::Proxy;
+use sharder_harness::wait::eventually;
+pub use sharder_harness::world::WAIT;
+use sharder_harness::world::World;
 
 /// The shape of a system.
 #[derive(Clone, Debug)]
@@ -177,7 +177,9 @@ impl System {
     pub async fn start(prefix: &str, options: Options) -> Self {
         let world = match &options.namespace {
             Some(ns) => {
-                let cp = crate::ControlPlane::shared().await.expect("control plane");
+                let cp = sharder_harness::ControlPlane::shared()
+                    .await
+                    .expect("control plane");
                 World::in_namespace(cp, ns.clone()).await
             }
             None => World::new(prefix).await,

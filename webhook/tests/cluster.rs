@@ -21,13 +21,13 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
-use sharder_tests::ControlPlane;
-use sharder_tests::certs::TestCa;
-use sharder_tests::control_plane::NAMESPACE_LABEL;
-use sharder_tests::crd::install_cluster_ring_crd;
-use sharder_tests::fixtures::{child_of, secret, secrets_ring, shard_lease};
-use sharder_tests::launch::{self, Env};
-use sharder_tests::wait::{eventually, metric_sum, metric_value};
+use sharder_harness::ControlPlane;
+use sharder_harness::certs::TestCa;
+use sharder_harness::control_plane::NAMESPACE_LABEL;
+use sharder_harness::crd::install_cluster_ring_crd;
+use sharder_harness::fixtures::{child_of, secret, secrets_ring, shard_lease};
+use sharder_harness::launch::{self, Env};
+use sharder_harness::wait::{eventually, metric_sum, metric_value};
 
 const WAIT: Duration = Duration::from_secs(30);
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use sharder_tests::launch::Reconciler;
-use sharder_tests::wait::{eventually, http_get, metric_value};
+use sharder_harness::launch::Reconciler;
+use sharder_harness::wait::{eventually, http_get, metric_value};
 
 use crate::{Test, WAIT};
 

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use sharder_common::labels::STATE_LABEL;
-use sharder_tests::wait::eventually;
+use sharder_harness::wait::eventually;
 
 use crate::{Test, WAIT};
 

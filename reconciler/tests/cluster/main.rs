@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
+use sharder_harness::control_plane::ControlPlane;
+use sharder_harness::launch::{Env, Reconciler, Webhook};
+use sharder_harness::wait::eventually;
+use sharder_harness::world::World;
 use sharder_reconciler::webhook_config::configuration_name;
-use sharder_tests::control_plane::ControlPlane;
-use sharder_tests::launch::{Env, Reconciler, Webhook};
-use sharder_tests::wait::eventually;
-use sharder_tests::world::World;
 
+mod clients;
 mod leader_election;
 mod lease_states;
 mod rebalancing;

@@ -15,9 +15,9 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
-use sharder_tests::control_plane::{ControlPlane, Options};
-use sharder_tests::fixtures::{secret, secrets_ring, shard_lease};
-use sharder_tests::wait::eventually;
+use sharder_harness::control_plane::{ControlPlane, Options};
+use sharder_harness::fixtures::{secret, secrets_ring, shard_lease};
+use sharder_harness::wait::eventually;
 
 use crate::{Test, WAIT};
 
@@ -199,10 +199,7 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         })
     };
     w.start_webhook().await;
-    // Writes over HTTP/2 on 2 connections (the other tests write over HTTP/1.1): the same
-    // moves, one write each.
-    w.start_reconciler_with(Duration::from_secs(1), &["--http2-write-connections", "2"])
-        .await;
+    w.start_reconciler().await;
     w.wait_until_webhook_assigns().await;
     w.create_objects(60).await;
     let three = Ring::new(["mortal", "shard-a", "shard-b"]);
@@ -686,8 +683,8 @@ const FROZEN_LABEL: &str = "sharder-test/frozen";
 #[tokio::test]
 async fn refused_writes_are_counted_reported_and_retried() {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    use sharder_tests::fixtures::refusing_configuration;
-    use sharder_tests::wait::metric_value;
+    use sharder_harness::fixtures::refusing_configuration;
+    use sharder_harness::wait::metric_value;
 
     let mut w = Test::new("refused").await;
     w.create_ring().await;
@@ -860,7 +857,7 @@ async fn the_write_rate_limit_holds_across_rings() {
     const RATE: f64 = 20.0;
     const PER_RING: usize = 30;
     let mut w = Test::new("rate-a").await;
-    let other = sharder_tests::world::World::new("rate-b").await;
+    let other = sharder_harness::world::World::new("rate-b").await;
     for world in [&w.world, &other] {
         world.create_ring().await;
         world.add_shard_lease("shard-a", 3600).await;
@@ -881,7 +878,7 @@ async fn the_write_rate_limit_holds_across_rings() {
     );
     flags.ring_selector = format!(
         "{} in ({}, {})",
-        sharder_tests::control_plane::NAMESPACE_LABEL,
+        sharder_harness::control_plane::NAMESPACE_LABEL,
         w.world.ns,
         other.ns
     );
@@ -966,7 +963,7 @@ async fn install_test_crd(
         }
     }))
     .expect("crd");
-    sharder_tests::crd::install_crd(&w.client, &crd)
+    sharder_harness::crd::install_crd(&w.client, &crd)
         .await
         .expect("install the test resource");
     kube::core::ApiResource {

@@ -118,7 +118,7 @@ async fn a_child_whose_owner_cannot_be_read_is_left_to_the_reconciler() {
 }
 
 fn review(dry_run: bool) -> Vec<u8> {
-    sharder_tests::fixtures::secret_create_review("foo", "default", &[], dry_run)
+    sharder_harness::fixtures::secret_create_review("foo", "default", &[], dry_run)
 }
 
 async fn call(app: Router, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, String) {
@@ -154,7 +154,7 @@ async fn a_review_gets_200_with_a_patch_and_is_counted() {
     assert_eq!(response["kind"], "AdmissionReview");
     assert_eq!(
         response["response"]["uid"],
-        sharder_tests::fixtures::REVIEW_UID
+        sharder_harness::fixtures::REVIEW_UID
     );
     assert_eq!(response["response"]["allowed"], true);
     assert_eq!(response["response"]["patchType"], "JSONPatch");

@@ -5,7 +5,7 @@
 //!
 //! `SHARDER_CHAOS_SECONDS` sets the duration (default 20, what CI runs); `SHARDER_CHAOS_SEED`
 //! replays a run (the seed is printed). A long run:
-//! `SHARDER_CHAOS_SECONDS=600 cargo test -p sharder-tests --test chaos -- --nocapture`.
+//! `SHARDER_CHAOS_SECONDS=600 cargo test -p sharder-tests --test e2e chaos -- --nocapture`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

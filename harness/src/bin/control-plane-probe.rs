@@ -7,7 +7,7 @@ use std::io::Write as _;
 #[tokio::main]
 async fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
-    let control_plane = match sharder_tests::ControlPlane::shared().await {
+    let control_plane = match sharder_harness::ControlPlane::shared().await {
         Ok(cp) => cp,
         Err(e) => {
             eprintln!("error: {e}");

@@ -12,11 +12,11 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use serde_json::{Value, json};
 use sharder_common::ClusterRing;
-use sharder_tests::ControlPlane;
-use sharder_tests::control_plane::NAMESPACE_LABEL;
-use sharder_tests::helm::{Helm, documents};
+use sharder_harness::ControlPlane;
+use sharder_harness::control_plane::NAMESPACE_LABEL;
+use sharder_harness::helm::{Helm, documents};
+use sharder_harness::wait::eventually;
 use sharder_tests::system::{Options, System, WAIT};
-use sharder_tests::wait::eventually;
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
     docs.iter()
@@ -498,7 +498,7 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_and_a_crash() {
 async fn the_statefulset_example_is_accepted_by_the_apiserver_and_its_flags_parse() {
     use clap::Parser as _;
 
-    let manifest = include_str!("../../docs/examples/statefulset-shards.yaml");
+    let manifest = include_str!("../../../docs/examples/statefulset-shards.yaml");
     let cp = ControlPlane::shared().await.expect("control plane");
     let client = cp.client().await.expect("client");
     let ns = cp.namespace("statefulset").await.expect("namespace");

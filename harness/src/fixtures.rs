@@ -6,9 +6,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
+use kube::Resource;
 use kube::api::ObjectMeta;
 use sharder_common::labels::RING_LABEL;
 use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingResource};
@@ -82,14 +82,11 @@ pub fn child_of(owner: &Secret, name: &str) -> ConfigMap {
     ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Secret".into(),
-                name: owner.name_any(),
-                uid: owner.uid().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
+            owner_references: Some(vec![
+                owner
+                    .controller_owner_ref(&())
+                    .expect("the owner was created (it has a uid)"),
+            ]),
             ..ObjectMeta::default()
         },
         ..ConfigMap::default()

@@ -1,5 +1,5 @@
 //! Real Helm (the Helm v4 SDK from PyPI's `helm-python-sdk`, provisioned by
-//! `tests/helm/provision.sh`) for the chart tests: lint, render, install, upgrade, uninstall.
+//! `harness/helm/provision.sh`) for the chart tests: lint, render, install, upgrade, uninstall.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,15 +40,18 @@ fn provision() -> Result<Helm, String> {
         .arg(dir.join("provision.sh"))
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run tests/helm/provision.sh: {e}"))?;
+        .map_err(|e| format!("cannot run harness/helm/provision.sh: {e}"))?;
     if !output.status.success() {
-        return Err(format!("tests/helm/provision.sh failed: {}", output.status));
+        return Err(format!(
+            "harness/helm/provision.sh failed: {}",
+            output.status
+        ));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let pythonpath = stdout
         .lines()
         .last()
-        .ok_or("tests/helm/provision.sh printed nothing")?;
+        .ok_or("harness/helm/provision.sh printed nothing")?;
     Ok(Helm {
         pythonpath: PathBuf::from(pythonpath.trim()),
         script: dir.join("helm.py"),
@@ -64,7 +67,7 @@ impl Helm {
             .map_err(|e| Error::Provision(e.clone()))
     }
 
-    /// Runs one command of `tests/helm/helm.py`; its JSON output, or Helm's error message.
+    /// Runs one command of `harness/helm/helm.py`; its JSON output, or Helm's error message.
     pub fn run(&self, args: &[&str]) -> Result<Value, String> {
         let output = Command::new("python3")
             .arg(&self.script)

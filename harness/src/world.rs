@@ -3,7 +3,7 @@
 //! helpers every cluster test needs: shard Leases, objects, assignments, audited writes, and
 //! starting the components through the typed launchers ([`crate::launch`]).
 //!
-//! [`crate::system::System`] builds the whole running system on top of it.
+//! `sharder_tests::system::System` builds the whole running system on top of it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

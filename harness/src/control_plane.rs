@@ -4,7 +4,7 @@
 //! new ones if another process took a port meanwhile; kube-controller-manager binds no port.
 //!
 //! Binaries come from `KUBEBUILDER_ASSETS` when set, otherwise from
-//! `tests/control-plane/provision.sh` (which builds kube-apiserver once per machine and caches it
+//! `harness/control-plane/provision.sh` (which builds kube-apiserver once per machine and caches it
 //! outside the repository).
 
 use std::io::Write as _;

@@ -12,9 +12,9 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use sharder_common::labels::RING_LABEL;
 use sharder_common::{ClusterRing, ClusterRingStatus, ShardState, shard_state};
-use sharder_tests::ControlPlane;
-use sharder_tests::crd::install_cluster_ring_crd;
-use sharder_tests::fixtures::secrets_ring;
+use sharder_harness::ControlPlane;
+use sharder_harness::crd::install_cluster_ring_crd;
+use sharder_harness::fixtures::secrets_ring;
 
 async fn client() -> Client {
     let cp = ControlPlane::shared().await.expect("control plane");

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
-use sharder_tests::ControlPlane;
+use sharder_harness::ControlPlane;
 
 #[tokio::test]
 async fn admin_client_reaches_a_ready_apiserver() {
@@ -188,8 +188,8 @@ fn a_killed_test_binary_leaves_no_process_behind() {
 async fn twenty_webhooks_started_at_once_each_bind_a_port_of_their_own() {
     use std::collections::BTreeSet;
 
-    use sharder_tests::launch::Webhook;
-    use sharder_tests::world::World;
+    use sharder_harness::launch::Webhook;
+    use sharder_harness::world::World;
 
     // Every component binds port 0 itself and reports the address it got: started all at once,
     // none can be handed a port another one took meanwhile.
@@ -208,7 +208,7 @@ async fn twenty_webhooks_started_at_once_each_bind_a_port_of_their_own() {
     let addrs: BTreeSet<_> = webhooks.iter().flat_map(|w| [w.addr, w.admin]).collect();
     assert_eq!(addrs.len(), 40, "40 distinct addresses: {addrs:?}");
     for webhook in &webhooks {
-        let (status, body) = sharder_tests::wait::http_get(webhook.admin, "/readyz")
+        let (status, body) = sharder_harness::wait::http_get(webhook.admin, "/readyz")
             .await
             .expect("admin port answers");
         assert_eq!((status, body.as_str()), (200, "ok\n"), "{}", webhook.admin);

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use sharder_common::lease::expiry;
 use sharder_example::configmap_name;
+use sharder_harness::wait::eventually;
 use sharder_tests::system::{Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
-use sharder_tests::wait::eventually;
 
 fn assignment(
     system: &System,

@@ -1,0 +1,9 @@
+//! Sharder end to end, one test binary (one control plane): every component a real process on the
+//! real apiserver. One module per topic: the ClusterRing API and shard Leases as the apiserver
+//! serves them, the scenarios (scale-out and in, crashes, leader failover, the webhook down, a
+//! rolling update), the Helm chart installed and run with its own RBAC, and the chaos run.
+
+mod chaos;
+mod chart;
+mod cluster_ring_api;
+mod scenarios;
