@@ -10,12 +10,12 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
+use sharder_common::webhook_configuration::{
+    WebhookSettings, WebhookTarget, configuration_name, webhook_configuration,
+};
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::ControlPlane;
 use sharder_harness::fixtures::{child_of, secret};
-use sharder_reconciler::webhook_config::{
-    WebhookSettings, WebhookTarget, configuration_name, webhook_configuration,
-};
 
 use crate::stats::{median, ms, percentile};
 use crate::webhooks::Webhooks;

@@ -1,6 +1,6 @@
 //! Pure sharding logic shared by the Sharder webhook and reconciler (and usable by shards):
 //! the `ClusterRing` API and its CRD, the label keys of the wire contract, the consistent-hash
-//! ring, object keys, shard lease states, and the webhook endpoint.
+//! ring, object keys, shard lease states, and the webhook endpoint and configuration.
 //!
 //! Nothing here does I/O, talks to an apiserver, or needs an async runtime.
 
@@ -11,6 +11,7 @@ pub mod key;
 pub mod labels;
 pub mod lease;
 pub mod ring;
+pub mod webhook_configuration;
 
 pub use cluster_ring::{
     ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource, Role, Roles,

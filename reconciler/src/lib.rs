@@ -395,10 +395,10 @@ async fn lead(
         ca,
         readiness,
     } = leader;
-    let webhook = webhook_config::WebhookSettings {
+    let webhook = sharder_common::webhook_configuration::WebhookSettings {
         target: match &args.webhook_url {
-            Some(url) => webhook_config::WebhookTarget::Url(url.clone()),
-            None => webhook_config::WebhookTarget::Service {
+            Some(url) => sharder_common::webhook_configuration::WebhookTarget::Url(url.clone()),
+            None => sharder_common::webhook_configuration::WebhookTarget::Service {
                 namespace: args.namespace.clone(),
                 name: args.webhook_service_name.clone(),
                 port: args.webhook_service_port,
@@ -406,7 +406,7 @@ async fn lead(
         },
         ca_bundle: Vec::new(),
         timeout_seconds: args.webhook_timeout_seconds,
-        namespace_selector: webhook_config::global_namespace_selector(
+        namespace_selector: sharder_common::webhook_configuration::global_namespace_selector(
             args.namespace_selector.as_ref(),
             &args.namespace,
         ),

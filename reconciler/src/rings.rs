@@ -61,7 +61,7 @@ pub struct Context {
     pub client: Client,
     /// Shard Leases (from the shard lease controller).
     pub leases: Store<Lease>,
-    /// The global namespace selector (see `crate::webhook_config::global_namespace_selector`).
+    /// The global namespace selector (see `sharder_common::webhook_configuration::global_namespace_selector`).
     pub namespace_selector: LabelSelector,
     /// Writes moves.
     pub rebalancer: Rebalancer,

@@ -1,216 +1,111 @@
-//! The webhook binary against a real kube-apiserver: registered by URL in a
-//! MutatingWebhookConfiguration (CA as `caBundle`, objectSelector `<shard label> DoesNotExist`),
-//! it labels new objects with exactly the shard `common`'s ring computes, children on their
-//! owner's shard; assigned objects never reach it; with no shard available or with the webhook
-//! down, writes still succeed. Its certificate is reloaded when the files change.
+//! The webhook binary against a real kube-apiserver: registered by URL with the ring's
+//! MutatingWebhookConfiguration as the reconciler builds it (`sharder_common::webhook_configuration`:
+//! CA as `caBundle`, objectSelector `<shard label> DoesNotExist`), it labels new objects with
+//! exactly the shard `common`'s ring computes, children on their owner's shard; assigned objects
+//! never reach it; with no shard available or with the webhook down, writes still succeed. Its
+//! certificate is reloaded when the files change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
-};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
-use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
-use sharder_harness::ControlPlane;
+use sharder_common::webhook_configuration::{
+    WebhookSettings, WebhookTarget, webhook_configuration,
+};
+use sharder_common::{ClusterRing, ObjectKey, Ring};
 use sharder_harness::certs::TestCa;
-use sharder_harness::control_plane::NAMESPACE_LABEL;
-use sharder_harness::crd::install_cluster_ring_crd;
-use sharder_harness::fixtures::{child_of, secret, secrets_ring, shard_lease};
-use sharder_harness::launch::{self, Env};
+use sharder_harness::fixtures::{child_of, secret, shard_lease};
+use sharder_harness::launch::Webhook;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
+use sharder_harness::world::World;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A running `sharder-webhook` process (started by the shared launcher) with its certificate
-/// files.
-struct Webhook {
-    inner: launch::Webhook,
-    dir: tempfile::TempDir,
-}
-
-impl Webhook {
-    async fn start(cp: &ControlPlane, ca: &TestCa) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let cert = ca.serving_cert("sharder-webhook").expect("cert");
-        std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem).expect("write cert");
-        std::fs::write(dir.path().join("tls.key"), &cert.key_pem).expect("write key");
-        Self::start_with_files(cp, dir, "tls.crt", "tls.key").await
-    }
-
-    async fn start_with_files(
-        cp: &ControlPlane,
-        dir: tempfile::TempDir,
-        cert: &str,
-        key: &str,
-    ) -> Self {
-        // The webhook is ready only once it can watch ClusterRings.
-        let client = cp.client().await.expect("client");
-        install_cluster_ring_crd(&client).await.expect("CRD");
-        let env = Env::new(dir.path(), cp.kubeconfig())
-            .var("SHARDER_LOG_LEVEL", "info,sharder_webhook=debug");
-        let inner = launch::Webhook::start(
-            "webhook",
-            &env,
-            &dir.path().join(cert),
-            &dir.path().join(key),
-            &["--tls-reload-interval", "200ms"],
-        )
+/// Starts a webhook serving `world`'s certificate, reloading it every 200 ms.
+async fn start_webhook(world: &World) -> Webhook {
+    let env = world
+        .admin_env()
+        .var("SHARDER_LOG_LEVEL", "info,sharder_webhook=debug");
+    world
+        .start_webhook("webhook", &env, &["--tls-reload-interval", "200ms"])
         .await
-        .expect("webhook");
-        Self { inner, dir }
-    }
-
-    async fn metrics(&self) -> String {
-        self.inner.metrics().await
-    }
-
-    fn url(&self, ring: &str) -> String {
-        self.inner.url(ring)
-    }
-
-    fn log(&self) -> String {
-        self.inner.process.log()
-    }
 }
 
-/// The MutatingWebhookConfiguration the reconciler keeps per ring (docs/design.md §6), limited to one
-/// test namespace.
-fn webhook_configuration(
-    ring: &str,
-    url: String,
-    ca_pem: &str,
-    namespace: &str,
-) -> MutatingWebhookConfiguration {
-    let labels = RingLabels::new(ring);
-    MutatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(format!("sharder-{ring}")),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![MutatingWebhook {
-            name: "sharder.sharding.timebertt.dev".into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: WebhookClientConfig {
-                url: Some(url),
-                ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
-                service: None,
-            },
-            failure_policy: Some("Ignore".into()),
-            side_effects: "None".into(),
-            timeout_seconds: Some(5),
-            object_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: labels.shard,
-                    operator: "DoesNotExist".into(),
-                    values: None,
-                }]),
-                match_labels: None,
-            }),
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some([(NAMESPACE_LABEL.to_owned(), namespace.to_owned())].into()),
-                match_expressions: None,
-            }),
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec![String::new()]),
-                api_versions: Some(vec!["v1".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["secrets".into(), "configmaps".into()]),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..MutatingWebhook::default()
-        }]),
-    }
-}
-
-/// Everything one test needs: a namespace, a ring of `shards` held leases (plus `released`
-/// released ones), a running webhook and its configuration registered.
+/// Everything one test needs: a world whose ring has `shards` held leases (plus `released`
+/// released ones), a running webhook and the ring's webhook configuration registered.
 struct Setup {
-    client: Client,
-    ns: String,
-    ring: String,
-    labels: RingLabels,
+    world: World,
     webhook: Webhook,
 }
 
+impl Deref for Setup {
+    type Target = World;
+
+    fn deref(&self) -> &World {
+        &self.world
+    }
+}
+
 async fn setup(prefix: &str, shards: &[&str], released: &[&str]) -> Setup {
-    let cp = ControlPlane::shared().await.expect("control plane");
-    let client = cp.client().await.expect("client");
-    install_cluster_ring_crd(&client).await.expect("CRD");
-    let ns = cp.namespace(prefix).await.expect("namespace");
-    let ring = ns.clone();
-    Api::<ClusterRing>::all(client.clone())
-        .create(&PostParams::default(), &secrets_ring(&ring, None))
-        .await
-        .expect("ring");
-    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let world = World::new(prefix).await;
+    world.create_ring().await;
     for name in shards {
-        leases
-            .create(
-                &PostParams::default(),
-                &shard_lease(&ns, &ring, name, true, 3600),
-            )
-            .await
-            .expect("lease");
+        world.add_shard_lease(name, 3600).await;
     }
     for name in released {
-        leases
+        world
+            .leases()
             .create(
                 &PostParams::default(),
-                &shard_lease(&ns, &ring, name, false, 3600),
+                &shard_lease(&world.ns, &world.ring, name, false, 3600),
             )
             .await
             .expect("lease");
     }
-    let ca = TestCa::new("sharder-test-ca").expect("ca");
-    let webhook = Webhook::start(cp, &ca).await;
+    let webhook = start_webhook(&world).await;
     let want = shards.len() as f64;
     eventually("webhook sees the ring's shards", WAIT, || async {
         let metrics = webhook.metrics().await;
         match metric_value(
             &metrics,
             "sharder_webhook_available_shards",
-            &[("clusterring", &ring)],
+            &[("clusterring", &world.ring)],
         ) {
             Some(n) if n == want => Ok(()),
             other => Err(other),
         }
     })
     .await;
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &webhook_configuration(&ring, webhook.url(&ring), &ca.pem(), &ns),
-        )
+    let ring = Api::<ClusterRing>::all(world.client.clone())
+        .get(&world.ring)
+        .await
+        .expect("ring");
+    let settings = WebhookSettings {
+        target: WebhookTarget::Url(format!("https://{}", webhook.addr)),
+        ca_bundle: std::fs::read(world.ca_file()).expect("CA file"),
+        timeout_seconds: 5,
+        // The ring selects its namespace; nothing more is needed.
+        namespace_selector: LabelSelector::default(),
+    };
+    let configuration = webhook_configuration(&ring, &ring.spec.roles().expect("roles"), &settings);
+    Api::<MutatingWebhookConfiguration>::all(world.client.clone())
+        .create(&PostParams::default(), &configuration)
         .await
         .expect("webhook configuration");
-    Setup {
-        client,
-        labels: RingLabels::new(&ring),
-        ns,
-        ring,
-        webhook,
-    }
+    Setup { world, webhook }
 }
 
 impl Setup {
-    fn secrets(&self) -> Api<Secret> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    fn configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
     /// Total admission reviews the webhook answered.
     async fn reviews(&self) -> f64 {
         metric_sum(
@@ -240,12 +135,6 @@ impl Setup {
             }
         })
         .await;
-    }
-
-    fn shard_of<K: kube::Resource>(&self, object: &K) -> Option<String> {
-        self.labels
-            .shard_of(kube::ResourceExt::labels(object))
-            .map(str::to_owned)
     }
 }
 
@@ -509,7 +398,7 @@ async fn with_the_webhook_down_creates_still_succeed() {
         .await
         .expect("create");
     assert_eq!(s.shard_of(&labelled).as_deref(), Some("shard-a"));
-    s.webhook.inner.process.kill();
+    s.webhook.process.kill();
     for i in 0..5 {
         let created = s
             .secrets()
@@ -518,7 +407,6 @@ async fn with_the_webhook_down_creates_still_succeed() {
             .expect("create succeeds with failurePolicy Ignore");
         assert_eq!(s.shard_of(&created), None);
     }
-    let _ = s.webhook.log();
 }
 
 /// The certificate a new TLS connection to `addr` is served, trusting `roots`.
@@ -575,7 +463,7 @@ fn swap_secret_volume(dir: &Path, version: &str, cert: &str, key: &str) {
 
 #[tokio::test]
 async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
-    let cp = ControlPlane::shared().await.expect("control plane");
+    let world = World::new("rotate").await;
     let (old_ca, new_ca) = (
         TestCa::new("old-ca").expect("ca"),
         TestCa::new("new-ca").expect("ca"),
@@ -584,20 +472,30 @@ async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
         old_ca.serving_cert("old").expect("cert"),
         new_ca.serving_cert("new").expect("cert"),
     );
-    let dir = tempfile::tempdir().expect("dir");
-    swap_secret_volume(dir.path(), "..v1", &old.cert_pem, &old.key_pem);
-    std::os::unix::fs::symlink("..data/tls.crt", dir.path().join("tls.crt")).expect("symlink");
-    std::os::unix::fs::symlink("..data/tls.key", dir.path().join("tls.key")).expect("symlink");
-    let webhook = Webhook::start_with_files(cp, dir, "tls.crt", "tls.key").await;
+    // A Secret volume's layout: tls.crt -> ..data/tls.crt, ..data -> ..v1.
+    let dir = world.dir().join("volume");
+    std::fs::create_dir(&dir).expect("volume dir");
+    swap_secret_volume(&dir, "..v1", &old.cert_pem, &old.key_pem);
+    std::os::unix::fs::symlink("..data/tls.crt", dir.join("tls.crt")).expect("symlink");
+    std::os::unix::fs::symlink("..data/tls.key", dir.join("tls.key")).expect("symlink");
+    let webhook = Webhook::start(
+        "webhook",
+        &world.admin_env(),
+        &dir.join("tls.crt"),
+        &dir.join("tls.key"),
+        &["--tls-reload-interval", "200ms"],
+    )
+    .await
+    .expect("webhook");
     let roots = [old_ca.pem(), new_ca.pem()];
     assert_eq!(
-        served_certificate(webhook.inner.addr, &roots).await,
+        served_certificate(webhook.addr, &roots).await,
         der_of(&old.cert_pem)
     );
 
-    swap_secret_volume(webhook.dir.path(), "..v2", &new.cert_pem, &new.key_pem);
+    swap_secret_volume(&dir, "..v2", &new.cert_pem, &new.key_pem);
     eventually("the new certificate is served", WAIT, || async {
-        let served = served_certificate(webhook.inner.addr, &roots).await;
+        let served = served_certificate(webhook.addr, &roots).await;
         if served == der_of(&new.cert_pem) {
             Ok(())
         } else {
@@ -607,33 +505,31 @@ async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
     .await;
 
     // A broken pair keeps the last good certificate in service.
-    swap_secret_volume(webhook.dir.path(), "..v3", &old.cert_pem, "not a key");
+    swap_secret_volume(&dir, "..v3", &old.cert_pem, "not a key");
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(
-        served_certificate(webhook.inner.addr, &roots).await,
+        served_certificate(webhook.addr, &roots).await,
         der_of(&new.cert_pem)
     );
     assert!(
-        webhook.log().contains("do not load yet"),
+        webhook.process.log().contains("do not load yet"),
         "{}",
-        webhook.log()
+        webhook.process.log()
     );
 }
 
 #[tokio::test]
 async fn sigterm_stops_the_webhook_gracefully() {
-    let cp = ControlPlane::shared().await.expect("control plane");
-    let ca = TestCa::new("sigterm-ca").expect("ca");
-    let mut webhook = Webhook::start(cp, &ca).await;
+    let world = World::new("sigterm").await;
+    let mut webhook = start_webhook(&world).await;
     let status = webhook
-        .inner
         .process
         .stop(Duration::from_secs(20))
         .expect("exits after SIGTERM");
-    assert!(status.success(), "{status:?}\n{}", webhook.log());
+    assert!(status.success(), "{status:?}\n{}", webhook.process.log());
     assert!(
-        webhook.log().contains("webhook stopped"),
+        webhook.process.log().contains("webhook stopped"),
         "{}",
-        webhook.log()
+        webhook.process.log()
     );
 }

@@ -14,7 +14,7 @@ use sharder_common::ClusterRingSpec;
 
 use crate::Error;
 use crate::rebalance::Namespaces;
-use crate::webhook_config::ring_namespace_selector;
+use sharder_common::webhook_configuration::ring_namespace_selector;
 
 /// Namespaces per list page.
 const PAGE: u32 = 500;

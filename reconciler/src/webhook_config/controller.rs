@@ -20,10 +20,10 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::drift::drift;
-use super::{WebhookSettings, webhook_configuration};
 use crate::Error;
 use crate::metrics::{ConfigurationWriteLabels, Metrics};
 use crate::rings::FIELD_MANAGER;
+use sharder_common::webhook_configuration::{WebhookSettings, webhook_configuration};
 
 /// When to retry after a failed reconcile.
 pub const ERROR_REQUEUE: Duration = Duration::from_secs(2);

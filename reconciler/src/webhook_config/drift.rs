@@ -151,7 +151,9 @@ mod tests {
     use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingResource};
 
     use super::*;
-    use crate::webhook_config::{WebhookSettings, WebhookTarget, webhook_configuration};
+    use sharder_common::webhook_configuration::{
+        WebhookSettings, WebhookTarget, webhook_configuration,
+    };
 
     fn desired(ca: &[u8]) -> MutatingWebhookConfiguration {
         let mut ring = ClusterRing::new(

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
+use sharder_common::webhook_configuration::configuration_name;
 use sharder_harness::control_plane::ControlPlane;
 use sharder_harness::launch::{Env, Reconciler, Webhook};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::World;
-use sharder_reconciler::webhook_config::configuration_name;
 
 mod clients;
 mod leader_election;

@@ -13,11 +13,11 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::ClusterRing;
+use sharder_common::webhook_configuration::configuration_name;
 use sharder_harness::certs::TestCa;
 use sharder_harness::control_plane::NAMESPACE_LABEL;
 use sharder_harness::fixtures::{secret, secrets_ring};
 use sharder_harness::wait::{eventually, metric_value};
-use sharder_reconciler::webhook_config::configuration_name;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Test, WAIT};
