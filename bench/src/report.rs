@@ -258,7 +258,7 @@ impl Report {
                 - none.iter().copied().fold(f64::MAX, f64::min);
             let _ = writeln!(
                 out,
-                "Why missed: both webhooks are processes with the same TLS stack (rustls, axum) behind the same MutatingWebhookConfiguration; what the sharder does per review beyond the floor (ring lookup, object key, metrics, timeout and concurrency layers) costs microseconds (`cargo bench -p sharder-bench --bench review`: about 1.2 us over the floor's pure path), far less than the difference here. The no-webhook rounds alone spread {spread:.2} ms at p50 across rounds on this 2-core machine, the same order as the gap, so the gap is mostly noise; more rounds on a quieter machine would tell. A per-request cost to cut regardless: metric label Strings allocated per request.\n"
+                "Why missed: the no-webhook rounds alone spread {spread:.2} ms at p50 across rounds, the same order as the gap; the sharder's own work per review is about 1.2 us over the floor's (`docs/performance-notes.md`, webhook per review).\n"
             );
         }
     }
@@ -330,7 +330,7 @@ impl Report {
                 if throughput.is_some_and(|t| t < 0.8) {
                     let _ = writeln!(
                         out,
-                        "Why missed: per review the sharder does more than the floor: a ring lookup and the object key (about 1.2 us in the `review` criterion bench), the timeout timer, a concurrency permit, metric label Strings allocated per request and a histogram observation. On 2 cores shared with the load generator that is the difference; round-to-round noise is large (see the rounds). Cheap wins: counters cached per (ring, resource) in the ring snapshot instead of label lookups per request, and a response serializer writing the patch as base64 directly (kube serializes it as an array of numbers).\n"
+                        "Why missed: see `docs/performance-notes.md` (webhook per review) for what the sharder does per review that the floor does not.\n"
                     );
                 }
             }
@@ -459,16 +459,11 @@ impl Report {
             if ratio > 1.1 || mib(large.reconciler_peak) > 20.0 {
                 let _ = writeln!(
                     out,
-                    "Why missed: nothing the reconciler holds grows with the number of objects: from {} to {} objects the baseline cache grows by {:.0} MiB while the reconciler's peak changes by {:+.1} MiB. The steady RSS is the process's base (code, kube client, rustls, tokio: the baseline process holds {:.1} MiB with {} objects). The rest is work in flight: a page is parsed as it arrives (16 KiB pieces, only the fields a move needs) and only the objects that need a write wait for a slot (at most a page and 64 of them, about 0.3 KiB each: a quarter of a 500-object page in a scale-out), but every write in flight holds an HTTP/1.1 connection (at most `--max-concurrent-writes` of them: TLS and HTTP buffers, TLS state and hyper's request channel, about 30 KiB each). Profiled with heaptrack (1000 and 100000 objects, one run): the live heap at its peak is 4.41 and 5.17 MiB. Of the +0.76 MiB, 0.60 MiB is a second 8.5 KiB block in each write connection's dispatch channel (hyper's, taken once the connection carried 32 requests; the {} objects' {} drains never get there) and 0.27 MiB read buffers of answers in flight. The rest of the RSS difference is memory the allocator once used and keeps resident (`MALLOC_ARENA_MAX={}` as the chart sets), more of it the longer the run: at 100000 objects the RSS grows through the whole scale-out while the live heap stays flat, and a `malloc_trim(0)` every second does not stop it (the freed memory is not whole pages). Each arena holds its own: with 2 arenas (the chart's setting before) the peaks at 100000 objects were 18.8 to 19.2 MiB in 4 runs, with 1 arena 18.1 to 18.3 MiB in 3 runs the same day, the 1000-object peaks 17.1 to 17.4 and 16.9 to 17.1 MiB. Renewing every write connection after 16 requests (`Connection: close`, so no channel takes a second block) made it worse: 20.3 against 19.5 MiB at 100000 objects the same day, the new connections' TLS handshakes churning the heap; since then a write connection keeps its TLS connection and only hyper's state on it is started again every 31 requests, and the write connections are capped at the writes in flight (hyper-util's pool held 163 for 128 at the peak of a 10000-object scale-out). Another allocator does not help either: with mimalloc (its transparent huge pages off; left on, the reconciler holds 33 MiB at both sizes) the peaks were 18.5 and 20.8 MiB (1.12x) against glibc's 17.4 and 19.2 MiB (1.11x) the same day. To close it: fewer write connections, by fewer writes in flight or by `--http2-write-connections`; either makes crash recovery slower (measured: README's rows of both flags).\n",
+                    "Why missed: from {} to {} objects the baseline cache grows by {:.0} MiB while the reconciler's peak changes by {:+.1} MiB; where the reconciler's memory goes (write connections, read buffers, the allocator) is in `docs/performance-notes.md` (reconciler memory).\n",
                     small.objects,
                     large.objects,
                     mib(large.baseline_steady.saturating_sub(small.baseline_steady)),
                     mib(large.reconciler_peak) - mib(small.reconciler_peak),
-                    mib(small.baseline_steady),
-                    small.objects,
-                    small.objects,
-                    small.drained,
-                    self.args.reconciler_malloc_arena_max
                 );
             }
         }
@@ -570,7 +565,7 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "Why missed: half the writes of a live move are acknowledgements, and each one passes through the webhook (the shard removes both labels; the webhook assigns the new shard in the same request, as the protocol has it). A write through the webhook costs the apiserver {:.2} ms of CPU against {:.2} ms for a plain PATCH (median round, table below): the apiserver sends the object twice to the webhook, applies the returned patch and decodes the object again. Profiled with the apiserver's pprof (raw writes through the webhook against plain ones, 64 in flight, one run): of about 0.56 ms more CPU per write, the webhook call takes 0.25 ms (encoding the review, the HTTP call, decoding the answer and applying the patch, about a fifth each), garbage collection 0.07 ms and opening connections 0.08 ms. The apiserver calls webhooks over HTTP/1.1 (Kubernetes since 1.16; HTTP/2 only to loopback URLs since 1.30) and keeps at most 25 idle connections, so with more calls at once it opens and closes connections: about 28 TLS handshakes a second here. Nothing in the webhook changes that: it offers HTTP/2, which the apiserver never picks. So the raw rate through the webhook is {raw_webhook:.0}/s against {raw:.0}/s plain, and a mix of half each can reach at most {mix:.2} of the plain rate; the rebalancing reached {ratio:.2}, and {parts:.2} of what its own parts (drains, acknowledgements, the list of every object) take one after another. What is left to the reconciler (listing while writing, adaptive write slots) is no longer where the time goes.\n",
+                "Why missed: half the writes of a live move are acknowledgements, which pass through the webhook as the protocol has it; such a write costs the apiserver {:.2} ms of CPU against {:.2} ms for a plain PATCH (median round, table below). The raw rate through the webhook is {raw_webhook:.0}/s against {raw:.0}/s plain, so a mix of half each reaches at most {mix:.2} of the plain rate; the rebalancing reached {ratio:.2}, and {parts:.2} of its own parts done one after another. Where the apiserver spends it: `docs/performance-notes.md` (rebalancing through the webhook).\n",
                 cpu(&m.raw_webhook.cpu, m.raw_webhook.count),
                 cpu(&plain.cpu, plain.count),
             );
