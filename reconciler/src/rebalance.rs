@@ -1,7 +1,7 @@
-//! Rebalancing (docs/design.md §5): lists a ring's objects (metadata only, page by page, label-selected
-//! to what can need work; across the cluster or namespace by namespace, see [`Namespaces`]) and
-//! drains or assigns those not on their desired shard, each write with the object's
-//! resourceVersion, bounded in concurrency and rate. Every move is logged.
+//! Rebalancing (docs/design.md §5): lists a ring's objects (metadata only, page by page,
+//! label-selected to what can need work; across the cluster or namespace by namespace, see
+//! [`Namespaces`]) and drains or assigns those not on their desired shard, each write with the
+//! object's resourceVersion, bounded in concurrency and rate. Every move is logged.
 //!
 //! Lists and writes run as a pipeline: the writes never wait for a page to finish, and a page
 //! is never left waiting for the writes. A page is requested once its objects have room to wait
@@ -17,30 +17,28 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
+use kube::Client;
 use kube::api::{ListParams, ObjectMeta};
-use kube::core::{ApiResource, DynamicObject};
-use kube::{Api, Client};
-use sharder_common::key::{display_name, group_of_api_version};
+use kube::core::ApiResource;
 use sharder_common::{GroupResource, Ring, RingLabels, Role};
-use sharder_runtime::metrics::{ResourceLabels, RingLabel};
-use tokio::sync::mpsc::UnboundedSender;
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
-use tokio_util::task::AbortOnDropHandle;
-use tracing::{debug, info, warn};
+use tokio::sync::Semaphore;
+use tracing::warn;
 
 pub mod concurrency;
+mod listing;
 pub mod pages;
 pub mod plan;
-pub mod requests;
+mod writing;
 
-use concurrency::{Answer, WriteSlots};
-use plan::ChildPlan;
+pub use writing::RateLimiter;
+use writing::Written;
+
+use concurrency::WriteSlots;
 pub use plan::{Move, Reason};
-use sharder_common::OwnerState;
 
-use crate::metrics::{FailedWriteLabels, Metrics};
+use crate::metrics::Metrics;
+use crate::rings::namespaces::Namespaces;
 
 /// The first wait after a write conflict (409); it doubles (with jitter) up to
 /// [`CONFLICT_BACKOFF_MAX`].
@@ -113,100 +111,6 @@ impl Scope {
             Self::OnShard(shard) => Some(format!("{}={shard}", labels.shard)),
             Self::Unassigned => Some(format!("!{}", labels.shard)),
         }
-    }
-}
-
-/// One list of a target's objects: across the cluster (`namespace` `None`) or in one
-/// namespace, its pages continuing `first`.
-#[derive(Clone, Copy, Debug)]
-struct ListRange<'a> {
-    target: &'a Target,
-    namespace: Option<&'a str>,
-    first: &'a ListParams,
-    /// Places for listed objects waiting for a write slot.
-    room: &'a Arc<Semaphore>,
-}
-
-/// Which namespaces a ring's namespaced objects may be in, and how they are listed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Namespaces {
-    /// The ring's namespaces.
-    pub selected: BTreeSet<String>,
-    /// List namespaced objects namespace by namespace instead of across the cluster (see
-    /// [`Namespaces::new`]).
-    pub one_by_one: bool,
-}
-
-impl Namespaces {
-    /// The ring's namespaces `selected` among the cluster's `total`. Its namespaced objects
-    /// are listed namespace by namespace when it selects at most half of them, else across the
-    /// cluster (objects elsewhere left out as they arrive). A list reads every object of the
-    /// resource in its range from etcd, whatever the label selector: across the cluster, a
-    /// ring of a few namespaces would read every Secret (say) of the cluster on every sweep,
-    /// while one list per namespace reads only its own, at a request each.
-    pub fn new(selected: BTreeSet<String>, total: usize) -> Self {
-        let one_by_one = selected.len() * 2 <= total;
-        Self {
-            selected,
-            one_by_one,
-        }
-    }
-
-    /// Whether a namespaced object in `namespace` belongs to the ring.
-    pub fn contains(&self, namespace: &str) -> bool {
-        self.selected.contains(namespace)
-    }
-
-    /// Whether an object of `target` in `namespace` (as listed) belongs to the ring: every
-    /// cluster-scoped one, a namespaced one in a selected namespace.
-    pub fn holds(&self, target: &Target, namespace: Option<&str>) -> bool {
-        !target.namespaced || namespace.is_some_and(|ns| self.contains(ns))
-    }
-
-    /// Where `target`'s objects are listed from: `None` for the whole cluster, else each
-    /// namespace.
-    pub fn list_ranges(&self, target: &Target) -> Vec<Option<&str>> {
-        if target.namespaced && self.one_by_one {
-            self.selected.iter().map(|ns| Some(ns.as_str())).collect()
-        } else {
-            vec![None]
-        }
-    }
-}
-
-/// Bounds the rate of writes: at most one per `interval`, shared by all writers.
-#[derive(Debug)]
-pub struct RateLimiter {
-    next: Mutex<tokio::time::Instant>,
-    interval: Duration,
-}
-
-impl RateLimiter {
-    /// At most `per_second` writes per second; 0 means unlimited.
-    pub fn new(per_second: u32) -> Self {
-        let interval = if per_second == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(1) / per_second
-        };
-        Self {
-            next: Mutex::new(tokio::time::Instant::now()),
-            interval,
-        }
-    }
-
-    async fn wait(&self) {
-        if self.interval.is_zero() {
-            return;
-        }
-        let at = {
-            let mut next = self.next.lock().await;
-            let now = tokio::time::Instant::now();
-            let at = (*next).max(now);
-            *next = at + self.interval;
-            at
-        };
-        tokio::time::sleep_until(at).await;
     }
 }
 
@@ -291,36 +195,6 @@ pub struct RingView<'a> {
     pub available: &'a BTreeSet<String>,
     /// Where namespaced objects may be.
     pub namespaces: &'a Namespaces,
-}
-
-/// What handling one object ended with.
-enum Written {
-    Moved(Move),
-    Awaiting(ObjectId),
-    Stayed,
-    Failed,
-}
-
-/// How listing a page ended.
-enum Listed {
-    /// Every object was handed over; the next page, already requested, if there is one.
-    Page(Option<Opening>),
-    /// The writers stopped taking objects.
-    Stopped,
-}
-
-/// A list page being requested in the background, with the places its objects may take
-/// (dropping it cancels the request).
-type Opening = AbortOnDropHandle<Result<(requests::Page, OwnedSemaphorePermit), kube::Error>>;
-
-/// A listed object waiting for a write slot, holding its place in the room.
-type Waiting = (pages::Waiting, OwnedSemaphorePermit);
-
-/// What one object needs.
-enum Planned {
-    Move(Move),
-    Await,
-    Stay,
 }
 
 /// The rebalancer: lists and writes with one client, one rate limiter, one set of write slots
@@ -449,7 +323,7 @@ impl Rebalancer {
                 .limit(self.settings.page_size);
             loop {
                 let mut page =
-                    requests::Page::open(&self.lists, &target.api, namespace, &params).await?;
+                    listing::Page::open(&self.lists, &target.api, namespace, &params).await?;
                 while let Some(meta) = page.next().await? {
                     pending +=
                         usize::from(view.namespaces.holds(target, meta.namespace.as_deref()));
@@ -486,7 +360,7 @@ impl Rebalancer {
                 futures::stream::unfold(rx, |mut rx| async move {
                     rx.recv().await.map(|waiting| (waiting, rx))
                 })
-                .map(|(meta, place): Waiting| {
+                .map(|(meta, place): listing::Queued| {
                     drop(place);
                     self.handle(view, targets, target, meta.into())
                 })
@@ -500,448 +374,5 @@ impl Rebalancer {
         let (listed, mut outcome) = tokio::join!(lister, writers);
         outcome.add(listed);
         outcome
-    }
-
-    /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
-    /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring does
-    /// not shard are left out), each page once `room` has a place for each of its objects;
-    /// the outcome counts what was listed and failed lists.
-    async fn list_into(
-        &self,
-        view: &RingView<'_>,
-        target: &Target,
-        scope: &Scope,
-        room: &Arc<Semaphore>,
-        tx: UnboundedSender<Waiting>,
-    ) -> Outcome {
-        let mut outcome = Outcome::default();
-        let mut first = ListParams::default().limit(self.settings.page_size);
-        if let Some(selector) = scope.selector(view.labels) {
-            first = first.labels(&selector);
-        }
-        for namespace in view.namespaces.list_ranges(target) {
-            let range = ListRange {
-                target,
-                namespace,
-                first: &first,
-                room,
-            };
-            let mut opening = self.open_page(&range, None);
-            loop {
-                let listing = std::time::Instant::now();
-                let mut objects = 0;
-                let page = self
-                    .list_page(view, &range, opening, &tx, &mut objects)
-                    .await;
-                outcome.listed += objects;
-                match page {
-                    Ok(Listed::Stopped) => return outcome,
-                    Ok(Listed::Page(next)) => {
-                        debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
-                        match next {
-                            Some(next) => opening = next,
-                            None => break,
-                        }
-                    }
-                    Err(e) => {
-                        warn!(resource = %target.resource, namespace = namespace.unwrap_or(""), error = %e, "cannot list objects");
-                        outcome.errors += 1;
-                        outcome.failed_lists += 1;
-                        return outcome;
-                    }
-                }
-            }
-        }
-        outcome
-    }
-
-    /// Requests a page of `range` in the background (its first, or the one `token`
-    /// continues) once its room has a place for each object the page may hold.
-    fn open_page(&self, range: &ListRange<'_>, token: Option<&str>) -> Opening {
-        let client = self.lists.clone();
-        let api = range.target.api.clone();
-        let namespace = range.namespace.map(str::to_owned);
-        let params = match token {
-            Some(token) => range.first.clone().continue_token(token),
-            None => range.first.clone(),
-        };
-        let room = Arc::clone(range.room);
-        let page_size = self.settings.page_size;
-        AbortOnDropHandle::new(tokio::spawn(async move {
-            let places = room
-                .acquire_many_owned(page_size)
-                .await
-                .expect("the room is never closed");
-            let page = requests::Page::open(&client, &api, namespace.as_deref(), &params).await?;
-            Ok((page, places))
-        }))
-    }
-
-    /// Lists the page `opening` into `tx` as it arrives (counting its objects in `objects`),
-    /// leaving out objects in namespaces the ring does not shard and main objects that stay;
-    /// each object handed over takes one of the page's places (the rest are given back when
-    /// the page ends). The next page (the range's first page continued) is requested as soon
-    /// as its token is known, and opens once its places are free.
-    async fn list_page(
-        &self,
-        view: &RingView<'_>,
-        range: &ListRange<'_>,
-        opening: Opening,
-        tx: &UnboundedSender<Waiting>,
-        objects: &mut usize,
-    ) -> Result<Listed, kube::Error> {
-        let target = range.target;
-        let (mut page, mut places) = opening
-            .await
-            .map_err(|e| kube::Error::Service(e.into()))??;
-        let mut next = None;
-        let prefetch = |page: &requests::Page, next: &mut Option<Opening>| {
-            if next.is_none()
-                && let Some(Some(token)) = page.early_continue_token()
-            {
-                *next = Some(self.open_page(range, Some(token)));
-            }
-        };
-        loop {
-            prefetch(&page, &mut next);
-            let Some(meta) = page.next().await? else {
-                break;
-            };
-            *objects += 1;
-            // A main object that stays is done here; only work goes to the writers.
-            if !view.namespaces.holds(target, meta.namespace.as_deref())
-                || self.stays(view, target, &meta)
-            {
-                continue;
-            }
-            // A page longer than asked for (a server that ignores `limit`) waits for places.
-            let place = match places.split(1) {
-                Some(place) => place,
-                None => Arc::clone(range.room)
-                    .acquire_owned()
-                    .await
-                    .expect("the room is never closed"),
-            };
-            if tx.send((meta.into(), place)).is_err() {
-                return Ok(Listed::Stopped);
-            }
-        }
-        // A list whose metadata came after its objects: the token is known only now.
-        prefetch(&page, &mut next);
-        Ok(Listed::Page(next))
-    }
-
-    /// The Api of `target` (in `namespace`) on the write client: object writes and the small
-    /// reads around them (owners, re-reads after a conflict).
-    fn api(&self, target: &Target, namespace: Option<&str>) -> Api<DynamicObject> {
-        match (namespace, target.namespaced) {
-            (Some(ns), true) => {
-                Api::<DynamicObject>::namespaced_with(self.writes.clone(), ns, &target.api)
-            }
-            _ => Api::<DynamicObject>::all_with(self.writes.clone(), &target.api),
-        }
-    }
-
-    /// What object `meta` of `target` needs: for a controlled object, its owner's state is
-    /// read when the owner decides (docs/design.md §5).
-    async fn plan(
-        &self,
-        view: &RingView<'_>,
-        targets: &[Target],
-        target: &Target,
-        meta: &ObjectMeta,
-    ) -> Planned {
-        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
-        if target.role == Role::Main {
-            return match plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels) {
-                Some(mv) => Planned::Move(mv),
-                None => Planned::Stay,
-            };
-        }
-        let child =
-            match plan::plan_child(meta, key.as_ref(), view.ring, view.available, view.labels) {
-                Some(decided) => decided,
-                None => {
-                    let owner = self.owner_state(view, targets, meta).await;
-                    plan::follow_owner(
-                        meta,
-                        key.as_ref(),
-                        view.ring,
-                        view.available,
-                        view.labels,
-                        &owner,
-                    )
-                }
-            };
-        match child {
-            ChildPlan::Move(mv) => Planned::Move(mv),
-            ChildPlan::AwaitOwner => Planned::Await,
-            ChildPlan::Stay => Planned::Stay,
-        }
-    }
-
-    /// The state of the controller owner of the controlled object `meta`: read from the
-    /// apiserver (metadata only) when the owner's resource is a main resource of the ring.
-    async fn owner_state(
-        &self,
-        view: &RingView<'_>,
-        targets: &[Target],
-        meta: &ObjectMeta,
-    ) -> OwnerState {
-        let Some(owner) = meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-        else {
-            return OwnerState::Missing;
-        };
-        let Ok(group) = group_of_api_version(&owner.api_version) else {
-            return OwnerState::Missing;
-        };
-        let Some(target) = targets.iter().find(|t| {
-            t.role == Role::Main && t.resource.group == group && t.api.kind == owner.kind
-        }) else {
-            return OwnerState::NotSharded;
-        };
-        match self
-            .api(target, meta.namespace.as_deref())
-            .get_metadata_opt(&owner.name)
-            .await
-        {
-            Ok(found) => OwnerState::of(found.as_ref().map(|o| &o.metadata), view.labels),
-            // Unknown: treat it as not settled, so the child waits (never moves ahead of it).
-            Err(e) => {
-                warn!(object = %display_name(meta), owner = %owner.name, error = %e, "cannot read the owner");
-                OwnerState::Unassigned
-            }
-        }
-    }
-
-    /// Plans object `meta` and writes its move with the object's resourceVersion; on a conflict
-    /// re-reads the object, plans again and retries with backoff ([`CONFLICT_RETRIES`] times);
-    /// when the apiserver is too busy, sends the same write again after its Retry-After or a
-    /// backoff ([`OVERLOAD_RETRIES`] times). Each write holds one of the reconciler's write
-    /// slots and reports the apiserver's answer to it.
-    async fn handle(
-        &self,
-        view: &RingView<'_>,
-        targets: &[Target],
-        target: &Target,
-        mut meta: ObjectMeta,
-    ) -> Written {
-        let name = meta.name.clone().unwrap_or_default();
-        let api = self.api(target, meta.namespace.as_deref());
-        let backoff = || {
-            ExponentialBuilder::default()
-                .with_min_delay(CONFLICT_BACKOFF_MIN)
-                .with_max_delay(CONFLICT_BACKOFF_MAX)
-                .with_jitter()
-        };
-        let mut conflicts = backoff().with_max_times(CONFLICT_RETRIES).build();
-        let mut overloads = backoff().with_max_times(OVERLOAD_RETRIES).build();
-        loop {
-            let mv = match self.plan(view, targets, target, &meta).await {
-                Planned::Move(mv) => mv,
-                Planned::Stay => return Written::Stayed,
-                Planned::Await => {
-                    debug!(object = %display_name(&meta), "waiting for its owner to settle");
-                    return Written::Awaiting(ObjectId {
-                        resource: target.resource.clone(),
-                        namespace: meta.namespace.clone(),
-                        name,
-                    });
-                }
-            };
-            let patch = mv.patch(
-                view.labels,
-                meta.resource_version.as_deref().unwrap_or_default(),
-            );
-            let result = loop {
-                let slot = self.slots.acquire().await;
-                self.limiter.wait().await;
-                let result = tokio::time::timeout(
-                    WRITE_TIMEOUT,
-                    requests::patch(
-                        &self.writes,
-                        target,
-                        meta.namespace.as_deref(),
-                        &name,
-                        &patch,
-                    ),
-                )
-                .await
-                .unwrap_or_else(|_| Err(kube::Error::Service("write timed out".into())));
-                let Some(retry_after) = overloaded(&result) else {
-                    slot.answered(Answer::Handled);
-                    break result;
-                };
-                slot.answered(Answer::Overloaded);
-                self.metrics
-                    .overloaded_writes
-                    .get_or_create(&RingLabel::new(view.name))
-                    .inc();
-                let Some(delay) = overloads.next() else {
-                    break result;
-                };
-                tokio::time::sleep(retry_after.unwrap_or(delay)).await;
-            };
-            match result {
-                Ok(_) => {
-                    self.log_and_count(view, target, &meta, &mv);
-                    return Written::Moved(mv);
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => return Written::Stayed,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let Some(delay) = conflicts.next() else {
-                        warn!(object = %display_name(&meta), "move still conflicting after retries");
-                        self.count_failure(view, target, "conflict");
-                        return Written::Failed;
-                    };
-                    tokio::time::sleep(delay).await;
-                    meta = match api.get_metadata_opt(&name).await {
-                        Ok(Some(fresh)) => fresh.metadata,
-                        Ok(None) => return Written::Stayed,
-                        Err(e) => {
-                            warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
-                            self.count_failure(view, target, "error");
-                            return Written::Failed;
-                        }
-                    };
-                }
-                Err(e) => {
-                    warn!(object = %display_name(&meta), error = %e, "move failed");
-                    self.count_failure(view, target, "error");
-                    return Written::Failed;
-                }
-            }
-        }
-    }
-
-    fn count_failure(&self, view: &RingView<'_>, target: &Target, reason: &str) {
-        self.metrics
-            .failed_writes
-            .get_or_create(&FailedWriteLabels {
-                clusterring: view.name.to_owned(),
-                group: target.resource.group.clone(),
-                resource: target.resource.resource.clone(),
-                reason: reason.to_owned(),
-            })
-            .inc();
-    }
-
-    fn log_and_count(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta, mv: &Move) {
-        let object = display_name(meta);
-        let labels = ResourceLabels {
-            clusterring: view.name.to_owned(),
-            group: target.resource.group.clone(),
-            resource: target.resource.resource.clone(),
-        };
-        match mv {
-            Move::Drain { from, to } => {
-                self.metrics.drains.get_or_create(&labels).inc();
-                info!(resource = %target.resource, %object, from = %from, to = %to, reason = %Reason::Drain, "draining");
-            }
-            Move::Assign { from, to, reason } => {
-                self.metrics.movements.get_or_create(&labels).inc();
-                let from = from.as_deref().unwrap_or("");
-                info!(resource = %target.resource, %object, from = %from, to = %to, reason = %reason, "moved");
-            }
-        }
-    }
-}
-
-/// Whether `result` says the apiserver is too busy (429 Too Many Requests, 503, 504) or could
-/// not be reached (a transport error): then `Some`, with the wait the apiserver asked for, if
-/// any. Refusals for the object's own reasons (conflict, not found, invalid, forbidden, a
-/// webhook's denial or failure) are not overload.
-fn overloaded<T>(result: &Result<T, kube::Error>) -> Option<Option<Duration>> {
-    match result {
-        Ok(_) => None,
-        Err(kube::Error::Api(status)) => matches!(status.code, 429 | 503 | 504).then(|| {
-            status
-                .details
-                .as_ref()
-                .map(|d| d.retry_after_seconds)
-                .filter(|s| *s > 0)
-                .map(|s| Duration::from_secs(u64::from(s)))
-        }),
-        Err(kube::Error::HyperError(_) | kube::Error::Service(_)) => Some(None),
-        Err(_) => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use kube::core::GroupVersionKind;
-
-    use super::*;
-
-    fn target(namespaced: bool) -> Target {
-        Target {
-            resource: GroupResource {
-                group: String::new(),
-                resource: "secrets".into(),
-            },
-            role: Role::Main,
-            api: ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Secret")),
-            namespaced,
-        }
-    }
-
-    fn names(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|n| (*n).to_owned()).collect()
-    }
-
-    #[test]
-    fn a_ring_of_at_most_half_the_namespaces_lists_them_one_by_one() {
-        for (selected, total, one_by_one) in [
-            (&["a"][..], 1000, true),
-            (&["a", "b"], 4, true),
-            (&["a", "b", "c"], 5, false),
-            (&["a", "b"], 2, false),
-            (&[], 0, true),
-            (&[], 7, true),
-        ] {
-            let namespaces = Namespaces::new(names(selected), total);
-            assert_eq!(namespaces.one_by_one, one_by_one, "{selected:?} of {total}");
-        }
-    }
-
-    #[test]
-    fn a_listed_object_belongs_to_the_ring_only_in_a_selected_namespace() {
-        let namespaces = Namespaces::new(names(&["a", "b", "c"]), 4);
-        let secrets = target(true);
-        assert!(namespaces.holds(&secrets, Some("a")));
-        assert!(
-            !namespaces.holds(&secrets, Some("kube-system")),
-            "a cluster-wide list brings objects of other namespaces: they are left out"
-        );
-        assert!(
-            !namespaces.holds(&secrets, None),
-            "namespaced but no namespace"
-        );
-        let cluster_scoped = target(false);
-        assert!(namespaces.holds(&cluster_scoped, None));
-        assert!(Namespaces::default().holds(&cluster_scoped, None));
-    }
-
-    #[test]
-    fn list_ranges_are_each_namespace_in_order_or_the_whole_cluster() {
-        let few = Namespaces::new(names(&["b", "a"]), 10);
-        assert_eq!(few.list_ranges(&target(true)), vec![Some("a"), Some("b")]);
-        assert_eq!(
-            few.list_ranges(&target(false)),
-            vec![None],
-            "cluster-scoped objects are listed across the cluster"
-        );
-        let most = Namespaces::new(names(&["a", "b", "c"]), 4);
-        assert_eq!(most.list_ranges(&target(true)), vec![None]);
-        assert!(most.contains("a") && !most.contains("d"));
-        let none = Namespaces::new(BTreeSet::new(), 3);
-        assert!(
-            none.list_ranges(&target(true)).is_empty(),
-            "no namespace selected: nothing namespaced to list"
-        );
     }
 }

@@ -1,0 +1,253 @@
+//! Listing for a rebalance: each range of a target's objects (across the cluster or one
+//! namespace) page by page, label-selected to what can need work, metadata only. A page is
+//! parsed as it arrives ([`super::pages`]) and its objects are handed to the writers one by one;
+//! the next page is requested once the current one's objects have room to wait for a write slot
+//! (a page and [`LISTED_AHEAD`] more), so a page is read to its end at the apiserver's speed,
+//! however slowly its objects are written.
+
+use std::sync::Arc;
+
+use kube::Client;
+use kube::api::{ListParams, ObjectMeta};
+use kube::core::{ApiResource, DynamicObject, Request, Resource};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{debug, warn};
+
+use super::pages::{self, PageScanner};
+use super::{Outcome, Rebalancer, RingView, Scope, Target};
+
+use futures::{AsyncBufRead, AsyncBufReadExt as _};
+use std::collections::VecDeque;
+use std::pin::Pin;
+
+/// One page of a metadata-only list, read object by object as it arrives.
+pub(super) struct Page {
+    body: Pin<Box<dyn AsyncBufRead + Send>>,
+    scanner: Option<PageScanner>,
+    parsed: VecDeque<ObjectMeta>,
+    continue_token: Option<String>,
+}
+
+impl Page {
+    /// Requests one page of `api`'s objects in `namespace` (`None`: every namespace), metadata
+    /// only.
+    pub(super) async fn open(
+        client: &Client,
+        api: &ApiResource,
+        namespace: Option<&str>,
+        params: &ListParams,
+    ) -> Result<Self, kube::Error> {
+        let request = Request::new(DynamicObject::url_path(api, namespace))
+            .list_metadata(params)
+            .map_err(kube::Error::BuildRequest)?;
+        Ok(Self {
+            body: Box::pin(client.request_stream(request).await?),
+            scanner: Some(PageScanner::default()),
+            parsed: VecDeque::new(),
+            continue_token: None,
+        })
+    }
+
+    /// The next object of the page, as soon as its text has arrived; `None` after the last.
+    pub(super) async fn next(&mut self) -> Result<Option<ObjectMeta>, kube::Error> {
+        loop {
+            if let Some(meta) = self.parsed.pop_front() {
+                return Ok(Some(meta));
+            }
+            let Some(scanner) = self.scanner.as_mut() else {
+                return Ok(None);
+            };
+            let piece = self
+                .body
+                .fill_buf()
+                .await
+                .map_err(kube::Error::ReadEvents)?;
+            if piece.is_empty() {
+                if let Some(scanner) = self.scanner.take() {
+                    self.continue_token = scanner.finish().map_err(kube::Error::SerdeError)?;
+                }
+                continue;
+            }
+            let read = piece.len();
+            let mut parsed = Vec::new();
+            scanner
+                .feed(piece, &mut parsed)
+                .map_err(kube::Error::SerdeError)?;
+            self.body.as_mut().consume(read);
+            self.parsed.extend(parsed);
+        }
+    }
+
+    /// The token of the next page, once [`Self::next`] returned `None` (`None` on the last page).
+    pub(super) fn continue_token(&self) -> Option<&str> {
+        self.continue_token.as_deref()
+    }
+
+    /// The token of the next page as soon as it is known (see
+    /// [`PageScanner::continue_token`]): `Some(None)` on the last page, `None` while unknown.
+    pub(super) fn early_continue_token(&self) -> Option<Option<&str>> {
+        match &self.scanner {
+            Some(scanner) => scanner.continue_token(),
+            None => Some(self.continue_token.as_deref()),
+        }
+    }
+}
+
+/// One list of a target's objects: across the cluster (`namespace` `None`) or in one
+/// namespace, its pages continuing `first`.
+#[derive(Clone, Copy, Debug)]
+struct ListRange<'a> {
+    target: &'a Target,
+    namespace: Option<&'a str>,
+    first: &'a ListParams,
+    /// Places for listed objects waiting for a write slot.
+    room: &'a Arc<Semaphore>,
+}
+
+/// How listing a page ended.
+enum PageEnd {
+    /// Every object was handed over; the next page, already requested, if there is one.
+    Page(Option<Opening>),
+    /// The writers stopped taking objects.
+    Stopped,
+}
+
+/// A list page being requested in the background, with the places its objects may take
+/// (dropping it cancels the request).
+type Opening = AbortOnDropHandle<Result<(Page, OwnedSemaphorePermit), kube::Error>>;
+
+/// A listed object waiting for a write slot, holding its place in the room.
+pub(super) type Queued = (pages::Waiting, OwnedSemaphorePermit);
+
+impl Rebalancer {
+    /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
+    /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring does
+    /// not shard are left out), each page once `room` has a place for each of its objects;
+    /// the outcome counts what was listed and failed lists.
+    pub(super) async fn list_into(
+        &self,
+        view: &RingView<'_>,
+        target: &Target,
+        scope: &Scope,
+        room: &Arc<Semaphore>,
+        tx: UnboundedSender<Queued>,
+    ) -> Outcome {
+        let mut outcome = Outcome::default();
+        let mut first = ListParams::default().limit(self.settings.page_size);
+        if let Some(selector) = scope.selector(view.labels) {
+            first = first.labels(&selector);
+        }
+        for namespace in view.namespaces.list_ranges(target) {
+            let range = ListRange {
+                target,
+                namespace,
+                first: &first,
+                room,
+            };
+            let mut opening = self.open_page(&range, None);
+            loop {
+                let listing = std::time::Instant::now();
+                let mut objects = 0;
+                let page = self
+                    .list_page(view, &range, opening, &tx, &mut objects)
+                    .await;
+                outcome.listed += objects;
+                match page {
+                    Ok(PageEnd::Stopped) => return outcome,
+                    Ok(PageEnd::Page(next)) => {
+                        debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
+                        match next {
+                            Some(next) => opening = next,
+                            None => break,
+                        }
+                    }
+                    Err(e) => {
+                        warn!(resource = %target.resource, namespace = namespace.unwrap_or(""), error = %e, "cannot list objects");
+                        outcome.errors += 1;
+                        outcome.failed_lists += 1;
+                        return outcome;
+                    }
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Requests a page of `range` in the background (its first, or the one `token`
+    /// continues) once its room has a place for each object the page may hold.
+    fn open_page(&self, range: &ListRange<'_>, token: Option<&str>) -> Opening {
+        let client = self.lists.clone();
+        let api = range.target.api.clone();
+        let namespace = range.namespace.map(str::to_owned);
+        let params = match token {
+            Some(token) => range.first.clone().continue_token(token),
+            None => range.first.clone(),
+        };
+        let room = Arc::clone(range.room);
+        let page_size = self.settings.page_size;
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            let places = room
+                .acquire_many_owned(page_size)
+                .await
+                .expect("the room is never closed");
+            let page = Page::open(&client, &api, namespace.as_deref(), &params).await?;
+            Ok((page, places))
+        }))
+    }
+
+    /// Lists the page `opening` into `tx` as it arrives (counting its objects in `objects`),
+    /// leaving out objects in namespaces the ring does not shard and main objects that stay;
+    /// each object handed over takes one of the page's places (the rest are given back when
+    /// the page ends). The next page (the range's first page continued) is requested as soon
+    /// as its token is known, and opens once its places are free.
+    async fn list_page(
+        &self,
+        view: &RingView<'_>,
+        range: &ListRange<'_>,
+        opening: Opening,
+        tx: &UnboundedSender<Queued>,
+        objects: &mut usize,
+    ) -> Result<PageEnd, kube::Error> {
+        let target = range.target;
+        let (mut page, mut places) = opening
+            .await
+            .map_err(|e| kube::Error::Service(e.into()))??;
+        let mut next = None;
+        let prefetch = |page: &Page, next: &mut Option<Opening>| {
+            if next.is_none()
+                && let Some(Some(token)) = page.early_continue_token()
+            {
+                *next = Some(self.open_page(range, Some(token)));
+            }
+        };
+        loop {
+            prefetch(&page, &mut next);
+            let Some(meta) = page.next().await? else {
+                break;
+            };
+            *objects += 1;
+            // A main object that stays is done here; only work goes to the writers.
+            if !view.namespaces.holds(target, meta.namespace.as_deref())
+                || self.stays(view, target, &meta)
+            {
+                continue;
+            }
+            // A page longer than asked for (a server that ignores `limit`) waits for places.
+            let place = match places.split(1) {
+                Some(place) => place,
+                None => Arc::clone(range.room)
+                    .acquire_owned()
+                    .await
+                    .expect("the room is never closed"),
+            };
+            if tx.send((meta.into(), place)).is_err() {
+                return Ok(PageEnd::Stopped);
+            }
+        }
+        // A list whose metadata came after its objects: the token is known only now.
+        prefetch(&page, &mut next);
+        Ok(PageEnd::Page(next))
+    }
+}

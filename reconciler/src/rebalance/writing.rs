@@ -1,0 +1,336 @@
+//! Writing for a rebalance: what one listed object needs (its plan, its owner's state for a
+//! controlled object) and the write itself, a merge patch carrying the object's resourceVersion,
+//! within the rate limit and a write slot, retried after a conflict (read again, planned again)
+//! or an overloaded apiserver.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::core::{DynamicObject, Request, Resource};
+use kube::{Api, Client};
+use sharder_common::key::{display_name, group_of_api_version};
+use sharder_common::{OwnerState, Role};
+use sharder_runtime::metrics::{ResourceLabels, RingLabel};
+use tokio::sync::Mutex;
+use tracing::{debug, info, warn};
+
+use super::concurrency::Answer;
+use super::plan::{ChildPlan, Move, Reason};
+use super::{
+    CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_MIN, CONFLICT_RETRIES, OVERLOAD_RETRIES, ObjectId,
+    Rebalancer, RingView, Target, WRITE_TIMEOUT, plan,
+};
+
+use crate::metrics::FailedWriteLabels;
+
+/// Bounds the rate of writes: at most one per `interval`, shared by all writers.
+#[derive(Debug)]
+pub struct RateLimiter {
+    next: Mutex<tokio::time::Instant>,
+    interval: Duration,
+}
+
+impl RateLimiter {
+    /// At most `per_second` writes per second; 0 means unlimited.
+    pub fn new(per_second: u32) -> Self {
+        let interval = if per_second == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(1) / per_second
+        };
+        Self {
+            next: Mutex::new(tokio::time::Instant::now()),
+            interval,
+        }
+    }
+
+    async fn wait(&self) {
+        if self.interval.is_zero() {
+            return;
+        }
+        let at = {
+            let mut next = self.next.lock().await;
+            let now = tokio::time::Instant::now();
+            let at = (*next).max(now);
+            *next = at + self.interval;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// What handling one object ended with.
+pub(super) enum Written {
+    Moved(Move),
+    Awaiting(ObjectId),
+    Stayed,
+    Failed,
+}
+
+/// What one object needs.
+enum Planned {
+    Move(Move),
+    Await,
+    Stay,
+}
+
+impl Rebalancer {
+    /// The Api of `target` (in `namespace`) on the write client: object writes and the small
+    /// reads around them (owners, re-reads after a conflict).
+    pub(super) fn api(&self, target: &Target, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (namespace, target.namespaced) {
+            (Some(ns), true) => {
+                Api::<DynamicObject>::namespaced_with(self.writes.clone(), ns, &target.api)
+            }
+            _ => Api::<DynamicObject>::all_with(self.writes.clone(), &target.api),
+        }
+    }
+
+    /// What object `meta` of `target` needs: for a controlled object, its owner's state is
+    /// read when the owner decides (docs/design.md §5).
+    async fn plan(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        target: &Target,
+        meta: &ObjectMeta,
+    ) -> Planned {
+        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
+        if target.role == Role::Main {
+            return match plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels) {
+                Some(mv) => Planned::Move(mv),
+                None => Planned::Stay,
+            };
+        }
+        let child =
+            match plan::plan_child(meta, key.as_ref(), view.ring, view.available, view.labels) {
+                Some(decided) => decided,
+                None => {
+                    let owner = self.owner_state(view, targets, meta).await;
+                    plan::follow_owner(
+                        meta,
+                        key.as_ref(),
+                        view.ring,
+                        view.available,
+                        view.labels,
+                        &owner,
+                    )
+                }
+            };
+        match child {
+            ChildPlan::Move(mv) => Planned::Move(mv),
+            ChildPlan::AwaitOwner => Planned::Await,
+            ChildPlan::Stay => Planned::Stay,
+        }
+    }
+
+    /// The state of the controller owner of the controlled object `meta`: read from the
+    /// apiserver (metadata only) when the owner's resource is a main resource of the ring.
+    async fn owner_state(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        meta: &ObjectMeta,
+    ) -> OwnerState {
+        let Some(owner) = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+        else {
+            return OwnerState::Missing;
+        };
+        let Ok(group) = group_of_api_version(&owner.api_version) else {
+            return OwnerState::Missing;
+        };
+        let Some(target) = targets.iter().find(|t| {
+            t.role == Role::Main && t.resource.group == group && t.api.kind == owner.kind
+        }) else {
+            return OwnerState::NotSharded;
+        };
+        match self
+            .api(target, meta.namespace.as_deref())
+            .get_metadata_opt(&owner.name)
+            .await
+        {
+            Ok(found) => OwnerState::of(found.as_ref().map(|o| &o.metadata), view.labels),
+            // Unknown: treat it as not settled, so the child waits (never moves ahead of it).
+            Err(e) => {
+                warn!(object = %display_name(meta), owner = %owner.name, error = %e, "cannot read the owner");
+                OwnerState::Unassigned
+            }
+        }
+    }
+
+    /// Plans object `meta` and writes its move with the object's resourceVersion; on a conflict
+    /// re-reads the object, plans again and retries with backoff ([`CONFLICT_RETRIES`] times);
+    /// when the apiserver is too busy, sends the same write again after its Retry-After or a
+    /// backoff ([`OVERLOAD_RETRIES`] times). Each write holds one of the reconciler's write
+    /// slots and reports the apiserver's answer to it.
+    pub(super) async fn handle(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        target: &Target,
+        mut meta: ObjectMeta,
+    ) -> Written {
+        let name = meta.name.clone().unwrap_or_default();
+        let api = self.api(target, meta.namespace.as_deref());
+        let backoff = || {
+            ExponentialBuilder::default()
+                .with_min_delay(CONFLICT_BACKOFF_MIN)
+                .with_max_delay(CONFLICT_BACKOFF_MAX)
+                .with_jitter()
+        };
+        let mut conflicts = backoff().with_max_times(CONFLICT_RETRIES).build();
+        let mut overloads = backoff().with_max_times(OVERLOAD_RETRIES).build();
+        loop {
+            let mv = match self.plan(view, targets, target, &meta).await {
+                Planned::Move(mv) => mv,
+                Planned::Stay => return Written::Stayed,
+                Planned::Await => {
+                    debug!(object = %display_name(&meta), "waiting for its owner to settle");
+                    return Written::Awaiting(ObjectId {
+                        resource: target.resource.clone(),
+                        namespace: meta.namespace.clone(),
+                        name,
+                    });
+                }
+            };
+            let patch = mv.patch(
+                view.labels,
+                meta.resource_version.as_deref().unwrap_or_default(),
+            );
+            let result = loop {
+                let slot = self.slots.acquire().await;
+                self.limiter.wait().await;
+                let result = tokio::time::timeout(
+                    WRITE_TIMEOUT,
+                    merge_patch(
+                        &self.writes,
+                        target,
+                        meta.namespace.as_deref(),
+                        &name,
+                        &patch,
+                    ),
+                )
+                .await
+                .unwrap_or_else(|_| Err(kube::Error::Service("write timed out".into())));
+                let Some(retry_after) = overloaded(&result) else {
+                    slot.answered(Answer::Handled);
+                    break result;
+                };
+                slot.answered(Answer::Overloaded);
+                self.metrics
+                    .overloaded_writes
+                    .get_or_create(&RingLabel::new(view.name))
+                    .inc();
+                let Some(delay) = overloads.next() else {
+                    break result;
+                };
+                tokio::time::sleep(retry_after.unwrap_or(delay)).await;
+            };
+            match result {
+                Ok(_) => {
+                    self.log_and_count(view, target, &meta, &mv);
+                    return Written::Moved(mv);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => return Written::Stayed,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let Some(delay) = conflicts.next() else {
+                        warn!(object = %display_name(&meta), "move still conflicting after retries");
+                        self.count_failure(view, target, "conflict");
+                        return Written::Failed;
+                    };
+                    tokio::time::sleep(delay).await;
+                    meta = match api.get_metadata_opt(&name).await {
+                        Ok(Some(fresh)) => fresh.metadata,
+                        Ok(None) => return Written::Stayed,
+                        Err(e) => {
+                            warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
+                            self.count_failure(view, target, "error");
+                            return Written::Failed;
+                        }
+                    };
+                }
+                Err(e) => {
+                    warn!(object = %display_name(&meta), error = %e, "move failed");
+                    self.count_failure(view, target, "error");
+                    return Written::Failed;
+                }
+            }
+        }
+    }
+
+    fn count_failure(&self, view: &RingView<'_>, target: &Target, reason: &str) {
+        self.metrics
+            .failed_writes
+            .get_or_create(&FailedWriteLabels {
+                clusterring: view.name.to_owned(),
+                group: target.resource.group.clone(),
+                resource: target.resource.resource.clone(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    fn log_and_count(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta, mv: &Move) {
+        let object = display_name(meta);
+        let labels = ResourceLabels {
+            clusterring: view.name.to_owned(),
+            group: target.resource.group.clone(),
+            resource: target.resource.resource.clone(),
+        };
+        match mv {
+            Move::Drain { from, to } => {
+                self.metrics.drains.get_or_create(&labels).inc();
+                info!(resource = %target.resource, %object, from = %from, to = %to, reason = %Reason::Drain, "draining");
+            }
+            Move::Assign { from, to, reason } => {
+                self.metrics.movements.get_or_create(&labels).inc();
+                let from = from.as_deref().unwrap_or("");
+                info!(resource = %target.resource, %object, from = %from, to = %to, reason = %reason, "moved");
+            }
+        }
+    }
+}
+
+/// Whether `result` says the apiserver is too busy (429 Too Many Requests, 503, 504) or could
+/// not be reached (a transport error): then `Some`, with the wait the apiserver asked for, if
+/// any. Refusals for the object's own reasons (conflict, not found, invalid, forbidden, a
+/// webhook's denial or failure) are not overload.
+fn overloaded<T>(result: &Result<T, kube::Error>) -> Option<Option<Duration>> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => matches!(status.code, 429 | 503 | 504).then(|| {
+            status
+                .details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(u64::from(s)))
+        }),
+        Err(kube::Error::HyperError(_) | kube::Error::Service(_)) => Some(None),
+        Err(_) => None,
+    }
+}
+
+/// Merge-patches object `name` of `target` (in `namespace`) with `patch`; the answer (the
+/// object's metadata) is read and dropped unparsed.
+pub(super) async fn merge_patch(
+    client: &Client,
+    target: &Target,
+    namespace: Option<&str>,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    let namespace = namespace.filter(|_| target.namespaced);
+    let request = Request::new(DynamicObject::url_path(&target.api, namespace))
+        .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
+        .map_err(kube::Error::BuildRequest)?;
+    client
+        .request::<serde::de::IgnoredAny>(request)
+        .await
+        .map(|_| ())
+}
