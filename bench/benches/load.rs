@@ -17,6 +17,7 @@ use bytes::Bytes;
 use prometheus_client::registry::Registry;
 use sharder_bench::floor::{FLOOR_PATH, floor_router};
 use sharder_bench::load::{LoadRound, Target, connector};
+use sharder_bench::stats::median;
 use sharder_common::OwnerState;
 use sharder_webhook::admission::{OwnerRef, RingSnapshot};
 use sharder_webhook::metrics::Metrics;
@@ -144,11 +145,6 @@ async fn round(addr: SocketAddr, path: &str, ca: &str, options: &Options) -> Loa
     )
     .await
     .expect("load round")
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn main() {

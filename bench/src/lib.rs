@@ -38,11 +38,8 @@ pub mod tracker;
 pub mod webhooks;
 
 /// `--max-concurrent-writes` of the reconciler in the moving benchmarks: twice the reconciler's
-/// default (64), with which the apiserver's audit log shows about 38 writes at once (the rest
-/// are on their way or wait for a CPU: both sides' TLS and HTTP, the apiserver's token check,
-/// all before its audit log sees a request; a plain PATCH client at 64 shows 41). What 128
-/// buys in speed and costs in memory, measured, is in README's `--max-concurrent-writes` row;
-/// the memory section runs the reconciler at its default.
+/// default (64); what 128 buys in speed and costs in memory is in `docs/performance-notes.md`
+/// (writes in flight). The memory section runs the reconciler at its default.
 pub const REBALANCE_CONCURRENCY: usize = 128;
 
 /// Flags of the benchmark command.

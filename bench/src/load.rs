@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject as _;
 
 use crate::Error;
-use crate::stats::rss_kib;
+use crate::stats::{percentile, rss_kib};
 use crate::webhooks::Webhooks;
 
 /// One load run's numbers.
@@ -154,14 +154,6 @@ pub async fn wait_until_patching(
     }
 }
 
-fn percentile(sorted: &[u32], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    Duration::from_micros(u64::from(sorted[index]))
-}
-
 /// Loads `target` over `connections` connections for `duration`.
 pub async fn round(
     target: &Target,
@@ -187,9 +179,9 @@ pub async fn round(
     latencies.sort_unstable();
     Ok(LoadRound {
         reviews_per_second: latencies.len() as f64 / elapsed,
-        p50: percentile(&latencies, 0.50),
-        p90: percentile(&latencies, 0.90),
-        p99: percentile(&latencies, 0.99),
+        p50: Duration::from_micros(u64::from(percentile(&latencies, 50.0))),
+        p90: Duration::from_micros(u64::from(percentile(&latencies, 90.0))),
+        p99: Duration::from_micros(u64::from(percentile(&latencies, 99.0))),
         errors,
     })
 }

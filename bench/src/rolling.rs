@@ -139,7 +139,7 @@ pub async fn run(
             running = on_stop;
         }
 
-        let audit = cp.audited_writes().len();
+        let audit = cp.audit_mark();
         let logged = reconciler.process.lines().len();
         let started = Instant::now();
         for i in 0..SHARDS {
@@ -163,7 +163,7 @@ pub async fn run(
         }
         let wall = started.elapsed();
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let events: Vec<_> = cp.audited_writes().into_iter().skip(audit).collect();
+        let events = cp.audited_writes_since(audit);
         let moves = reconciler
             .process
             .lines()

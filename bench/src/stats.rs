@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-/// The `p`-th percentile (0..=100) of `sorted` (nearest rank).
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+/// The `p`-th percentile (0..=100) of `sorted` (nearest rank; the default value when empty).
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     if sorted.is_empty() {
-        return Duration::ZERO;
+        return T::default();
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
@@ -106,7 +106,7 @@ mod tests {
         assert_eq!(percentile(&sorted, 50.0), Duration::from_millis(50));
         assert_eq!(percentile(&sorted, 99.0), Duration::from_millis(99));
         assert_eq!(percentile(&sorted, 100.0), Duration::from_millis(100));
-        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+        assert_eq!(percentile::<Duration>(&[], 50.0), Duration::ZERO);
     }
 
     #[test]

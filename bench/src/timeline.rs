@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
+use sharder_harness::control_plane::audited_write;
 
 use crate::stats::percentile;
 
@@ -70,9 +71,7 @@ fn offset(start: Timestamp, at: Timestamp) -> f64 {
 
 /// Whether audit event `e` is a write to `ns`'s Secrets by `user`.
 pub fn is_write_by(e: &Value, ns: &str, user: &str) -> bool {
-    e["user"]["username"] == user
-        && e["objectRef"]["namespace"] == ns
-        && e["objectRef"]["resource"] == "secrets"
+    audited_write(e, ns, user).is_some_and(|(resource, _)| resource == "secrets")
 }
 
 /// The audit events of writes to `ns`'s Secrets by `user`: (name, received, answered).

@@ -141,6 +141,23 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The resource and name of the object audit event `event` wrote, if it is a write by `user` to
+/// an object in namespace `namespace` (the one place the tests and benchmarks read writes from
+/// the audit log by).
+pub fn audited_write<'a>(
+    event: &'a serde_json::Value,
+    namespace: &str,
+    user: &str,
+) -> Option<(&'a str, &'a str)> {
+    let object = &event["objectRef"];
+    (event["user"]["username"] == user && object["namespace"] == namespace).then(|| {
+        (
+            object["resource"].as_str().unwrap_or_default(),
+            object["name"].as_str().unwrap_or_default(),
+        )
+    })
+}
+
 /// A position in the apiserver's audit log (see [`ControlPlane::audit_mark`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditMark(u64);
@@ -348,12 +365,6 @@ impl ControlPlane {
         [self.etcd_pid, self.apiserver_pid]
     }
 
-    /// The audit events of successful writes (create, update, patch, delete; not Leases or
-    /// Events) so far, one JSON object each.
-    pub fn audited_writes(&self) -> Vec<serde_json::Value> {
-        self.audited_writes_since(AuditMark(0))
-    }
-
     /// Where the audit log ends now: [`audited_writes_since`](Self::audited_writes_since) this
     /// mark reads only what was written after it (without parsing what came before).
     pub fn audit_mark(&self) -> AuditMark {
@@ -364,7 +375,8 @@ impl ControlPlane {
         )
     }
 
-    /// The audit events of successful writes after `mark`.
+    /// The audit events of successful writes (create, update, patch, delete; not Leases or
+    /// Events) after `mark` (`AuditMark::default()`: all), one JSON object each.
     pub fn audited_writes_since(&self, mark: AuditMark) -> Vec<serde_json::Value> {
         use std::io::{Read as _, Seek as _};
         let mut text = String::new();

@@ -19,7 +19,7 @@ use sharder_common::{ClusterRing, ObjectKey, RingLabels};
 
 use crate::ControlPlane;
 use crate::certs::TestCa;
-use crate::control_plane::NAMESPACE_LABEL;
+use crate::control_plane::{AuditMark, NAMESPACE_LABEL, audited_write};
 use crate::crd::install_cluster_ring_crd;
 use crate::fixtures::{child_of, refusing_configuration, secret, secrets_ring, shard_lease};
 use crate::launch::{Env, Reconciler, ReconcilerFlags, Webhook};
@@ -295,26 +295,27 @@ impl World {
 
     /// Successful writes to objects of this namespace by `user`, per (resource, name).
     pub fn writes_by(&self, user: &str) -> BTreeMap<(String, String), usize> {
-        self.writes_by_since(user, 0)
+        self.writes_by_since(user, AuditMark::default())
     }
 
-    /// How many writes the audit log holds now (for [`writes_by_since`](Self::writes_by_since)).
-    pub fn audit_mark(&self) -> usize {
-        self.cp.audited_writes().len()
+    /// Where the audit log ends now (for [`writes_by_since`](Self::writes_by_since)).
+    pub fn audit_mark(&self) -> AuditMark {
+        self.cp.audit_mark()
     }
 
-    /// Successful writes to objects of this namespace by `user` after the audit log held `mark`
-    /// writes, per (resource, name).
-    pub fn writes_by_since(&self, user: &str, mark: usize) -> BTreeMap<(String, String), usize> {
+    /// Successful writes to objects of this namespace by `user` after `mark`, per (resource,
+    /// name).
+    pub fn writes_by_since(
+        &self,
+        user: &str,
+        mark: AuditMark,
+    ) -> BTreeMap<(String, String), usize> {
         let mut writes = BTreeMap::new();
-        for event in self.cp.audited_writes().into_iter().skip(mark) {
-            let object = &event["objectRef"];
-            if event["user"]["username"] == user && object["namespace"] == self.ns.as_str() {
-                let key = (
-                    object["resource"].as_str().unwrap_or_default().to_owned(),
-                    object["name"].as_str().unwrap_or_default().to_owned(),
-                );
-                *writes.entry(key).or_default() += 1;
+        for event in self.cp.audited_writes_since(mark) {
+            if let Some((resource, name)) = audited_write(&event, &self.ns, user) {
+                *writes
+                    .entry((resource.to_owned(), name.to_owned()))
+                    .or_default() += 1;
             }
         }
         writes

@@ -905,7 +905,7 @@ async fn the_write_rate_limit_holds_across_rings() {
     // write's audit event is logged after it is stored, so the last ones may still be coming
     // when the objects show it.
     let received = || -> Vec<Timestamp> {
-        w.cp.audited_writes()
+        w.cp.audited_writes_since(Default::default())
             .into_iter()
             .filter(|e| {
                 e["user"]["username"] == user.as_str()

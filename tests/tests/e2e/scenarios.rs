@@ -389,9 +389,8 @@ async fn a_rolling_update_of_stable_shard_names_moves_nothing() {
     assert!(moves.is_empty(), "the reconciler moved: {moves:?}");
     let written: Vec<String> = system
         .cp
-        .audited_writes()
+        .audited_writes_since(mark)
         .into_iter()
-        .skip(mark)
         .filter(|e| {
             let name = e["objectRef"]["name"].as_str().unwrap_or_default();
             e["objectRef"]["namespace"] == system.ns.as_str()
