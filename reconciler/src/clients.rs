@@ -53,9 +53,8 @@ impl Transport {
         idle_connections: crate::DEFAULT_MAX_CONCURRENT_WRITES,
     };
 
-    /// List pages, read in pieces of at most 16 KiB (a page is parsed as it arrives, so a piece
-    /// only has to hold an object or two; hyper's default lets a long list grow its buffer to
-    /// 400 KiB and more).
+    /// List pages, read in pieces of at most 16 KiB into the page's body (hyper's default lets
+    /// a long list grow its read buffer to 400 KiB and more, beside the body).
     pub const LISTS: Self = Self {
         reads: Reads::Growing(16 * 1024),
         idle_connections: 8,

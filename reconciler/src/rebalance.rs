@@ -3,12 +3,12 @@
 //! [`Namespaces`]) and drains or assigns those not on their desired shard, each write with the
 //! object's resourceVersion, bounded in concurrency and rate. Every move is logged.
 //!
-//! Lists and writes run as a pipeline: the writes never wait for a page to finish, and a page
-//! is never left waiting for the writes. A page is requested once its objects have room to wait
+//! Lists and writes run as a pipeline: the next page is read while the current one's objects
+//! are written, and a page is never left waiting for the writes. A page is requested once its objects have room to wait
 //! for a write slot (a page and [`LISTED_AHEAD`] more), so it is read to its end as fast as
 //! the apiserver sends it, however slowly its objects are written: the apiserver ends a
 //! request that outlives its `--request-timeout` by closing the connection. What a page holds
-//! is cut down to the fields a move needs as it is parsed (no managedFields, annotations or the
+//! is cut down to the fields a move needs when it is parsed (no managedFields, annotations or the
 //! like), and only objects that need a write wait, so memory grows with the page size and
 //! never with the number of objects. How many writes are in flight adapts to the apiserver's
 //! answers ([`concurrency`]).
@@ -324,7 +324,7 @@ impl Rebalancer {
             loop {
                 let mut page =
                     listing::Page::open(&self.lists, &target.api, namespace, &params).await?;
-                while let Some(meta) = page.next().await? {
+                while let Some(meta) = page.next() {
                     pending +=
                         usize::from(view.namespaces.holds(target, meta.namespace.as_deref()));
                 }

@@ -1,9 +1,9 @@
 //! Listing for a rebalance: each range of a target's objects (across the cluster or one
-//! namespace) page by page, label-selected to what can need work, metadata only. A page is
-//! parsed as it arrives ([`super::pages`]) and its objects are handed to the writers one by one;
-//! the next page is requested once the current one's objects have room to wait for a write slot
-//! (a page and [`LISTED_AHEAD`] more), so a page is read to its end at the apiserver's speed,
-//! however slowly its objects are written.
+//! namespace) page by page, label-selected to what can need work, metadata only. A page is read
+//! whole and parsed ([`super::pages`]), and its objects are handed to the writers one by one; the
+//! next page is requested at once and opens when the current one's objects have room to wait for
+//! a write slot (a page and [`LISTED_AHEAD`] more), so a page is read to its end at the
+//! apiserver's speed, however slowly its objects are written.
 
 use std::sync::Arc;
 
@@ -15,18 +15,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
-use super::pages::{self, PageScanner};
+use super::pages;
 use super::{Outcome, Rebalancer, RingView, Scope, Target};
 
-use futures::{AsyncBufRead, AsyncBufReadExt as _};
-use std::collections::VecDeque;
-use std::pin::Pin;
-
-/// One page of a metadata-only list, read object by object as it arrives.
+/// One page of a metadata-only list, read whole and parsed into what a move needs
+/// ([`pages::parse`]).
 pub(super) struct Page {
-    body: Pin<Box<dyn AsyncBufRead + Send>>,
-    scanner: Option<PageScanner>,
-    parsed: VecDeque<ObjectMeta>,
+    objects: std::vec::IntoIter<pages::Waiting>,
     continue_token: Option<String>,
 }
 
@@ -42,56 +37,22 @@ impl Page {
         let request = Request::new(DynamicObject::url_path(api, namespace))
             .list_metadata(params)
             .map_err(kube::Error::BuildRequest)?;
+        let body = client.request_text(request).await?;
+        let page = pages::parse(body.as_bytes()).map_err(kube::Error::SerdeError)?;
         Ok(Self {
-            body: Box::pin(client.request_stream(request).await?),
-            scanner: Some(PageScanner::default()),
-            parsed: VecDeque::new(),
-            continue_token: None,
+            objects: page.objects.into_iter(),
+            continue_token: page.continue_token,
         })
     }
 
-    /// The next object of the page, as soon as its text has arrived; `None` after the last.
-    pub(super) async fn next(&mut self) -> Result<Option<ObjectMeta>, kube::Error> {
-        loop {
-            if let Some(meta) = self.parsed.pop_front() {
-                return Ok(Some(meta));
-            }
-            let Some(scanner) = self.scanner.as_mut() else {
-                return Ok(None);
-            };
-            let piece = self
-                .body
-                .fill_buf()
-                .await
-                .map_err(kube::Error::ReadEvents)?;
-            if piece.is_empty() {
-                if let Some(scanner) = self.scanner.take() {
-                    self.continue_token = scanner.finish().map_err(kube::Error::SerdeError)?;
-                }
-                continue;
-            }
-            let read = piece.len();
-            let mut parsed = Vec::new();
-            scanner
-                .feed(piece, &mut parsed)
-                .map_err(kube::Error::SerdeError)?;
-            self.body.as_mut().consume(read);
-            self.parsed.extend(parsed);
-        }
+    /// The next object of the page; `None` after the last.
+    pub(super) fn next(&mut self) -> Option<ObjectMeta> {
+        self.objects.next().map(ObjectMeta::from)
     }
 
-    /// The token of the next page, once [`Self::next`] returned `None` (`None` on the last page).
+    /// The token of the next page (`None` on the last page).
     pub(super) fn continue_token(&self) -> Option<&str> {
         self.continue_token.as_deref()
-    }
-
-    /// The token of the next page as soon as it is known (see
-    /// [`PageScanner::continue_token`]): `Some(None)` on the last page, `None` while unknown.
-    pub(super) fn early_continue_token(&self) -> Option<Option<&str>> {
-        match &self.scanner {
-            Some(scanner) => scanner.continue_token(),
-            None => Some(self.continue_token.as_deref()),
-        }
     }
 }
 
@@ -197,11 +158,11 @@ impl Rebalancer {
         }))
     }
 
-    /// Lists the page `opening` into `tx` as it arrives (counting its objects in `objects`),
-    /// leaving out objects in namespaces the ring does not shard and main objects that stay;
-    /// each object handed over takes one of the page's places (the rest are given back when
-    /// the page ends). The next page (the range's first page continued) is requested as soon
-    /// as its token is known, and opens once its places are free.
+    /// Lists the page `opening` into `tx` (counting its objects in `objects`), leaving out
+    /// objects in namespaces the ring does not shard and main objects that stay; each object
+    /// handed over takes one of the page's places (the rest are given back when the page ends).
+    /// The next page (the range's first page continued) is requested at once, and opens once
+    /// its places are free.
     async fn list_page(
         &self,
         view: &RingView<'_>,
@@ -214,19 +175,11 @@ impl Rebalancer {
         let (mut page, mut places) = opening
             .await
             .map_err(|e| kube::Error::Service(e.into()))??;
-        let mut next = None;
-        let prefetch = |page: &Page, next: &mut Option<Opening>| {
-            if next.is_none()
-                && let Some(Some(token)) = page.early_continue_token()
-            {
-                *next = Some(self.open_page(range, Some(token)));
-            }
-        };
-        loop {
-            prefetch(&page, &mut next);
-            let Some(meta) = page.next().await? else {
-                break;
-            };
+        // The next page is requested at once; it opens once its places are free.
+        let next = page
+            .continue_token()
+            .map(|token| self.open_page(range, Some(token)));
+        while let Some(meta) = page.next() {
             *objects += 1;
             // A main object that stays is done here; only work goes to the writers.
             if !view.namespaces.holds(target, meta.namespace.as_deref())
@@ -246,8 +199,6 @@ impl Rebalancer {
                 return Ok(PageEnd::Stopped);
             }
         }
-        // A list whose metadata came after its objects: the token is known only now.
-        prefetch(&page, &mut next);
         Ok(PageEnd::Page(next))
     }
 }
