@@ -107,9 +107,13 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
     pub lease_seconds: u64,
 
-    /// Arguments for the webhook load bench (`cargo bench -p sharder-bench --bench load`);
-    /// `none` skips it.
-    #[arg(long, default_value = "--connections 32 --seconds 4 --rounds 5")]
+    /// How the webhook load section loads each server (`--connections N --seconds N --rounds
+    /// N`); `none` skips it.
+    #[arg(
+        long,
+        default_value = "--connections 32 --seconds 4 --rounds 5",
+        allow_hyphen_values = true
+    )]
     pub load_args: String,
 
     /// Seconds of load on each webhook process while its memory is read.
@@ -524,8 +528,12 @@ pub fn cargo_bench(package: &str, bench: &str, args: &str) -> Result<String, Str
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-fn load_bench(args: &Args) -> Option<Result<String, String>> {
-    (args.load_args != "none").then(|| cargo_bench("sharder-bench", "load", &args.load_args))
+fn load_bench(args: &Args) -> Option<Result<load::LoadRun, String>> {
+    match load::LoadOptions::parse(&args.load_args) {
+        Ok(None) => None,
+        Ok(Some(options)) => Some(load::run_in_process(options).map_err(|e| e.to_string())),
+        Err(e) => Some(Err(format!("--load-args: {e}"))),
+    }
 }
 
 #[cfg(test)]

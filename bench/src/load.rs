@@ -1,6 +1,7 @@
 //! Webhook load: a generator that keeps `connections` HTTP/1.1 keep-alive TLS connections busy
-//! posting one AdmissionReview body for a while and reports reviews/s and latency percentiles
-//! (used by the in-process `load` bench), and the webhook processes' memory under that load:
+//! posting one AdmissionReview body for a while and reports reviews/s and latency percentiles,
+//! the in-process run of it against the floor and the sharder webhook ([`run_in_process`]; also
+//! `cargo bench -p sharder-bench --bench load`), and the webhook processes' memory under load:
 //! the sharder webhook and the floor webhook, each its own process as deployed, loaded in turn
 //! while their RSS is read from `/proc`.
 
@@ -152,6 +153,267 @@ pub async fn wait_until_patching(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// How the in-process load run loads each server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Keep-alive connections kept busy.
+    pub connections: usize,
+    /// Seconds per round.
+    pub seconds: u64,
+    /// Rounds per server (alternating floor and sharder).
+    pub rounds: usize,
+}
+
+impl LoadOptions {
+    /// Parses `--connections N --seconds N --rounds N` (any of them, any order; the others keep
+    /// 32, 5 and 3); `none` is no load run.
+    pub fn parse(args: &str) -> Result<Option<Self>, String> {
+        if args.trim() == "none" {
+            return Ok(None);
+        }
+        let mut options = Self {
+            connections: 32,
+            seconds: 5,
+            rounds: 3,
+        };
+        let mut words = args.split_whitespace();
+        while let Some(flag) = words.next() {
+            let value: u64 = words
+                .next()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("{flag} needs a whole number in {args:?}"))?;
+            let as_usize = usize::try_from(value).map_err(|e| e.to_string())?;
+            match flag {
+                "--connections" => options.connections = as_usize.max(1),
+                "--seconds" => options.seconds = value.max(1),
+                "--rounds" => options.rounds = as_usize.max(1),
+                other => return Err(format!("unknown load flag {other} in {args:?}")),
+            }
+        }
+        Ok(Some(options))
+    }
+}
+
+/// The in-process load run: both servers loaded in turn, round by round.
+#[derive(Clone, Debug)]
+pub struct LoadRun {
+    /// How each server was loaded.
+    pub options: LoadOptions,
+    /// Each round: the server (`floor` or `sharder`) and its numbers, in the order run.
+    pub rounds: Vec<(&'static str, LoadRound)>,
+}
+
+impl LoadRun {
+    /// The median over `server`'s rounds of `f`.
+    pub fn median(&self, server: &str, f: impl Fn(&LoadRound) -> f64) -> f64 {
+        crate::stats::median(
+            self.rounds
+                .iter()
+                .filter(|(name, _)| *name == server)
+                .map(|(_, round)| f(round))
+                .collect(),
+        )
+    }
+
+    /// The sharder's median throughput and p99 against the floor's.
+    pub fn ratios(&self) -> (f64, f64) {
+        let rps = |r: &LoadRound| r.reviews_per_second;
+        let p99 = |r: &LoadRound| r.p99.as_secs_f64();
+        (
+            self.median("sharder", rps) / self.median("floor", rps),
+            self.median("sharder", p99) / self.median("floor", p99),
+        )
+    }
+
+    /// The rounds and the medians as markdown tables.
+    pub fn markdown(&self) -> String {
+        let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
+        let mut out = crate::report::table(
+            &[
+                "round",
+                "server",
+                "reviews/s",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "errors",
+            ],
+            self.rounds.iter().enumerate().map(|(i, (server, r))| {
+                vec![
+                    (i / 2 + 1).to_string(),
+                    (*server).to_owned(),
+                    format!("{:.0}", r.reviews_per_second),
+                    ms(r.p50),
+                    ms(r.p90),
+                    ms(r.p99),
+                    r.errors.to_string(),
+                ]
+            }),
+        );
+        out.push('\n');
+        out += &crate::report::table(
+            &["median", "reviews/s", "p50 ms", "p90 ms", "p99 ms"],
+            ["floor", "sharder"].into_iter().map(|server| {
+                let at = |f: fn(&LoadRound) -> Duration| {
+                    format!("{:.3}", self.median(server, |r| f(r).as_secs_f64() * 1e3))
+                };
+                vec![
+                    server.to_owned(),
+                    format!("{:.0}", self.median(server, |r| r.reviews_per_second)),
+                    at(|r| r.p50),
+                    at(|r| r.p90),
+                    at(|r| r.p99),
+                ]
+            }),
+        );
+        out
+    }
+}
+
+/// The load reviews main objects only: no owner is ever read.
+struct NoOwners;
+
+impl sharder_webhook::owners::Owners for NoOwners {
+    fn state<'a>(
+        &'a self,
+        _: &'a sharder_webhook::admission::RingSnapshot,
+        _: &'a sharder_webhook::admission::OwnerRef,
+    ) -> futures::future::BoxFuture<'a, Result<sharder_common::OwnerState, String>> {
+        Box::pin(async { Ok(sharder_common::OwnerState::NotSharded) })
+    }
+}
+
+/// Starts the floor and the sharder webhook (ring `example` of 10 shards, no apiserver) on a
+/// runtime of their own (2 worker threads) over loopback TLS; their addresses and the CA.
+fn start_servers() -> Result<(SocketAddr, SocketAddr, String), Error> {
+    use sharder_webhook::admission::RingSnapshot;
+    use sharder_webhook::ring_source::Rings;
+
+    let ca = sharder_harness::certs::TestCa::new("bench-ca")?;
+    let cert = ca.serving_cert("bench")?;
+    let dir = tempfile::tempdir()
+        .map_err(Error::io("create a folder"))?
+        .keep();
+    std::fs::write(dir.join("tls.crt"), &cert.cert_pem).map_err(Error::io("write the cert"))?;
+    std::fs::write(dir.join("tls.key"), &cert.key_pem).map_err(Error::io("write the key"))?;
+    let files = sharder_webhook::tls::TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let started = (|| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(Error::io("start the servers' runtime"))?;
+            let _entered = runtime.enter();
+            let spec = sharder_harness::fixtures::secrets_ring("example", None).spec;
+            let rings = Arc::new(Rings::default());
+            let snapshot =
+                RingSnapshot::new("example", &spec, (0..10).map(|i| format!("shard-{i}")));
+            rings.publish([("example".to_owned(), Arc::new(snapshot))].into());
+            let metrics = sharder_webhook::metrics::Metrics::new(
+                &mut prometheus_client::registry::Registry::default(),
+            );
+            let limits = sharder_webhook::server::Limits::default();
+            let sharder =
+                sharder_webhook::server::router(rings, Arc::new(NoOwners), metrics, limits);
+            let mut addrs = Vec::new();
+            for app in [crate::floor::floor_router(), sharder] {
+                let (config, _) = files
+                    .load()
+                    .map_err(|e| Error::Setup(format!("the load TLS files: {e}")))?;
+                let listener = std::net::TcpListener::bind("127.0.0.1:0")
+                    .map_err(Error::io("bind a load server"))?;
+                listener
+                    .set_nonblocking(true)
+                    .map_err(Error::io("bind a load server"))?;
+                addrs.push(
+                    listener
+                        .local_addr()
+                        .map_err(Error::io("bind a load server"))?,
+                );
+                let server = axum_server::from_tcp_rustls(listener, config)
+                    .map_err(Error::io("serve TLS"))?;
+                tokio::spawn(server.serve(app.into_make_service()));
+            }
+            Ok::<_, Error>((runtime, addrs[0], addrs[1]))
+        })();
+        match started {
+            Ok((runtime, floor, sharder)) => {
+                let _ = tx.send(Ok((floor, sharder)));
+                runtime.block_on(std::future::pending::<()>());
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    });
+    let (floor, sharder) = rx
+        .recv()
+        .map_err(|_| Error::Setup("the load servers did not start".to_owned()))??;
+    Ok((floor, sharder, ca.pem()))
+}
+
+/// Loads the floor and the sharder webhook in-process (see [`start_servers`]) in alternating
+/// rounds after a 1 s warm-up of each, from a load generator on a runtime of its own (2 worker
+/// threads). Blocks the calling thread.
+pub fn run_in_process(options: LoadOptions) -> Result<LoadRun, Error> {
+    let (floor, sharder, ca) = start_servers()?;
+    let sharder_path = sharder_common::endpoint::webhook_path("example");
+    let body = Bytes::from(sharder_harness::fixtures::secret_create_review(
+        "object-1234",
+        "project-a",
+        &[("app", "web")],
+        false,
+    ));
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(Error::io("start the load runtime"))?;
+        runtime.block_on(async {
+            let connector = connector(&ca)?;
+            let load = |addr: SocketAddr, path: &str, seconds: u64| {
+                let target = Target {
+                    addr,
+                    path: path.to_owned(),
+                    body: body.clone(),
+                };
+                let connector = connector.clone();
+                async move {
+                    round(
+                        &target,
+                        &connector,
+                        options.connections,
+                        Duration::from_secs(seconds),
+                    )
+                    .await
+                }
+            };
+            load(floor, crate::floor::FLOOR_PATH, 1).await?;
+            load(sharder, &sharder_path, 1).await?;
+            let mut rounds = Vec::new();
+            for _ in 0..options.rounds {
+                rounds.push((
+                    "floor",
+                    load(floor, crate::floor::FLOOR_PATH, options.seconds).await?,
+                ));
+                rounds.push((
+                    "sharder",
+                    load(sharder, &sharder_path, options.seconds).await?,
+                ));
+            }
+            Ok(LoadRun { options, rounds })
+        })
+    })
+    .join()
+    .map_err(|_| Error::Setup("the load generator panicked".to_owned()))?
 }
 
 /// Loads `target` over `connections` connections for `duration`.

@@ -25,7 +25,7 @@ pub struct Report {
     /// The rolling updates.
     pub rolling: Option<crate::rolling::RollingResult>,
     /// Section 2: the load bench's output.
-    pub load: Option<Result<String, String>>,
+    pub load: Option<Result<crate::load::LoadRun, String>>,
     /// Section 2: the webhook processes' memory under load.
     pub load_processes: Vec<crate::load::ProcessUnderLoad>,
     /// Section 3.
@@ -80,6 +80,20 @@ fn memory_total() -> String {
                 .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
         })
         .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// A markdown table with `header` and `rows` (each as many cells as the header), ending in a
+/// newline.
+pub fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        header.join(" | "),
+        "---|".repeat(header.len())
+    );
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -315,19 +329,24 @@ impl Report {
             Some(Err(e)) => {
                 let _ = writeln!(out, "Failed: {e}\n");
             }
-            Some(Ok(text)) => {
+            Some(Ok(run)) => {
+                let o = run.options;
                 let _ = writeln!(
                     out,
-                    "`cargo bench -p sharder-bench --bench load -- {}`: a hyper HTTP/1.1 keep-alive load generator and both servers (floor and sharder, same TLS stack) in one process on 2 cores, rounds alternating. Goal: >= 0.8x the floor's throughput, p99 <= 1.25x the floor's.\n",
-                    self.args.load_args
+                    "In-process (`cargo bench -p sharder-bench --bench load` runs the same): a hyper HTTP/1.1 keep-alive load generator with {} connections and both servers (floor and sharder, same TLS stack) on 2 worker threads each, {} rounds of {} s each alternating after a 1 s warm-up.\n\n{}",
+                    o.connections,
+                    o.rounds,
+                    o.seconds,
+                    run.markdown()
                 );
-                let _ = writeln!(out, "{}\n", text.trim());
-                let throughput: Option<f64> = text
-                    .split("throughput ")
-                    .nth(1)
-                    .and_then(|t| t.split('x').next())
-                    .and_then(|v| v.trim().parse().ok());
-                if throughput.is_some_and(|t| t < 0.8) {
+                let (throughput, p99) = run.ratios();
+                let _ = writeln!(
+                    out,
+                    "Sharder against the floor (medians): throughput {throughput:.2}x (goal >= 0.8: {}), p99 {p99:.2}x (goal <= 1.25: {}).\n",
+                    verdict(throughput >= 0.8),
+                    verdict(p99 <= 1.25)
+                );
+                if throughput < 0.8 {
                     let _ = writeln!(
                         out,
                         "Why missed: see `docs/performance-notes.md` (webhook per review) for what the sharder does per review that the floor does not.\n"
