@@ -163,10 +163,12 @@ impl Report {
             "Written by `make bench` (`cargo run --release -p sharder-bench`) on the local control plane; every comparison is measured side by side in the same run. Run took {:.0} s.\n",
             self.duration.as_secs_f64()
         );
-        let _ = writeln!(out, "## Machine and versions\n\n| | |\n|---|---|");
-        for (k, v) in &self.machine {
-            let _ = writeln!(out, "| {k} | {v} |");
-        }
+        let machine = self.machine.iter().map(|(k, v)| vec![k.clone(), v.clone()]);
+        let _ = write!(
+            out,
+            "## Machine and versions\n\n{}",
+            table(&["", ""], machine)
+        );
         let _ = writeln!(
             out,
             "\nParameters: {} creates per round at {}/s, {} rounds per mode; memory sizes {:?}; rebalancing {} objects; shard Lease {} s; load bench `{}`.\n",
@@ -836,52 +838,56 @@ impl Report {
         };
         match &r.lookups {
             Ok(lookups) => {
+                let rows = lookups
+                    .iter()
+                    .map(|(name, time)| vec![name.clone(), time.clone()]);
                 let _ = writeln!(
                     out,
-                    "Lookup (criterion, `cargo bench -p sharder-common --bench ring`; 100 tokens per shard, XXH64, binary search):\n\n| benchmark | time [low estimate high] |\n|---|---|"
+                    "Lookup (criterion, `cargo bench -p sharder-common --bench ring`; 100 tokens per shard, XXH64, binary search):\n\n{}",
+                    table(&["benchmark", "time [low estimate high]"], rows)
                 );
-                for (name, time) in lookups {
-                    let _ = writeln!(out, "| {name} | {time} |");
-                }
             }
             Err(e) => {
-                let _ = writeln!(out, "Lookup bench: {e}");
+                let _ = writeln!(out, "Lookup bench: {e}\n");
             }
         }
+        let balance = r.balance.iter().map(|b| {
+            vec![
+                b.shards.to_string(),
+                format!("{:.3}", b.max_over_mean),
+                format!("{:.3}", b.min_over_mean),
+                format!("{:.1} %", 100.0 * b.relative_std_dev),
+            ]
+        });
         let _ = writeln!(
             out,
-            "\nBalance over 100,000 object keys:\n\n| shards | max/mean | min/mean | relative std dev |\n|---|---|---|---|"
+            "Balance over 100,000 object keys:\n\n{}",
+            table(
+                &["shards", "max/mean", "min/mean", "relative std dev"],
+                balance
+            )
         );
-        for b in &r.balance {
-            let _ = writeln!(
-                out,
-                "| {} | {:.3} | {:.3} | {:.1} % |",
-                b.shards,
-                b.max_over_mean,
-                b.min_over_mean,
-                100.0 * b.relative_std_dev
-            );
-        }
+        let moved = r
+            .v08_moves
+            .iter()
+            .map(|(shards, share)| vec![shards.to_string(), format!("{:.1} %", 100.0 * share)]);
         let _ = writeln!(
             out,
-            "\nSwitching from the reference's v0.8 sharder (object key `<apiVersion>/<Kind>/<namespace>/<name>`) to the current key (`<group>/<Kind>/<namespace>/<name>`): share of 100,000 objects (Secrets, Deployments and a custom resource in turn) that land on another shard, moved once.\n\n| shards | objects moved |\n|---|---|"
+            "Switching from the reference's v0.8 sharder (object key `<apiVersion>/<Kind>/<namespace>/<name>`) to the current key (`<group>/<Kind>/<namespace>/<name>`): share of 100,000 objects (Secrets, Deployments and a custom resource in turn) that land on another shard, moved once.\n\n{}",
+            table(&["shards", "objects moved"], moved)
         );
-        for (shards, share) in &r.v08_moves {
-            let _ = writeln!(out, "| {shards} | {:.1} % |", 100.0 * share);
-        }
-        let _ = writeln!(out);
     }
 }
 
 /// The timeline table of one run.
 fn render_timeline(out: &mut String, timeline: &crate::timeline::Timeline) {
-    let _ = writeln!(out, "| what | count | from s | to s |\n|---|---|---|---|");
-    for span in &timeline.spans {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {:.3} | {:.3} |",
-            span.what, span.count, span.from, span.to
-        );
-    }
-    let _ = writeln!(out);
+    let rows = timeline.spans.iter().map(|span| {
+        vec![
+            span.what.to_string(),
+            span.count.to_string(),
+            format!("{:.3}", span.from),
+            format!("{:.3}", span.to),
+        ]
+    });
+    let _ = writeln!(out, "{}", table(&["what", "count", "from s", "to s"], rows));
 }
