@@ -252,7 +252,7 @@ async fn round(
 
 /// Runs the rounds: a warm-up per mode, then `args.rounds` rounds of each mode, interleaved.
 pub async fn run(
-    cp: &ControlPlane,
+    cp: &'static ControlPlane,
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<CreateLatency, Error> {

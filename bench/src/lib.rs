@@ -12,17 +12,17 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::core::PartialObjectMeta;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::Value;
-use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels};
+use sharder_common::{ClusterRing, Ring};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::NAMESPACE_LABEL;
-use sharder_harness::fixtures::{secrets_ring, shard_lease};
+use sharder_harness::fixtures::secrets_ring;
 use sharder_harness::launch::{Env, Reconciler, ReconcilerFlags};
+use sharder_harness::world::World;
 
 pub mod create_latency;
 pub mod floor;
@@ -218,44 +218,39 @@ pub const NAMESPACE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(900);
 /// are gone in moments).
 pub const WAIT_FOR_REMOVAL_FROM: usize = 10_000;
 
-/// One ring over Secrets of its own namespace, with shard Leases held for an hour.
-pub struct RingSetup {
-    /// Admin client.
-    pub client: Client,
-    /// The namespace (also the ring's name).
-    pub ns: String,
-    /// The ring's label keys.
-    pub labels: RingLabels,
+/// One ring over Secrets of its own namespace (a harness [`World`]: the ring is named after the
+/// namespace and selects it), with shard Leases held for an hour.
+pub struct RingSetup(World);
+
+impl std::ops::Deref for RingSetup {
+    type Target = World;
+
+    fn deref(&self) -> &World {
+        &self.0
+    }
 }
 
 impl RingSetup {
     /// A new namespace and ring; `controlled` adds ConfigMaps as controlled resources;
     /// `leases` shard Leases `shard-<i>` held for an hour.
     pub async fn new(
-        cp: &ControlPlane,
+        cp: &'static ControlPlane,
         prefix: &str,
         controlled: bool,
         leases: usize,
     ) -> Result<Self, Error> {
-        let client = cp.client().await?;
-        sharder_harness::crd::install_cluster_ring_crd(&client).await?;
-        let ns = cp.namespace(prefix).await?;
-        let mut ring = secrets_ring(&ns, Some(&ns));
+        let world = World::in_namespace(cp, cp.namespace(prefix).await?).await;
+        let mut ring = secrets_ring(&world.ring, Some(&world.ns));
         if !controlled {
             ring.spec.resources[0].controlled_resources.clear();
         }
-        Api::<ClusterRing>::all(client.clone())
+        Api::<ClusterRing>::all(world.client.clone())
             .create(&PostParams::default(), &ring)
             .await?;
-        let setup = Self {
-            labels: RingLabels::new(&ns),
-            client,
-            ns,
-        };
         for i in 0..leases {
-            setup.add_lease(&format!("shard-{i}")).await?;
+            world.add_shard_lease(&format!("shard-{i}"), 3600).await;
         }
-        Ok(setup)
+        Ok(Self(world))
     }
 
     /// Deletes the namespace and its ring; with `wait`, waits until the namespace is gone (the
@@ -265,7 +260,7 @@ impl RingSetup {
         let started = Instant::now();
         let namespaces = Api::<Namespace>::all(self.client.clone());
         let _ = Api::<ClusterRing>::all(self.client.clone())
-            .delete(&self.ns, &DeleteParams::default())
+            .delete(&self.ring, &DeleteParams::default())
             .await;
         namespaces
             .delete(&self.ns, &DeleteParams::default())
@@ -283,34 +278,6 @@ impl RingSetup {
             "namespace {} still there {NAMESPACE_REMOVAL_TIMEOUT:?} after its deletion",
             self.ns
         )))
-    }
-
-    /// Adds a shard Lease held for an hour.
-    pub async fn add_lease(&self, name: &str) -> Result<(), Error> {
-        Api::<Lease>::namespaced(self.client.clone(), &self.ns)
-            .create(
-                &PostParams::default(),
-                &shard_lease(&self.ns, &self.ns, name, true, 3600),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// The Secrets Api of the namespace.
-    pub fn secrets(&self) -> Api<Secret> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// The ConfigMaps Api of the namespace.
-    pub fn configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// The object key of Secret `name`.
-    pub fn key(&self, name: &str) -> String {
-        ObjectKey::main("", "Secret", Some(&self.ns), name)
-            .map(|k| k.to_string())
-            .unwrap_or_default()
     }
 
     /// Creates Secrets `object-<i>` for `range`, each already labelled with its shard on

@@ -54,7 +54,7 @@ async fn settle() {
 /// Measures every size of `args.sizes`; runs last, as the namespace of the last size is left
 /// to be deleted.
 pub async fn run(
-    cp: &ControlPlane,
+    cp: &'static ControlPlane,
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<Vec<MemoryRow>, Error> {
@@ -87,7 +87,7 @@ pub async fn run(
         settle().await;
         let (steady, _) = rss_kib(pid).ok_or_else(|| Error::Setup("no reconciler RSS".into()))?;
         let skip = reconciler.process.lines().len();
-        setup.add_lease("shard-3").await?;
+        setup.add_shard_lease("shard-3", 3600).await;
         let line = reconciler
             .process
             .wait_for(

@@ -841,7 +841,7 @@ impl Bench<'_> {
 
 /// Runs the scale-out rounds and then the crashes.
 pub async fn run(
-    cp: &ControlPlane,
+    cp: &'static ControlPlane,
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<RebalanceResult, Error> {

@@ -73,7 +73,7 @@ fn ring_of(names: &[String]) -> Ring {
 
 /// Rolls the shards three ways over `args.rebalance_objects` objects.
 pub async fn run(
-    cp: &ControlPlane,
+    cp: &'static ControlPlane,
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<RollingResult, Error> {
