@@ -29,11 +29,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub mod clients;
-pub mod metrics;
-pub mod rebalance;
-pub mod rings;
-pub mod shard_leases;
-pub mod webhook_config;
+mod metrics;
+mod rebalance;
+mod rings;
+mod shard_leases;
+mod webhook_config;
 
 /// Readiness condition: the leader's watches (shard Leases, ClusterRings, webhook
 /// configurations) have listed. A standby has nothing to list and is ready: it takes over when

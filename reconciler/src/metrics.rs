@@ -11,7 +11,7 @@ use sharder_runtime::metrics::{ResourceLabels, RingLabel, register};
 
 /// Labels of the shard state set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShardLabels {
+pub(crate) struct ShardLabels {
     /// The ClusterRing.
     pub clusterring: String,
     /// The Lease's namespace.
@@ -24,7 +24,7 @@ pub struct ShardLabels {
 
 /// Labels of the failed write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailedWriteLabels {
+pub(crate) struct FailedWriteLabels {
     /// The ClusterRing.
     pub clusterring: String,
     /// API group of the resource.
@@ -37,7 +37,7 @@ pub struct FailedWriteLabels {
 
 /// Labels of the failed rebalance counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailedRebalanceLabels {
+pub(crate) struct FailedRebalanceLabels {
     /// The ClusterRing.
     pub clusterring: String,
     /// `list` (a list failed), `write` (a write failed) or `reconcile` (the ring's reconcile
@@ -47,7 +47,7 @@ pub struct FailedRebalanceLabels {
 
 /// Labels of the webhook configuration write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConfigurationWriteLabels {
+pub(crate) struct ConfigurationWriteLabels {
     /// The ClusterRing.
     pub clusterring: String,
     /// Why it was written: `missing`, `ca_bundle` or `changed`.
@@ -56,14 +56,14 @@ pub struct ConfigurationWriteLabels {
 
 /// Labels of the leader gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LeaderLabels {
+pub(crate) struct LeaderLabels {
     /// The leader election Lease.
     pub name: String,
 }
 
 /// All metrics of the reconciler.
 #[derive(Clone, Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Objects assigned directly by the reconciler (unassigned, dead shard, controlled).
     pub movements: Family<ResourceLabels, Counter>,
     /// Drain labels added.
@@ -94,7 +94,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Creates and registers the metrics.
-    pub fn new(registry: &mut Registry) -> Self {
+    pub(crate) fn new(registry: &mut Registry) -> Self {
         Self {
             movements: register(
                 registry,

@@ -25,49 +25,49 @@ use sharder_common::{GroupResource, Ring, RingLabels, Role};
 use tokio::sync::Semaphore;
 use tracing::warn;
 
-pub mod concurrency;
+pub(crate) mod concurrency;
 mod listing;
-pub mod pages;
-pub mod plan;
+pub(crate) mod pages;
+pub(crate) mod plan;
 mod writing;
 
-pub use writing::RateLimiter;
+pub(crate) use writing::RateLimiter;
 use writing::Written;
 
 use concurrency::WriteSlots;
-pub use plan::{Move, Reason};
+pub(crate) use plan::{Move, Reason};
 
 use crate::metrics::Metrics;
 use crate::rings::namespaces::Namespaces;
 
 /// The first wait after a write conflict (409); it doubles (with jitter) up to
 /// [`CONFLICT_BACKOFF_MAX`].
-pub const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub(crate) const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 
 /// The longest wait between two attempts of a conflicting write.
-pub const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+pub(crate) const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// How often a conflicting write is re-read, re-planned and retried before it counts as failed
 /// (the next rebalance tries again).
-pub const CONFLICT_RETRIES: usize = 5;
+pub(crate) const CONFLICT_RETRIES: usize = 5;
 
 /// How often a write the apiserver was too busy for (429, 503, 504, a failed connection) is
 /// sent again, after its Retry-After or a backoff, before it counts as failed.
-pub const OVERLOAD_RETRIES: usize = 5;
+pub(crate) const OVERLOAD_RETRIES: usize = 5;
 
 /// How long a write may take before it counts as unanswered (an overload: it is sent again,
 /// and a write that did land meanwhile makes the next attempt conflict, re-read and stay).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Writes in flight when the reconciler starts; the limit adapts from there (up to
 /// `--max-concurrent-writes`).
-pub const INITIAL_CONCURRENT_WRITES: usize = 16;
+pub(crate) const INITIAL_CONCURRENT_WRITES: usize = 16;
 
 /// Listed objects that may still wait for a write slot when the next page is requested (on
 /// top of the page's own): the writers work through them while the apiserver prepares the page
 /// (about 0.2 s per page with 300,000 objects in a namespace on etcd 3.4), so they do not run
 /// dry at a page boundary. One round of the default write slots.
-pub const LISTED_AHEAD: usize = 64;
+pub(crate) const LISTED_AHEAD: usize = 64;
 
 /// The rebalancer's clients: list pages and object writes (with the small reads around them:
 /// owners, re-reads after a conflict) each on connections of their own.
@@ -81,7 +81,7 @@ pub struct Clients {
 
 /// One resource of a ring, resolved through discovery.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub(crate) struct Target {
     /// Group and plural name.
     pub resource: GroupResource,
     /// Main or controlled.
@@ -94,7 +94,7 @@ pub struct Target {
 
 /// Which objects one list selects.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Every object of the resource (a shard was added, the ring changed, periodic resync).
     All,
     /// Objects on one shard (`<shard label>=<shard>`), when that shard died.
@@ -116,7 +116,7 @@ impl Scope {
 
 /// Settings of the rebalancer.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Objects per list page.
     pub page_size: u32,
     /// The most writes in flight at once (the adaptive limit's ceiling).
@@ -125,7 +125,7 @@ pub struct Settings {
 
 /// Counts of one rebalance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Objects listed.
     pub listed: usize,
     /// Drain labels added.
@@ -143,7 +143,7 @@ pub struct Outcome {
 
 /// One object of a ring's resource: enough to read it again.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectId {
+pub(crate) struct ObjectId {
     /// Its resource.
     pub resource: GroupResource,
     /// Its namespace (`None`: cluster-scoped).
@@ -154,12 +154,12 @@ pub struct ObjectId {
 
 impl Outcome {
     /// Whether anything was written.
-    pub fn moved_anything(&self) -> bool {
+    pub(crate) fn moved_anything(&self) -> bool {
         self.drained > 0 || self.assigned.values().any(|n| *n > 0)
     }
 
     /// Adds `other`'s counts and waiting objects to these.
-    pub fn add(&mut self, other: Outcome) {
+    pub(crate) fn add(&mut self, other: Outcome) {
         self.listed += other.listed;
         self.drained += other.drained;
         self.errors += other.errors;
@@ -184,7 +184,7 @@ impl Outcome {
 }
 
 /// One ring's view for a rebalance.
-pub struct RingView<'a> {
+pub(crate) struct RingView<'a> {
     /// The ring's name.
     pub name: &'a str,
     /// Its label keys.
@@ -200,7 +200,7 @@ pub struct RingView<'a> {
 /// The rebalancer: lists and writes with one client, one rate limiter, one set of write slots
 /// and shared metrics.
 #[derive(Clone)]
-pub struct Rebalancer {
+pub(crate) struct Rebalancer {
     lists: Client,
     writes: Client,
     settings: Settings,
@@ -211,7 +211,7 @@ pub struct Rebalancer {
 
 impl Rebalancer {
     /// A rebalancer with `clients`, writing at most `max_writes_per_second` (0: unlimited).
-    pub fn new(
+    pub(crate) fn new(
         clients: Clients,
         settings: Settings,
         max_writes_per_second: u32,
@@ -233,12 +233,12 @@ impl Rebalancer {
     }
 
     /// The writes the adaptive limit lets be in flight now ([`concurrency`]).
-    pub fn write_limit(&self) -> usize {
+    pub(crate) fn write_limit(&self) -> usize {
         self.slots.in_flight().1
     }
 
     /// The integral of the writes in flight up to now (every ring's).
-    pub fn busy(&self) -> concurrency::Busy {
+    pub(crate) fn busy(&self) -> concurrency::Busy {
         self.slots.busy()
     }
 
@@ -260,7 +260,12 @@ impl Rebalancer {
 
     /// Rebalances every target over every scope: main resources first, so that controlled
     /// objects are planned against their owners' state after this pass's drains.
-    pub async fn run(&self, view: &RingView<'_>, targets: &[Target], scopes: &[Scope]) -> Outcome {
+    pub(crate) async fn run(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        scopes: &[Scope],
+    ) -> Outcome {
         let mut outcome = Outcome::default();
         let ordered = targets
             .iter()
@@ -277,7 +282,7 @@ impl Rebalancer {
     /// Looks again at controlled objects that were waiting for their owners: each one that can
     /// follow its owner now is moved (one write), the others stay in the returned outcome's
     /// `awaiting`.
-    pub async fn recheck(
+    pub(crate) async fn recheck(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
@@ -311,7 +316,7 @@ impl Rebalancer {
     /// Counts objects of `target` carrying the drain label (drains not acknowledged yet), up to
     /// a page of them: the count ends with the first page that holds any (what a drain check
     /// needs is whether any is pending; the log shows the count).
-    pub async fn pending_drains(
+    pub(crate) async fn pending_drains(
         &self,
         view: &RingView<'_>,
         target: &Target,

@@ -33,30 +33,30 @@ use crate::metrics::{FailedRebalanceLabels, Metrics};
 use crate::rebalance::{ObjectId, Rebalancer, RingView, Scope};
 use crate::shard_leases::leases_of;
 
-pub mod discovery;
-pub mod namespaces;
-pub mod report;
-pub mod schedule;
-pub mod status;
-pub mod triggers;
+pub(crate) mod discovery;
+pub(crate) mod namespaces;
+pub(crate) mod report;
+pub(crate) mod schedule;
+pub(crate) mod status;
+pub(crate) mod triggers;
 
-pub use schedule::Intervals;
+pub(crate) use schedule::Intervals;
 use schedule::{Observed, Progress, Ran};
 use status::Counts;
 
 /// Field manager of the reconciler's server-side applies.
-pub const FIELD_MANAGER: &str = "sharder-reconciler";
+pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 
 /// How long ClusterRing and Lease events are collected before a ring is reconciled (a rolling
 /// restart's shard changes trigger one reconcile, not one per shard; Lease renewals trigger
 /// nothing, see [`triggers`]).
-pub const DEBOUNCE: Duration = Duration::from_millis(200);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// When to retry after a failed reconcile.
-pub const ERROR_REQUEUE: Duration = Duration::from_secs(2);
+pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
 /// Context of the ring controller.
-pub struct Context {
+pub(crate) struct Context {
     /// Client for discovery, lists and status.
     pub client: Client,
     /// Shard Leases (from the shard lease controller).
@@ -76,7 +76,7 @@ pub struct Context {
 
 impl Context {
     /// A context that remembers no ring yet.
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         leases: Store<Lease>,
         namespace_selector: LabelSelector,
@@ -326,7 +326,7 @@ pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Conte
 
 /// The controller over the ClusterRings matching `selector` (empty: all), triggered by their
 /// shard Leases too, when a Lease's shard can have changed ([`triggers`]).
-pub fn controller(
+pub(crate) fn controller(
     client: Client,
     selector: &str,
 ) -> (Controller<ClusterRing>, sharder_runtime::controller::Listed) {

@@ -25,19 +25,19 @@ use crate::Error;
 use crate::metrics::{Metrics, ShardLabels};
 
 /// How long after a state boundary the controller wakes, so the new state is in force.
-pub const BOUNDARY_MARGIN: Duration = Duration::from_millis(20);
+pub(crate) const BOUNDARY_MARGIN: Duration = Duration::from_millis(20);
 
 /// When to look again after a takeover lost a race with the shard's own renewal (409).
-pub const CONFLICT_REQUEUE: Duration = Duration::from_millis(200);
+pub(crate) const CONFLICT_REQUEUE: Duration = Duration::from_millis(200);
 
 /// When to look again at a Lease whose ring is not (yet) among the managed rings.
-pub const UNKNOWN_RING_REQUEUE: Duration = Duration::from_secs(1);
+pub(crate) const UNKNOWN_RING_REQUEUE: Duration = Duration::from_secs(1);
 
 /// When to retry after a failed reconcile.
-pub const ERROR_REQUEUE: Duration = Duration::from_secs(2);
+pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
 /// Context of the shard lease controller.
-pub struct Context {
+pub(crate) struct Context {
     /// Client for Lease writes.
     pub client: Client,
     /// Metrics.
@@ -49,7 +49,7 @@ pub struct Context {
 
 /// What the controller does with a Lease.
 #[derive(Clone, Debug, PartialEq)]
-pub enum LeaseAction {
+pub(crate) enum LeaseAction {
     /// Write the state label (it is missing or stale), then wake after `wake`.
     Label {
         /// The state to write.
@@ -66,14 +66,14 @@ pub enum LeaseAction {
 }
 
 /// How long until just past `next_change` (the next state boundary), if there is one.
-pub fn wake_after(next_change: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
+pub(crate) fn wake_after(next_change: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
     next_change.map(|next| {
         Duration::try_from(next.duration_since(now)).unwrap_or_default() + BOUNDARY_MARGIN
     })
 }
 
 /// The Lease's state at `now` and what to do about it.
-pub fn decide(lease: &Lease, now: Timestamp) -> (LeaseStatus, LeaseAction) {
+pub(crate) fn decide(lease: &Lease, now: Timestamp) -> (LeaseStatus, LeaseAction) {
     let status = shard_state(lease, now);
     let action = match status.state {
         ShardState::Uncertain => {
@@ -212,7 +212,9 @@ pub(crate) fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) ->
 
 /// The controller over shard Leases (selector: the ring label exists), and its Lease store
 /// (which the ring controller reads).
-pub fn controller(client: Client) -> (Controller<Lease>, sharder_runtime::controller::Listed) {
+pub(crate) fn controller(
+    client: Client,
+) -> (Controller<Lease>, sharder_runtime::controller::Listed) {
     sharder_runtime::controller::listed_controller(
         Api::<Lease>::all(client),
         watcher::Config::default().labels(RING_LABEL),
@@ -220,7 +222,7 @@ pub fn controller(client: Client) -> (Controller<Lease>, sharder_runtime::contro
 }
 
 /// The shard Leases of `ring` from `store`.
-pub fn leases_of(store: &Store<Lease>, ring: &str) -> Vec<Arc<Lease>> {
+pub(crate) fn leases_of(store: &Store<Lease>, ring: &str) -> Vec<Arc<Lease>> {
     store
         .state()
         .into_iter()

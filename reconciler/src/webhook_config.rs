@@ -2,6 +2,6 @@
 //! `sharder_common::webhook_configuration`) in the cluster: [`controller`] applies it when it is
 //! missing or differs, [`drift`] tells what differs, [`ca`] follows the CA file.
 
-pub mod ca;
-pub mod controller;
-pub mod drift;
+pub(crate) mod ca;
+pub(crate) mod controller;
+pub(crate) mod drift;

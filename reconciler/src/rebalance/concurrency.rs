@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 /// The apiserver's answer to one write, as far as the limit cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// It was handled (written, or refused for the object's own reasons: conflict, gone).
     Handled,
     /// The apiserver is overloaded or unreachable: 429, 5xx, a transport error or timeout.
@@ -29,7 +29,7 @@ pub enum Answer {
 
 /// The adaptive limit of writes in flight.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdaptiveLimit {
+pub(crate) struct AdaptiveLimit {
     limit: f64,
     max: f64,
     slow_start: bool,
@@ -40,7 +40,7 @@ pub struct AdaptiveLimit {
 
 impl AdaptiveLimit {
     /// A limit starting at `initial` (at least 1), never above `max` (at least 1).
-    pub fn new(initial: usize, max: usize) -> Self {
+    pub(crate) fn new(initial: usize, max: usize) -> Self {
         let max = max.max(1) as f64;
         Self {
             limit: (initial.max(1) as f64).min(max),
@@ -51,18 +51,13 @@ impl AdaptiveLimit {
     }
 
     /// Writes that may be in flight now.
-    pub fn current(&self) -> usize {
+    pub(crate) fn current(&self) -> usize {
         // The limit is between 1 and max, both usize: the cast only drops the fraction.
         self.limit.floor() as usize
     }
 
-    /// The largest the limit may grow.
-    pub fn max(&self) -> usize {
-        self.max as usize
-    }
-
     /// Takes the answer to one write into account.
-    pub fn on_answer(&mut self, answer: Answer) {
+    pub(crate) fn on_answer(&mut self, answer: Answer) {
         let cooling = self.cooldown > 0;
         self.cooldown = self.cooldown.saturating_sub(1);
         match answer {
@@ -88,7 +83,7 @@ impl AdaptiveLimit {
 /// The reconciler's write slots: at most [`AdaptiveLimit::current`] writes in flight at once,
 /// over every ring and rebalance.
 #[derive(Debug)]
-pub struct WriteSlots {
+pub(crate) struct WriteSlots {
     state: Mutex<SlotState>,
     freed: Notify,
     gauge: Gauge,
@@ -105,7 +100,7 @@ struct SlotState {
 /// Writes in flight integrated over time (write-seconds), to tell how many were in flight on
 /// average between two readings ([`Busy::mean_since`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Busy {
+pub(crate) struct Busy {
     at: Instant,
     write_seconds: f64,
 }
@@ -129,7 +124,7 @@ impl Busy {
     }
 
     /// Writes in flight on average from `earlier` to this reading (0 over no time).
-    pub fn mean_since(&self, earlier: &Busy) -> f64 {
+    pub(crate) fn mean_since(&self, earlier: &Busy) -> f64 {
         let seconds = self.at.saturating_duration_since(earlier.at).as_secs_f64();
         if seconds > 0.0 {
             (self.write_seconds - earlier.write_seconds) / seconds
@@ -142,14 +137,14 @@ impl Busy {
 /// One write in flight; give it back with [`Slot::answered`] (dropping it gives it back without
 /// an answer, e.g. when the rebalance is abandoned).
 #[derive(Debug)]
-pub struct Slot<'a> {
+pub(crate) struct Slot<'a> {
     slots: &'a WriteSlots,
     answer: Option<Answer>,
 }
 
 impl WriteSlots {
     /// Slots starting at `initial` in flight, at most `max`; `gauge` shows the limit.
-    pub fn new(initial: usize, max: usize, gauge: Gauge) -> Self {
+    pub(crate) fn new(initial: usize, max: usize, gauge: Gauge) -> Self {
         let limit = AdaptiveLimit::new(initial, max);
         gauge.set(i64::try_from(limit.current()).unwrap_or(i64::MAX));
         Self {
@@ -168,7 +163,7 @@ impl WriteSlots {
     }
 
     /// Waits for a free slot.
-    pub async fn acquire(&self) -> Slot<'_> {
+    pub(crate) async fn acquire(&self) -> Slot<'_> {
         loop {
             let freed = self.freed.notified();
             {
@@ -187,13 +182,13 @@ impl WriteSlots {
     }
 
     /// Writes in flight now and the limit.
-    pub fn in_flight(&self) -> (usize, usize) {
+    pub(crate) fn in_flight(&self) -> (usize, usize) {
         let state = self.lock();
         (state.in_flight, state.limit.current())
     }
 
     /// The integral of writes in flight up to now.
-    pub fn busy(&self) -> Busy {
+    pub(crate) fn busy(&self) -> Busy {
         let state = self.lock();
         state.busy.advanced(Instant::now(), state.in_flight)
     }
@@ -201,7 +196,7 @@ impl WriteSlots {
 
 impl Slot<'_> {
     /// Gives the slot back with the apiserver's answer to its write.
-    pub fn answered(mut self, answer: Answer) {
+    pub(crate) fn answered(mut self, answer: Answer) {
         self.answer = Some(answer);
     }
 }

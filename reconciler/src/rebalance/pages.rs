@@ -21,7 +21,7 @@ use sharder_common::labels::is_sharding_label;
 /// One list page: its objects, cut down to what a move needs, and the token of the next page
 /// (`None` on the last).
 #[derive(Debug, Default, PartialEq)]
-pub struct ParsedPage {
+pub(crate) struct ParsedPage {
     /// The page's objects, in order.
     pub objects: Vec<Waiting>,
     /// The token of the next page.
@@ -29,7 +29,7 @@ pub struct ParsedPage {
 }
 
 /// Parses a metadata-only list response body.
-pub fn parse(body: &[u8]) -> Result<ParsedPage, serde_json::Error> {
+pub(crate) fn parse(body: &[u8]) -> Result<ParsedPage, serde_json::Error> {
     #[derive(Deserialize)]
     struct List {
         #[serde(default)]

@@ -10,7 +10,7 @@ use sharder_common::{ObjectKey, Ring, RingLabels, Role};
 
 /// Why an object moves (the `reason` of the move log line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// Moved off a live shard for rebalancing (a drain for main objects, a direct assignment
     /// for controlled objects, which follow their owner).
     Drain,
@@ -22,7 +22,7 @@ pub enum Reason {
 
 impl Reason {
     /// The reason as a log and metric value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Drain => "drain",
             Self::DeadShard => "dead-shard",
@@ -39,7 +39,7 @@ impl fmt::Display for Reason {
 
 /// The write one object needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Move {
+pub(crate) enum Move {
     /// Add the drain label; the current shard acknowledges by removing both labels, and the
     /// webhook (or the next unassigned sweep) assigns the desired shard.
     Drain {
@@ -61,7 +61,7 @@ pub enum Move {
 
 impl Move {
     /// The merge patch for the move, carrying `resource_version` as optimistic lock.
-    pub fn patch(&self, labels: &RingLabels, resource_version: &str) -> Value {
+    pub(crate) fn patch(&self, labels: &RingLabels, resource_version: &str) -> Value {
         match self {
             Self::Drain { .. } => json!({"metadata": {
                 "resourceVersion": resource_version,
@@ -77,7 +77,7 @@ impl Move {
 
 /// The object's key on the ring, or `None` when it has none (no name yet, no controller
 /// reference, or a malformed one: such objects are left alone).
-pub fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> Option<ObjectKey> {
+pub(crate) fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> Option<ObjectKey> {
     ObjectKey::of(role, group, kind, meta.namespace.as_deref(), meta)
         .ok()
         .flatten()
@@ -85,7 +85,7 @@ pub fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> Option<
 
 /// The move a **main** object `meta` needs, or `None` if it stays: no key, no shard available,
 /// already on its desired shard, or already draining (its shard acknowledges).
-pub fn plan(
+pub(crate) fn plan(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
     ring: &Ring,
@@ -125,7 +125,7 @@ pub fn plan(
 
 /// What a controlled object needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChildPlan {
+pub(crate) enum ChildPlan {
     /// This write.
     Move(Move),
     /// Nothing now.
@@ -140,7 +140,7 @@ pub enum ChildPlan {
 ///
 /// A child on its desired shard stays; a leftover drain label is cleared; a child on a dead
 /// shard moves to its desired shard at once (1 write; its owner moves there directly too).
-pub fn plan_child(
+pub(crate) fn plan_child(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
     ring: &Ring,
@@ -173,7 +173,7 @@ pub fn plan_child(
 /// yet to move, or is draining off that shard): it waits. No holder: an assigned child waits,
 /// an unassigned one stays unassigned until the next sweep; a child whose owner is missing
 /// stays (the garbage collector removes it, or the owner appears).
-pub fn follow_owner(
+pub(crate) fn follow_owner(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
     ring: &Ring,

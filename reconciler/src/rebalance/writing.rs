@@ -26,14 +26,14 @@ use crate::metrics::FailedWriteLabels;
 
 /// Bounds the rate of writes: at most one per `interval`, shared by all writers.
 #[derive(Debug)]
-pub struct RateLimiter {
+pub(crate) struct RateLimiter {
     next: Mutex<tokio::time::Instant>,
     interval: Duration,
 }
 
 impl RateLimiter {
     /// At most `per_second` writes per second; 0 means unlimited.
-    pub fn new(per_second: u32) -> Self {
+    pub(crate) fn new(per_second: u32) -> Self {
         let interval = if per_second == 0 {
             Duration::ZERO
         } else {

@@ -21,7 +21,7 @@ const PAGE: u32 = 500;
 
 /// The ring's namespaces now: every namespace is listed (metadata only, page by page) and
 /// matched against the ring's selector with the apiserver's semantics (kube's `Selector`).
-pub async fn namespaces(
+pub(crate) async fn namespaces(
     client: &Client,
     spec: &ClusterRingSpec,
     global: &LabelSelector,
@@ -52,7 +52,7 @@ pub async fn namespaces(
 
 /// Which namespaces a ring's namespaced objects may be in, and how they are listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Namespaces {
+pub(crate) struct Namespaces {
     /// The ring's namespaces.
     pub selected: BTreeSet<String>,
     /// List namespaced objects namespace by namespace instead of across the cluster (see
@@ -67,7 +67,7 @@ impl Namespaces {
     /// resource in its range from etcd, whatever the label selector: across the cluster, a
     /// ring of a few namespaces would read every Secret (say) of the cluster on every sweep,
     /// while one list per namespace reads only its own, at a request each.
-    pub fn new(selected: BTreeSet<String>, total: usize) -> Self {
+    pub(crate) fn new(selected: BTreeSet<String>, total: usize) -> Self {
         let one_by_one = selected.len() * 2 <= total;
         Self {
             selected,
@@ -76,19 +76,19 @@ impl Namespaces {
     }
 
     /// Whether a namespaced object in `namespace` belongs to the ring.
-    pub fn contains(&self, namespace: &str) -> bool {
+    pub(crate) fn contains(&self, namespace: &str) -> bool {
         self.selected.contains(namespace)
     }
 
     /// Whether an object of `target` in `namespace` (as listed) belongs to the ring: every
     /// cluster-scoped one, a namespaced one in a selected namespace.
-    pub fn holds(&self, target: &Target, namespace: Option<&str>) -> bool {
+    pub(crate) fn holds(&self, target: &Target, namespace: Option<&str>) -> bool {
         !target.namespaced || namespace.is_some_and(|ns| self.contains(ns))
     }
 
     /// Where `target`'s objects are listed from: `None` for the whole cluster, else each
     /// namespace.
-    pub fn list_ranges(&self, target: &Target) -> Vec<Option<&str>> {
+    pub(crate) fn list_ranges(&self, target: &Target) -> Vec<Option<&str>> {
         if target.namespaced && self.one_by_one {
             self.selected.iter().map(|ns| Some(ns.as_str())).collect()
         } else {

@@ -14,7 +14,7 @@ use crate::rebalance::{Outcome, Scope};
 
 /// How a rebalance's writes went (the reconciler's, every ring's).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WriteStats {
+pub(crate) struct WriteStats {
     /// The writes the adaptive limit allowed in flight at its end.
     pub limit: usize,
     /// The writes in flight on average over it.
@@ -23,7 +23,7 @@ pub struct WriteStats {
 
 /// Logs the summary of a rebalance (`pending` drains left, how its writes went) and publishes
 /// the Event.
-pub async fn report(
+pub(crate) async fn report(
     recorder: &Recorder,
     ring: &ClusterRing,
     scopes: &BTreeSet<Scope>,
@@ -77,7 +77,7 @@ pub async fn report(
 }
 
 /// Publishes a `Warning` Event `reason` with `note` on `ring`.
-pub async fn warning(recorder: &Recorder, ring: &ClusterRing, reason: &str, note: String) {
+pub(crate) async fn warning(recorder: &Recorder, ring: &ClusterRing, reason: &str, note: String) {
     publish(
         recorder,
         ring,

@@ -20,14 +20,14 @@ use crate::rebalance::{ObjectId, Scope};
 
 /// The most controlled objects remembered as waiting for their owners; beyond it they are not
 /// remembered one by one and the next drain check lists everything again.
-pub const MAX_AWAITING: usize = 10_000;
+pub(crate) const MAX_AWAITING: usize = 10_000;
 
 /// The shortest requeue, so a busy ring never spins.
-pub const MIN_REQUEUE: Duration = Duration::from_millis(100);
+pub(crate) const MIN_REQUEUE: Duration = Duration::from_millis(100);
 
 /// Timing of rebalances.
 #[derive(Clone, Copy, Debug)]
-pub struct Intervals {
+pub(crate) struct Intervals {
     /// Full resync of every ring.
     pub resync: Duration,
     /// Unassigned sweep (`!<shard label>`), for objects the webhook missed.
@@ -38,7 +38,7 @@ pub struct Intervals {
 
 /// What the ring looks like now.
 #[derive(Clone, Copy, Debug)]
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     /// The ring's uid (a recreated ring is a new ring).
     pub uid: &'a str,
     /// Its generation (spec changes).
@@ -49,7 +49,7 @@ pub struct Observed<'a> {
 
 /// What the controller remembers of a ring between reconciles.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// The uid it was remembered for.
     pub uid: String,
     /// The generation last acted on.
@@ -71,7 +71,7 @@ pub struct Progress {
 
 /// How a rebalance went.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ran {
+pub(crate) struct Ran {
     /// Whether it listed everything.
     pub full: bool,
     /// Whether drains are still pending.
@@ -83,7 +83,7 @@ pub struct Ran {
 }
 
 /// The remembered progress of the ring `observed` shows, if it is the same ring.
-pub fn same_ring<'p>(
+pub(crate) fn same_ring<'p>(
     progress: Option<&'p Progress>,
     observed: &Observed<'_>,
 ) -> Option<&'p Progress> {
@@ -91,7 +91,7 @@ pub fn same_ring<'p>(
 }
 
 /// The lists to run now.
-pub fn scopes(
+pub(crate) fn scopes(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
     intervals: &Intervals,
@@ -120,7 +120,7 @@ pub fn scopes(
 
 /// What to remember after a reconcile at `now`: the observed ring and how the rebalance went (`None`: nothing was listed). After a failed rebalance
 /// the previous shard set is kept, so the next reconcile retries the same work.
-pub fn progress_after(
+pub(crate) fn progress_after(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
     ran: Option<Ran>,
@@ -158,7 +158,7 @@ pub fn progress_after(
 
 /// How long until the ring needs the controller again: the next resync or sweep, and every
 /// drain check while drains are pending; at least [`MIN_REQUEUE`].
-pub fn requeue_after(progress: &Progress, intervals: &Intervals, now: Instant) -> Duration {
+pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Instant) -> Duration {
     let until_resync = intervals
         .resync
         .saturating_sub(now.saturating_duration_since(progress.last_full));

@@ -12,11 +12,11 @@ use sharder_common::{ClusterRing, ClusterRingStatus};
 use crate::Error;
 
 /// Reason of the `Ready` condition when shard names are ambiguous.
-pub const REASON_CONFLICTING_SHARD_NAMES: &str = "ConflictingShardNames";
+pub(crate) const REASON_CONFLICTING_SHARD_NAMES: &str = "ConflictingShardNames";
 
 /// What the status reports.
 #[derive(Clone, Copy, Debug)]
-pub struct Counts<'a> {
+pub(crate) struct Counts<'a> {
     /// Shard Leases of the ring.
     pub shards: usize,
     /// Available shards.
@@ -29,7 +29,7 @@ pub struct Counts<'a> {
 
 /// The `Ready` condition for `counts` at generation `generation`; its transition time moves
 /// only when its status changes (then it is `now`).
-pub fn ready_condition(
+pub(crate) fn ready_condition(
     existing: Option<&ClusterRingStatus>,
     generation: i64,
     counts: Counts<'_>,
@@ -77,7 +77,11 @@ pub fn ready_condition(
 }
 
 /// The status the ring should have.
-pub fn desired_status(ring: &ClusterRing, counts: Counts<'_>, now: Timestamp) -> ClusterRingStatus {
+pub(crate) fn desired_status(
+    ring: &ClusterRing,
+    counts: Counts<'_>,
+    now: Timestamp,
+) -> ClusterRingStatus {
     let generation = ring.meta().generation.unwrap_or_default();
     let count = |n: usize| Some(i32::try_from(n).unwrap_or(i32::MAX));
     ClusterRingStatus {
@@ -94,7 +98,7 @@ pub fn desired_status(ring: &ClusterRing, counts: Counts<'_>, now: Timestamp) ->
 }
 
 /// Writes the ring's status if it differs from what it should be.
-pub async fn patch_status(
+pub(crate) async fn patch_status(
     client: &Client,
     ring: &ClusterRing,
     counts: Counts<'_>,

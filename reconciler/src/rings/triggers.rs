@@ -33,13 +33,13 @@ impl Signature {
 
 /// The Leases seen, by namespace and name, with what the rings read of them.
 #[derive(Debug, Default)]
-pub struct LeaseTriggers {
+pub(crate) struct LeaseTriggers {
     seen: HashMap<(String, String), Signature>,
 }
 
 impl LeaseTriggers {
     /// The Lease of `event` if it should wake its ring.
-    pub fn admit(&mut self, event: Event<Lease>) -> Option<Lease> {
+    pub(crate) fn admit(&mut self, event: Event<Lease>) -> Option<Lease> {
         let key = |l: &Lease| (l.namespace().unwrap_or_default(), l.name_any());
         match event {
             // A relist wakes every ring once (it may follow missed events).
@@ -63,7 +63,9 @@ impl LeaseTriggers {
 }
 
 /// The events of `events` that should wake a ring, as Lease objects (errors pass through).
-pub fn lease_triggers<S>(events: S) -> impl Stream<Item = Result<Lease, watcher::Error>> + Send
+pub(crate) fn lease_triggers<S>(
+    events: S,
+) -> impl Stream<Item = Result<Lease, watcher::Error>> + Send
 where
     S: Stream<Item = Result<Event<Lease>, watcher::Error>> + Send,
 {

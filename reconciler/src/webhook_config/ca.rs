@@ -26,7 +26,7 @@ fn invalid(path: &Path, reason: String) -> Error {
 }
 
 /// Checks that `pem` holds at least one certificate and nothing unparsable.
-pub fn check(path: &Path, pem: &[u8]) -> Result<(), Error> {
+pub(crate) fn check(path: &Path, pem: &[u8]) -> Result<(), Error> {
     let mut certificates = 0;
     for cert in CertificateDer::pem_slice_iter(pem) {
         cert.map_err(|e| invalid(path, e.to_string()))?;
@@ -39,7 +39,7 @@ pub fn check(path: &Path, pem: &[u8]) -> Result<(), Error> {
 }
 
 /// Reads and checks the bundle at `path`.
-pub fn read(path: &Path) -> Result<Vec<u8>, Error> {
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, Error> {
     let pem = std::fs::read(path).map_err(|source| Error::CaFile {
         path: path.to_owned(),
         source,
@@ -50,7 +50,7 @@ pub fn read(path: &Path) -> Result<Vec<u8>, Error> {
 
 /// Re-reads `path` every `interval` until `shutdown` and publishes changed bundles that parse on
 /// `bundle` (whose current value is the loaded one).
-pub async fn reload_on_change(
+pub(crate) async fn reload_on_change(
     path: PathBuf,
     bundle: watch::Sender<Vec<u8>>,
     interval: Duration,

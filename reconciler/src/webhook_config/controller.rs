@@ -26,10 +26,10 @@ use crate::rings::FIELD_MANAGER;
 use sharder_common::webhook_configuration::{WebhookSettings, webhook_configuration};
 
 /// When to retry after a failed reconcile.
-pub const ERROR_REQUEUE: Duration = Duration::from_secs(2);
+pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
 /// Context of the webhook configuration controller.
-pub struct Context {
+pub(crate) struct Context {
     /// Client for the configurations.
     pub client: Client,
     /// Everything but the CA bundle (see `ca`).
@@ -43,7 +43,7 @@ pub struct Context {
 }
 
 /// The ring a configuration belongs to: its ring label, else its ClusterRing owner reference.
-pub fn ring_of(mwc: &MutatingWebhookConfiguration) -> Option<ObjectRef<ClusterRing>> {
+pub(crate) fn ring_of(mwc: &MutatingWebhookConfiguration) -> Option<ObjectRef<ClusterRing>> {
     if let Some(ring) = mwc.labels().get(RING_LABEL) {
         return Some(ObjectRef::new(ring));
     }
@@ -106,7 +106,7 @@ pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, _: Arc<Context
 
 /// The controller over the ClusterRings matching `selector` (empty: all), triggered by the
 /// webhook configurations and by every change of `ca`.
-pub fn controller(
+pub(crate) fn controller(
     client: Client,
     selector: &str,
     ca: watch::Receiver<Vec<u8>>,

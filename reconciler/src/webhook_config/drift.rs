@@ -11,7 +11,7 @@ use serde_json::Value;
 
 /// What differs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Drift {
+pub(crate) enum Drift {
     /// The configuration does not exist.
     Missing,
     /// These fields differ (`labels`, `ownerReferences`, `webhooks` for a missing webhook, or
@@ -22,7 +22,7 @@ pub enum Drift {
 impl Drift {
     /// A short reason for metrics: `missing`, `ca_bundle` (only the CA bundle changed: a CA
     /// rotation) or `changed`.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Self::Missing => "missing",
             Self::Changed(fields) if fields.iter().all(|f| f == "caBundle") => "ca_bundle",
@@ -97,7 +97,7 @@ fn webhook_changes(want: &Value, hook: &Value, changed: &mut Vec<String>) {
 }
 
 /// How `existing` (none: absent) differs from `desired`; `None` when it is as it should be.
-pub fn drift(
+pub(crate) fn drift(
     existing: Option<&MutatingWebhookConfiguration>,
     desired: &MutatingWebhookConfiguration,
 ) -> Option<Drift> {
