@@ -2,21 +2,24 @@
 //! ([`sharder_bench::load::run_in_process`], what the report's section 2 runs): reviews/s and
 //! p50/p90/p99 per round, the medians, and the sharder/floor ratios.
 //!
-//! `cargo bench -p sharder-bench --bench load -- --connections 32 --seconds 5 --rounds 3`
+//! `cargo bench -p sharder-bench --bench load -- --load-connections 32 --load-seconds 5 --load-rounds 3`
 // A bench target is a crate of its own; its items need no docs.
 #![allow(missing_docs)]
 
+use clap::Parser as _;
 use sharder_bench::load::{LoadOptions, run_in_process};
 
+/// The load flags (`cargo bench` adds `--bench`, which is accepted and ignored).
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    load: LoadOptions,
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    // `cargo bench` passes `--bench`; the rest are the load flags.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let options = LoadOptions::parse(&args.join(" "))
-        .expect("flags: --connections N --seconds N --rounds N")
-        .expect("a load to run");
+    let options = Cli::parse().load;
     let run = run_in_process(options).expect("load run");
     println!(
         "webhook load: {} connections, {} s per round, {} rounds each, TLS over loopback\n\n{}",

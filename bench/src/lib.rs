@@ -107,14 +107,9 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
     pub lease_seconds: u64,
 
-    /// How the webhook load section loads each server (`--connections N --seconds N --rounds
-    /// N`); `none` skips it.
-    #[arg(
-        long,
-        default_value = "--connections 32 --seconds 4 --rounds 5",
-        allow_hyphen_values = true
-    )]
-    pub load_args: String,
+    /// How the webhook load section loads each server in-process.
+    #[command(flatten)]
+    pub load: load::LoadOptions,
 
     /// Seconds of load on each webhook process while its memory is read.
     #[arg(long, env = "SHARDER_BENCH_LOAD_PROCESS_SECONDS", default_value_t = 10)]
@@ -496,11 +491,7 @@ pub fn cargo_bench(package: &str, bench: &str, args: &str) -> Result<String, Str
 }
 
 fn load_bench(args: &Args) -> Option<Result<load::LoadRun, String>> {
-    match load::LoadOptions::parse(&args.load_args) {
-        Ok(None) => None,
-        Ok(Some(options)) => Some(load::run_in_process(options).map_err(|e| e.to_string())),
-        Err(e) => Some(Err(format!("--load-args: {e}"))),
-    }
+    (args.load.rounds > 0).then(|| load::run_in_process(args.load).map_err(|e| e.to_string()))
 }
 
 #[cfg(test)]

@@ -156,44 +156,24 @@ pub async fn wait_until_patching(
 }
 
 /// How the in-process load run loads each server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(clap::Args, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// Keep-alive connections kept busy.
+    /// Keep-alive connections each round keeps busy.
+    #[arg(id = "load_connections", long = "load-connections", env = "SHARDER_BENCH_LOAD_CONNECTIONS", default_value_t = 32,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub connections: usize,
     /// Seconds per round.
+    #[arg(id = "load_seconds", long = "load-seconds", env = "SHARDER_BENCH_LOAD_SECONDS", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub seconds: u64,
-    /// Rounds per server (alternating floor and sharder).
+    /// Rounds per server, alternating floor and sharder (0: no in-process load run).
+    #[arg(
+        id = "load_rounds",
+        long = "load-rounds",
+        env = "SHARDER_BENCH_LOAD_ROUNDS",
+        default_value_t = 5
+    )]
     pub rounds: usize,
-}
-
-impl LoadOptions {
-    /// Parses `--connections N --seconds N --rounds N` (any of them, any order; the others keep
-    /// 32, 5 and 3); `none` is no load run.
-    pub fn parse(args: &str) -> Result<Option<Self>, String> {
-        if args.trim() == "none" {
-            return Ok(None);
-        }
-        let mut options = Self {
-            connections: 32,
-            seconds: 5,
-            rounds: 3,
-        };
-        let mut words = args.split_whitespace();
-        while let Some(flag) = words.next() {
-            let value: u64 = words
-                .next()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("{flag} needs a whole number in {args:?}"))?;
-            let as_usize = usize::try_from(value).map_err(|e| e.to_string())?;
-            match flag {
-                "--connections" => options.connections = as_usize.max(1),
-                "--seconds" => options.seconds = value.max(1),
-                "--rounds" => options.rounds = as_usize.max(1),
-                other => return Err(format!("unknown load flag {other} in {args:?}")),
-            }
-        }
-        Ok(Some(options))
-    }
 }
 
 /// The in-process load run: both servers loaded in turn, round by round.

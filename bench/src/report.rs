@@ -171,8 +171,8 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "\nParameters: {} creates per round at {}/s, {} rounds per mode; memory sizes {:?}; rebalancing {} objects; shard Lease {} s; load bench `{}`.\n",
-            a.creates, a.rate, a.rounds, a.sizes, a.rebalance_objects, a.lease_seconds, a.load_args
+            "\nParameters: {} creates per round at {}/s, {} rounds per mode; memory sizes {:?}; rebalancing {} objects; shard Lease {} s.\n",
+            a.creates, a.rate, a.rounds, a.sizes, a.rebalance_objects, a.lease_seconds
         );
         self.render_create(&mut out);
         self.render_load(&mut out);
@@ -323,10 +323,7 @@ impl Report {
         let _ = writeln!(out, "## 2. The webhook alone under load\n");
         match &self.load {
             None => {
-                let _ = writeln!(
-                    out,
-                    "Not run (`--load-args none` or not in `--sections`).\n"
-                );
+                let _ = writeln!(out, "Not run (`--load-rounds 0` or not in `--sections`).\n");
             }
             Some(Err(e)) => {
                 let _ = writeln!(out, "Failed: {e}\n");

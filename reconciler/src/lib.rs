@@ -21,6 +21,9 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
+use sharder_common::webhook_configuration::{
+    WebhookSettings, WebhookTarget, global_namespace_selector,
+};
 use sharder_runtime::controller::{self, Listed, listed_controller};
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
@@ -395,10 +398,10 @@ async fn lead(
         ca,
         readiness,
     } = leader;
-    let webhook = sharder_common::webhook_configuration::WebhookSettings {
+    let webhook = WebhookSettings {
         target: match &args.webhook_url {
-            Some(url) => sharder_common::webhook_configuration::WebhookTarget::Url(url.clone()),
-            None => sharder_common::webhook_configuration::WebhookTarget::Service {
+            Some(url) => WebhookTarget::Url(url.clone()),
+            None => WebhookTarget::Service {
                 namespace: args.namespace.clone(),
                 name: args.webhook_service_name.clone(),
                 port: args.webhook_service_port,
@@ -406,7 +409,7 @@ async fn lead(
         },
         ca_bundle: Vec::new(),
         timeout_seconds: args.webhook_timeout_seconds,
-        namespace_selector: sharder_common::webhook_configuration::global_namespace_selector(
+        namespace_selector: global_namespace_selector(
             args.namespace_selector.as_ref(),
             &args.namespace,
         ),

@@ -31,8 +31,7 @@ pub(crate) mod pages;
 pub(crate) mod plan;
 mod writing;
 
-pub(crate) use writing::RateLimiter;
-use writing::Written;
+use writing::{RateLimiter, Written};
 
 use concurrency::WriteSlots;
 pub(crate) use plan::{Move, Reason};
