@@ -3,12 +3,10 @@
 //! apiserver sends every object's managedFields, annotations and other labels with its metadata;
 //! they are skipped while parsing), and the token of the next page.
 //!
-//! A page is read whole and parsed with one `serde_json::from_slice`. A streaming scanner that
-//! handed objects over as their text arrived was measured against it (benchmarks' memory section,
-//! default page size 500, two alternated runs each, 2026-11-25): reconciler peak 17.0/17.0 MiB at
-//! 1,000 and 18.2/18.2 MiB at 100,000 objects streaming, against 17.8/18.2 and 18.9/19.0 MiB
-//! whole: under 1 MiB at 100,000 objects, so the simpler whole-page parse stays. The first full
-//! list of 100,000 objects took 8.7/10.1 s streaming against 12.0/16.3 s whole.
+//! A page is read whole and parsed with one `serde_json::from_slice`: a streaming scanner that
+//! handed objects over as their text arrived kept the reconciler's peak at 100,000 objects only
+//! 0.7-0.8 MiB lower at the default page size, so it went (the A/B, and what it cost in list
+//! time: `docs/performance-notes.md`, list pages).
 
 use std::fmt;
 
