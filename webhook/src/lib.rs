@@ -27,6 +27,10 @@ pub mod tls;
 /// Readiness condition set once the serving certificate is loaded.
 pub const TLS_LOADED: &str = "tls-loaded";
 
+/// Readiness condition cleared on SIGTERM, while the webhook still serves for
+/// `--shutdown-delay`.
+pub const NOT_STOPPING: &str = "not-stopping";
+
 /// Flags of `sharder-webhook` (each with an environment variable fallback).
 #[derive(clap::Parser, Clone, Debug)]
 #[command(
@@ -63,7 +67,13 @@ pub struct Args {
     #[arg(long, env = "SHARDER_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
     pub max_concurrent_requests: usize,
 
-    /// How long open connections may finish after SIGTERM.
+    /// How long the webhook keeps serving new connections after SIGTERM, reporting not ready:
+    /// until the Service stops sending it any (endpoints and proxy rules update within seconds;
+    /// a connection refused meanwhile is a CREATE admitted unassigned).
+    #[arg(long, env = "SHARDER_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
+    /// How long open connections may finish after the shutdown delay.
     #[arg(long, env = "SHARDER_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
@@ -118,12 +128,13 @@ pub async fn run(args: Args) -> Result<(), Error> {
     .await
 }
 
-/// Runs the webhook with `client` until `shutdown` is cancelled, or until one of its parts
+/// Runs the webhook with `client` until `stop` is cancelled (then it reports not ready, serves on
+/// for `--shutdown-delay` and lets open requests finish), or until one of its parts
 /// fails or ends by itself (then the error names it).
 pub async fn run_with_client(
     args: Args,
     client: kube::Client,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) -> Result<(), Error> {
     let files = tls::TlsFiles {
         cert: args.tls_cert_file.clone(),
@@ -137,8 +148,28 @@ pub async fn run_with_client(
         ring_source::RINGS_SYNCED,
         ring_source::LEASES_SYNCED,
         TLS_LOADED,
+        NOT_STOPPING,
     ]);
     readiness.set(TLS_LOADED, true);
+    readiness.set(NOT_STOPPING, true);
+    // On `stop`, report not ready at once but keep everything running for the delay.
+    let shutdown = CancellationToken::new();
+    let delayed = shutdown.clone();
+    let stopping = readiness.clone();
+    let delay = args.shutdown_delay;
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = delayed.cancelled() => return,
+        }
+        stopping.set(NOT_STOPPING, false);
+        info!(
+            ?delay,
+            "stopping: not ready, still serving for the shutdown delay"
+        );
+        tokio::time::sleep(delay).await;
+        delayed.cancel();
+    });
     let rings = Arc::new(ring_source::Rings::default());
 
     let listener = std::net::TcpListener::bind(args.listen_addr)
@@ -210,6 +241,8 @@ pub async fn run_with_client(
     });
     info!(%addr, %admin_addr, "webhook serving");
     let result = tasks.supervise().await;
+    // A part that failed by itself ended the rest; the delay task has nothing left to wait for.
+    shutdown.cancel();
     info!("webhook stopped");
     Ok(result?)
 }

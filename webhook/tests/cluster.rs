@@ -522,10 +522,30 @@ async fn a_rotated_certificate_is_served_on_new_connections_without_restart() {
 async fn sigterm_stops_the_webhook_gracefully() {
     let world = World::new("sigterm").await;
     let mut webhook = start_webhook(&world).await;
-    let status = webhook
+    webhook
         .process
-        .stop(Duration::from_secs(20))
-        .expect("exits after SIGTERM");
+        .signal(nix::sys::signal::Signal::SIGTERM)
+        .expect("SIGTERM");
+    // Not ready at once, so the Service stops sending it connections, but still serving them
+    // for the shutdown delay (5 s) while endpoints and proxy rules catch up.
+    eventually("not ready after SIGTERM", WAIT, || async {
+        match sharder_harness::wait::http_get(webhook.admin, "/readyz").await {
+            Ok((503, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let ca = std::fs::read_to_string(world.ca_file()).expect("ca");
+    assert!(!served_certificate(webhook.addr, &[ca]).await.is_empty());
+    assert!(
+        webhook.process.try_wait().is_none(),
+        "exited within the delay"
+    );
+    let status = eventually("exits after the delay and the grace", WAIT, || {
+        let status = webhook.process.try_wait();
+        async move { status.ok_or("running") }
+    })
+    .await;
     assert!(status.success(), "{status:?}\n{}", webhook.process.log());
     assert!(
         webhook.process.log().contains("webhook stopped"),
