@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo test bench lint crd control-plane helm
+.PHONY: demo demo-cluster test bench lint crd control-plane helm image
 
 ## The demo: a local control plane, the webhook, the reconciler and three example shards as
 ## processes; 100 objects assigned, a fourth shard added (drains and moves shown from the logs),
@@ -11,6 +11,20 @@ CARGO ?= cargo
 demo: control-plane
 	$(CARGO) build --locked --quiet --bins -p sharder-webhook -p sharder-reconciler -p sharder-example -p sharder-tests
 	$(CARGO) run --locked --quiet -p sharder-tests --bin demo
+
+## The same product as users install it, on a real single-node cluster on this machine (kubelet,
+## containerd, kube-proxy and kube-scheduler from Debian's packages and sources): the image built
+## from this checkout, `helm install`, the example shards as a StatefulSet, then scale-out, leader
+## failover, a rolling restart, a shard killed hard, upgrade and uninstall, with every kubectl and
+## helm command printed. Needs root (bridge, iptables, cgroups); everything is removed at the end.
+demo-cluster: control-plane helm
+	$(CARGO) test --locked -p sharder-tests --test e2e journey -- --nocapture
+
+## The image (webhook, reconciler, example shard) from a release build of this checkout, without a
+## container engine: target/image/sharder-<version>.tar (docker-archive; `docker load` or
+## `ctr images import` it). With a container engine: docker build -t sharder:0.1.0 .
+image: control-plane
+	bash harness/image/build.sh
 
 ## Runs every test: the pure unit and property tests and the tests against a real local
 ## kube-apiserver + etcd (provisioned first if needed).
@@ -34,7 +48,9 @@ lint:
 crd:
 	$(CARGO) run --quiet --locked -p sharder-common --example crd > charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml
 
-## Provisions etcd and kube-apiserver (built once per machine, cached under ~/.cache/sharder).
+## Provisions etcd, the Kubernetes binaries (built once per machine, cached under
+## ~/.cache/sharder) and the node's Debian packages (containerd, runc, CNI plugins, iptables,
+## umoci, skopeo).
 control-plane:
 	bash harness/control-plane/provision.sh
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Provisions the binaries of a real local Kubernetes control plane for Sharder's tests and demo:
-# etcd (Debian's etcd-server) and kube-apiserver + kube-controller-manager built from Debian's
-# kubernetes source package, as described in shared/control-plane.md.
+# Provisions the binaries of a real local Kubernetes cluster for Sharder's tests and demo:
+# etcd (Debian's etcd-server); kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+# kube-proxy and kubectl built from Debian's kubernetes source package (as described in
+# shared/control-plane.md); and what a node needs from Debian: containerd, runc, the CNI plugins,
+# iptables, conntrack, and umoci + skopeo to build images without a container engine.
 #
-# The build is cached outside the repository, keyed by version, so only the first run on a machine
-# pays for it. When KUBEBUILDER_ASSETS names a folder holding `etcd` and `kube-apiserver`, those
-# binaries are used and nothing is built.
+# The build is cached outside the repository, keyed by version and recipe, so only the first run on
+# a machine pays for it. When KUBEBUILDER_ASSETS names a folder holding `etcd` and
+# `kube-apiserver`, those binaries are used and nothing is built (a node then also needs
+# kube-scheduler, kubelet and kube-proxy there).
 #
-# On success the last line printed on stdout is the assets folder (holding etcd, kube-apiserver
-# and, when built here, kube-controller-manager). Progress goes to stderr.
+# On success the last line printed on stdout is the assets folder. Progress goes to stderr.
 set -euo pipefail
 
 log() { printf '[provision] %s\n' "$*" >&2; }
@@ -25,7 +27,7 @@ fi
 
 K8S_VERSION="${SHARDER_K8S_VERSION:-1.20.2}"
 # Bumped whenever the build recipe (the source fixes below) changes, so caches rebuild.
-RECIPE=2
+RECIPE=3
 CACHE_ROOT="${SHARDER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sharder}"
 ASSETS="$CACHE_ROOT/k8s-$K8S_VERSION-r$RECIPE/bin"
 
@@ -42,10 +44,26 @@ apt_update_once() {
   fi
 }
 
+# Everything built from the source package, in build order (the later ones reuse the Go cache).
+BUILT=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
+all_built() {
+  local what
+  for what in "${BUILT[@]}"; do [ -x "$ASSETS/$what" ] || return 1; done
+}
+
 need_pkgs=()
 command -v etcd >/dev/null 2>&1 || need_pkgs+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)
-if [ ! -x "$ASSETS/kube-apiserver" ] || [ ! -x "$ASSETS/kube-controller-manager" ]; then
+# The node: container runtime, pod network, service proxy, and the image tools.
+command -v containerd >/dev/null 2>&1 || need_pkgs+=(containerd)
+command -v runc >/dev/null 2>&1 || need_pkgs+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_pkgs+=(containernetworking-plugins)
+command -v iptables >/dev/null 2>&1 || need_pkgs+=(iptables)
+command -v conntrack >/dev/null 2>&1 || need_pkgs+=(conntrack)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v umoci >/dev/null 2>&1 || need_pkgs+=(umoci)
+command -v skopeo >/dev/null 2>&1 || need_pkgs+=(skopeo)
+if ! all_built; then
   command -v go >/dev/null 2>&1 || need_pkgs+=(golang-go)
   command -v rsync >/dev/null 2>&1 || need_pkgs+=(rsync)
   [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || need_pkgs+=(golang-github-modern-go-reflect2-dev)
@@ -60,8 +78,8 @@ fi
 mkdir -p "$ASSETS"
 ln -sf "$(command -v etcd)" "$ASSETS/etcd"
 
-if [ -x "$ASSETS/kube-apiserver" ] && [ -x "$ASSETS/kube-controller-manager" ]; then
-  log "cached kube-apiserver and kube-controller-manager $K8S_VERSION in $ASSETS"
+if all_built; then
+  log "cached ${BUILT[*]} $K8S_VERSION in $ASSETS"
   echo "$ASSETS"
   exit 0
 fi
@@ -121,8 +139,9 @@ done
 
 mkdir -p "$tree/.go/src/k8s.io"
 ln -sfn ../../.. "$tree/.go/src/k8s.io/kubernetes"
-for what in kube-apiserver kube-controller-manager; do
-  log "building $what $K8S_VERSION (first run on this machine only; about 6 minutes on 2 cores)"
+for what in "${BUILT[@]}"; do
+  [ -x "$ASSETS/$what" ] && continue
+  log "building $what $K8S_VERSION (first run on this machine only; about 10 minutes for all on 2 cores)"
   (cd "$tree" && GOPATH="$tree/.go" CGO_ENABLED=0 \
     make WHAT="cmd/$what" >&2)
   cp "$tree/_output/bin/$what" "$ASSETS/$what.tmp"

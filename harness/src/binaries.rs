@@ -7,8 +7,13 @@ use std::sync::OnceLock;
 
 use crate::Error;
 
-/// The packages whose binaries the end-to-end tests run.
-const PACKAGES: [&str; 3] = ["sharder-webhook", "sharder-reconciler", "sharder-example"];
+/// The packages whose binaries the end-to-end tests run (the harness's own: the node's `pause`).
+const PACKAGES: [&str; 4] = [
+    "sharder-webhook",
+    "sharder-reconciler",
+    "sharder-example",
+    "sharder-harness",
+];
 
 fn build() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
@@ -57,7 +62,7 @@ fn build() -> Result<PathBuf, String> {
 }
 
 /// The path of the binary `name` (`sharder-webhook`, `sharder-reconciler`,
-/// `checksum-controller`), built first if needed.
+/// `checksum-controller`, `pause`), built first if needed.
 pub fn binary(name: &str) -> Result<PathBuf, Error> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let dir = BUILT.get_or_init(build).clone().map_err(Error::Build)?;

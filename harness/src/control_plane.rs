@@ -79,7 +79,7 @@ fn provision() -> Result<PathBuf, Error> {
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound and released). Another process
 /// may take it before it is used: only for programs that cannot bind port 0 themselves, started
 /// by [`start_on_free_ports`], which tries again on new ports when that happens.
-fn free_port() -> Result<u16, Error> {
+pub(crate) fn free_port() -> Result<u16, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
     Ok(listener
         .local_addr()
@@ -136,7 +136,7 @@ async fn start_on_free_ports<T>(
     )))
 }
 
-fn tail(text: &str, lines: usize) -> String {
+pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
@@ -168,6 +168,12 @@ pub struct Options {
     /// `--request-timeout`: how long a request other than a watch may take before the
     /// apiserver ends it (`None`: its default, 60 s).
     pub request_timeout: Option<Duration>,
+    /// For a cluster with a node ([`crate::node`]): the apiserver binds and advertises this
+    /// address (the pod bridge's gateway, which pods reach through the `kubernetes` Service)
+    /// instead of 127.0.0.1, and kube-controller-manager runs every controller (ServiceAccount
+    /// tokens, ReplicaSets, StatefulSets, endpoints) instead of only garbage collection and
+    /// namespaces.
+    pub node_address: Option<std::net::Ipv4Addr>,
 }
 
 /// A running etcd + kube-apiserver pair.
@@ -247,14 +253,17 @@ impl ControlPlane {
         .await?;
 
         let certs = dir.join("certs");
+        let address = options
+            .node_address
+            .map_or_else(|| "127.0.0.1".to_owned(), |a| a.to_string());
         let (apiserver_pid, secure_port) =
             start_on_free_ports("kube-apiserver", &dir, |[secure_port, _]| {
                 let mut apiserver = Command::new(assets.join("kube-apiserver"));
                 apiserver
                     .args(["--etcd-servers", &etcd_url])
                     .args(["--secure-port", &secure_port.to_string()])
-                    .args(["--bind-address", "127.0.0.1"])
-                    .args(["--advertise-address", "127.0.0.1"])
+                    .args(["--bind-address", &address])
+                    .args(["--advertise-address", &address])
                     .args(["--cert-dir", &path_str(&certs)])
                     .args(["--token-auth-file", &path_str(&tokens)])
                     .args(["--authorization-mode", "RBAC"])
@@ -268,15 +277,19 @@ impl ControlPlane {
                     // 0 would mean lumberjack's default: rotation at 100 MB, after which the
                     // counts of a long run (the benchmarks) would start over mid-measurement.
                     .args(["--audit-log-maxsize", "1000000"]);
+                if options.node_address.is_some() {
+                    // The node's name resolves nowhere: logs, exec and port-forward go to its IP.
+                    apiserver.args(["--kubelet-preferred-address-types", "InternalIP"]);
+                }
                 if let Some(timeout) = options.request_timeout {
                     apiserver.arg(format!("--request-timeout={}s", timeout.as_secs().max(1)));
                 }
-                let serving = format!("Serving securely on 127.0.0.1:{secure_port}");
+                let serving = format!("Serving securely on {address}:{secure_port}");
                 (apiserver, serving, secure_port)
             })
             .await?;
 
-        let url = format!("https://127.0.0.1:{secure_port}");
+        let url = format!("https://{address}:{secure_port}");
         let ca_file = certs.join("apiserver.crt");
         let kubeconfig = dir.join("kubeconfig");
         let control_plane = Self {
@@ -303,13 +316,23 @@ impl ControlPlane {
             let mut command = Command::new(kcm);
             command
                 .args(["--kubeconfig", &path_str(&control_plane.kubeconfig)])
-                .args(["--controllers", "garbagecollector,namespace"])
                 .args([
                     "--service-account-private-key-file",
                     &path_str(&control_plane.sa_key),
                 ])
                 .args(["--leader-elect=false", "--bind-address", "127.0.0.1"])
                 .args(["--secure-port", "0", "--port", "0"]);
+            if options.node_address.is_some() {
+                command
+                    .args(["--controllers", "*"])
+                    .args(["--root-ca-file", &path_str(&control_plane.ca_file)])
+                    .args([
+                        "--flex-volume-plugin-dir",
+                        &path_str(&control_plane.dir.join("flexvolume")),
+                    ]);
+            } else {
+                command.args(["--controllers", "garbagecollector,namespace"]);
+            }
             spawn_logged(
                 command,
                 &control_plane.dir.join("kube-controller-manager.log"),
@@ -397,7 +420,8 @@ impl ControlPlane {
             .collect()
     }
 
-    /// The apiserver's URL, `https://127.0.0.1:<port>`.
+    /// The apiserver's URL, `https://127.0.0.1:<port>` (the node address instead with
+    /// [`Options::node_address`]).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -556,7 +580,7 @@ impl ControlPlane {
     }
 }
 
-fn spawn_logged(mut command: Command, log: &Path) -> Result<u32, Error> {
+pub(crate) fn spawn_logged(mut command: Command, log: &Path) -> Result<u32, Error> {
     let file = std::fs::File::create(log).map_err(Error::io("create a log file"))?;
     let err = file.try_clone().map_err(Error::io("open a log file"))?;
     command
@@ -574,7 +598,7 @@ fn write(path: &Path, contents: &[u8]) -> Result<(), Error> {
         .map_err(Error::io("write a control plane file"))
 }
 
-fn path_str(path: &Path) -> String {
+pub(crate) fn path_str(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 

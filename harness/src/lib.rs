@@ -18,6 +18,7 @@ pub mod crd;
 pub mod fixtures;
 pub mod helm;
 pub mod launch;
+pub mod node;
 pub mod procfs;
 pub mod proxy;
 pub mod supervisor;

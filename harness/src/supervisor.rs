@@ -25,6 +25,7 @@ type SpawnReply = mpsc::Sender<io::Result<Child>>;
 static SPAWNER: OnceLock<Mutex<mpsc::Sender<(Command, SpawnReply)>>> = OnceLock::new();
 static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 static TEMP_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static EXIT_COMMANDS: Mutex<Vec<Command>> = Mutex::new(Vec::new());
 static EXIT_HOOK: OnceLock<()> = OnceLock::new();
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -37,6 +38,9 @@ extern "C" fn on_exit() {
         let _ = child.wait();
     }
     if std::env::var_os("SHARDER_KEEP_TMP").is_none() {
+        for mut command in lock(&EXIT_COMMANDS).drain(..) {
+            let _ = command.status();
+        }
         for dir in lock(&TEMP_DIRS).drain(..) {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -110,6 +114,13 @@ pub(crate) fn lifetime_child_status(pid: u32) -> Option<ExitStatus> {
 pub(crate) fn remove_at_exit(dir: PathBuf) {
     install_exit_hook();
     lock(&TEMP_DIRS).push(dir);
+}
+
+/// Registers a command to run when the test binary exits, after its children are killed (not
+/// when `SHARDER_KEEP_TMP` is set): the removal of what they leave outside their processes.
+pub(crate) fn run_at_exit(command: Command) {
+    install_exit_hook();
+    lock(&EXIT_COMMANDS).push(command);
 }
 
 /// A child process owned by one test: killed (SIGKILL) and reaped on drop, and killed by the

@@ -15,7 +15,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use sharder_common::{ClusterRing, ObjectKey, RingLabels};
+use sharder_common::labels::RING_LABEL;
+use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels, is_available};
 
 use crate::ControlPlane;
 use crate::certs::TestCa;
@@ -59,6 +60,12 @@ impl World {
 
     /// The same in the existing namespace `ns`.
     pub async fn in_namespace(cp: &'static ControlPlane, ns: String) -> Self {
+        let ring = ns.clone();
+        Self::with_ring(cp, ns, ring).await
+    }
+
+    /// The same in the existing namespace `ns`, with the ClusterRing named `ring`.
+    pub async fn with_ring(cp: &'static ControlPlane, ns: String, ring: String) -> Self {
         let client = cp.client().await.expect("client");
         install_cluster_ring_crd(&client).await.expect("CRD");
         let dir = tempfile::tempdir().expect("dir");
@@ -70,8 +77,8 @@ impl World {
         Self {
             cp,
             client,
-            ring: ns.clone(),
-            labels: RingLabels::new(&ns),
+            labels: RingLabels::new(&ring),
+            ring,
             ns,
             dir,
             probes: 0,
@@ -192,6 +199,29 @@ impl World {
     /// The namespace's Leases.
     pub fn leases(&self) -> Api<Lease> {
         Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The shard Leases of the ring.
+    pub async fn shard_leases(&self) -> BTreeMap<String, Lease> {
+        Api::<Lease>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.ring)))
+            .await
+            .expect("leases")
+            .items
+            .into_iter()
+            .map(|l| (l.name_any(), l))
+            .collect()
+    }
+
+    /// The ring the reconciler should have converged to: the available shard Leases.
+    pub async fn desired_ring(&self) -> Ring {
+        Ring::new(
+            self.shard_leases()
+                .await
+                .into_iter()
+                .filter(|(_, l)| is_available(l))
+                .map(|(name, _)| name),
+        )
     }
 
     /// The namespace's Secrets.

@@ -17,8 +17,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostPa
 use kube::{Api, ResourceExt};
 use nix::sys::signal::Signal;
 use serde_json::json;
-use sharder_common::labels::RING_LABEL;
-use sharder_common::{ObjectKey, Ring, is_available};
+use sharder_common::{ObjectKey, Ring};
 use sharder_example::{checksums, configmap_name};
 
 use crate::history::History;
@@ -107,6 +106,11 @@ pub fn unix_nanos() -> u128 {
 pub struct Objects(Api<Secret>);
 
 impl Objects {
+    /// Writes through `secrets`.
+    pub fn new(secrets: Api<Secret>) -> Self {
+        Self(secrets)
+    }
+
     /// Creates Secret `name` with `value` under key `value`.
     pub async fn create_secret(&self, name: &str, value: &str) -> Result<Secret, kube::Error> {
         let secret = Secret {
@@ -382,29 +386,6 @@ impl System {
         self.shards.keys().cloned().collect()
     }
 
-    /// The shard Leases of the ring.
-    pub async fn shard_leases(&self) -> BTreeMap<String, Lease> {
-        Api::<Lease>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.ring)))
-            .await
-            .expect("leases")
-            .items
-            .into_iter()
-            .map(|l| (l.name_any(), l))
-            .collect()
-    }
-
-    /// The ring the reconciler should have converged to: the available shard Leases.
-    pub async fn desired_ring(&self) -> Ring {
-        Ring::new(
-            self.shard_leases()
-                .await
-                .into_iter()
-                .filter(|(_, l)| is_available(l))
-                .map(|(name, _)| name),
-        )
-    }
-
     /// A handle for writing the namespace's Secrets, usable beside the system (e.g. a churn task).
     pub fn objects(&self) -> Objects {
         Objects(self.secrets())
@@ -451,51 +432,7 @@ impl System {
                 ring.shards()
             ));
         }
-        let configmaps: BTreeMap<String, ConfigMap> = self
-            .configmaps()
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect();
-        let mut problems = Vec::new();
-        for (name, secret) in self.list_secrets().await {
-            let key = ObjectKey::main("", "Secret", Some(&self.ns), &name).ok_or("key")?;
-            let want = ring.shard_for(key.as_str()).map(str::to_owned);
-            let have = self.shard_of(&secret);
-            if have != want {
-                problems.push(format!("{name} on {have:?}, want {want:?}"));
-            }
-            if self.draining(&secret) {
-                problems.push(format!("{name} still draining"));
-            }
-            match configmaps.get(&configmap_name(&name)) {
-                None => problems.push(format!("{name} has no checksums")),
-                Some(cm) => {
-                    if cm.data.clone().unwrap_or_default() != checksums(&secret) {
-                        problems.push(format!("{name}'s checksums are stale"));
-                    }
-                    if self.shard_of(cm) != have {
-                        problems.push(format!(
-                            "{name}'s checksums on {:?}, owner on {have:?}",
-                            self.shard_of(cm)
-                        ));
-                    }
-                    if self.draining(cm) {
-                        problems.push(format!("{name}'s checksums draining"));
-                    }
-                }
-            }
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            let n = problems.len();
-            problems.truncate(5);
-            Err(format!("{n} problems, e.g. {problems:?}"))
-        }
+        objects_converged(self, &ring).await
     }
 
     /// Waits until [`converged`](Self::converged).
@@ -590,5 +527,56 @@ impl System {
             .flatten()
             .map(|i| i.shard.clone())
             .collect()
+    }
+}
+
+/// Checks that the example shards' objects in `world`'s namespace sit where `ring` puts them:
+/// every Secret on its shard, nothing draining, its ConfigMap present on the same shard with the
+/// checksums of the Secret's current data.
+pub async fn objects_converged(world: &World, ring: &Ring) -> Result<(), String> {
+    let configmaps: BTreeMap<String, ConfigMap> = world
+        .configmaps()
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let mut problems = Vec::new();
+    for (name, secret) in world.list_secrets().await {
+        let key = ObjectKey::main("", "Secret", Some(&world.ns), &name).ok_or("key")?;
+        let want = ring.shard_for(key.as_str()).map(str::to_owned);
+        let have = world.shard_of(&secret);
+        if have != want {
+            problems.push(format!("{name} on {have:?}, want {want:?}"));
+        }
+        if world.draining(&secret) {
+            problems.push(format!("{name} still draining"));
+        }
+        match configmaps.get(&configmap_name(&name)) {
+            None => problems.push(format!("{name} has no checksums")),
+            Some(cm) => {
+                if cm.data.clone().unwrap_or_default() != checksums(&secret) {
+                    problems.push(format!("{name}'s checksums are stale"));
+                }
+                if world.shard_of(cm) != have {
+                    problems.push(format!(
+                        "{name}'s checksums on {:?}, owner on {have:?}",
+                        world.shard_of(cm)
+                    ));
+                }
+                if world.draining(cm) {
+                    problems.push(format!("{name}'s checksums draining"));
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        let n = problems.len();
+        problems.truncate(5);
+        Err(format!("{n} problems, e.g. {problems:?}"))
     }
 }

@@ -998,6 +998,7 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
     const OBJECTS: usize = 200;
     let cp = ControlPlane::dedicated(Options {
         request_timeout: Some(Duration::from_secs(2)),
+        ..Options::default()
     })
     .await
     .expect("a control plane with a short request timeout");

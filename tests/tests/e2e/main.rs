@@ -6,4 +6,5 @@
 mod chaos;
 mod chart;
 mod cluster_ring_api;
+mod journey;
 mod scenarios;

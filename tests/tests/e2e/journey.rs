@@ -1,0 +1,758 @@
+//! The user's journey on a real node (`sharder_harness::node`): the chart installed with Helm from
+//! the image built from this checkout, its pods scheduled, started by kubelet and containerd and
+//! reached through Services; the example shards as the StatefulSet of
+//! `docs/examples/statefulset-shards.yaml`; then what operators do: create objects, scale out,
+//! lose the leading reconciler and a webhook pod, restart the shards, lose a shard hard, upgrade
+//! and uninstall. Every `kubectl` command is printed as it runs (`make demo-cluster` shows them).
+//!
+//! The shards record their reconciles on stdout (`--record-file=/dev/stdout`, the one change to
+//! the example besides starting with 3 replicas); the records are read back through the pods'
+//! logs and checked for single ownership and ordered handover, as in the other end-to-end tests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::{AsyncBufReadExt as _, TryStreamExt as _};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, LogParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use sharder_common::{ClusterRing, ObjectKey, Ring};
+use sharder_example::record::{self, Line};
+use sharder_harness::control_plane::assets_dir;
+use sharder_harness::helm::Helm;
+use sharder_harness::node::Node;
+use sharder_harness::wait::{eventually, http_get, metric_value};
+use sharder_harness::world::World;
+use sharder_tests::history::History;
+use sharder_tests::ownership;
+use sharder_tests::system::{Objects, objects_converged, unix_nanos};
+
+const RELEASE: &str = "sharder";
+const RELEASE_NS: &str = "sharding-system";
+const SHARDS_NS: &str = "my-namespace";
+const RING: &str = "checksums";
+const STATEFULSET: &str = "checksum-controller";
+const OBJECTS: usize = 200;
+/// Pods start from a local image, but the first start of everything on 2 cores takes a while.
+const START: Duration = Duration::from_secs(240);
+/// A rebalance or a reassignment: lease duration (15 s) plus a sweep and the writes.
+const MOVE: Duration = Duration::from_secs(90);
+
+/// `kubectl` (built beside the apiserver) against the node's cluster; each command is printed.
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn of(node: &Node) -> Self {
+        Self {
+            bin: assets_dir().expect("assets").join("kubectl"),
+            kubeconfig: node.control_plane().kubeconfig().to_path_buf(),
+        }
+    }
+
+    /// Runs `kubectl args`, printing the command and its output; its stdout, or its stderr.
+    fn try_run(&self, args: &[&str]) -> Result<String, String> {
+        eprintln!("$ kubectl {}", args.join(" "));
+        let output = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        eprint!("{stdout}");
+        if output.status.success() {
+            Ok(stdout)
+        } else {
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            eprint!("{stderr}");
+            Err(stderr)
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        self.try_run(args)
+            .unwrap_or_else(|e| panic!("kubectl {args:?} failed: {e}"))
+    }
+}
+
+/// The shards' records, read from their containers' logs as the containers run: one text per
+/// container instance, and when its log ended (the container exited).
+#[derive(Clone, Default)]
+struct Records(Arc<Mutex<BTreeMap<String, Container>>>);
+
+#[derive(Clone, Default)]
+struct Container {
+    text: String,
+    ended: Option<u128>,
+    killed: Option<u128>,
+}
+
+impl Records {
+    /// Follows the log of every container of the shards' pods, from its first line.
+    fn collect(client: Client) -> (Self, tokio::task::JoinHandle<()>) {
+        let records = Self::default();
+        let this = records.clone();
+        let task = tokio::spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(client, SHARDS_NS);
+            let mut followed = BTreeSet::new();
+            loop {
+                let list = pods
+                    .list(
+                        &ListParams::default().labels("app.kubernetes.io/name=checksum-controller"),
+                    )
+                    .await;
+                for pod in list.map(|l| l.items).unwrap_or_default() {
+                    let name = pod.name_any();
+                    let running = pod
+                        .status
+                        .and_then(|s| s.container_statuses)
+                        .into_iter()
+                        .flatten()
+                        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                        .filter_map(|c| c.container_id);
+                    for id in running {
+                        if followed.insert(id.clone()) {
+                            tokio::spawn(this.clone().follow(pods.clone(), name.clone(), id));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        (records, task)
+    }
+
+    async fn follow(self, pods: Api<Pod>, pod: String, id: String) {
+        let params = LogParams {
+            container: Some("shard".into()),
+            follow: true,
+            ..LogParams::default()
+        };
+        match pods.log_stream(&pod, &params).await {
+            Ok(stream) => {
+                let mut lines = stream.lines();
+                loop {
+                    match lines.try_next().await {
+                        Ok(Some(line)) => {
+                            let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+                            let container = all.entry(id.clone()).or_default();
+                            container.text.push_str(&line);
+                            container.text.push('\n');
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            eprintln!("the log of {pod} ({id}) broke off: {e}");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => eprintln!("cannot follow the log of {pod} ({id}): {e}"),
+        }
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_default()
+            .ended = Some(unix_nanos());
+    }
+
+    /// Notes that container `id` was killed at `t` (its log may end later: kubelet serves it).
+    fn killed(&self, id: &str, t: u128) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id.to_owned())
+            .or_default()
+            .killed = Some(t);
+    }
+
+    /// Every record line, as written.
+    fn lines(&self) -> Vec<Line> {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        all.values().flat_map(|c| record::parse(&c.text)).collect()
+    }
+
+    /// The single-ownership report, each container instance its own shard (a restarted shard
+    /// keeps its name; its killed instance's open reconciles end where its log ended).
+    fn ownership(&self) -> ownership::Report {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut lines = Vec::new();
+        let mut ended = BTreeMap::new();
+        for (id, container) in all.iter() {
+            let short = id.rsplit('/').next().unwrap_or(id).get(..12).unwrap_or(id);
+            for mut line in record::parse(&container.text) {
+                line.shard = format!("{}@{short}", line.shard);
+                if let Some(t) = container.killed.or(container.ended) {
+                    ended.insert(line.shard.clone(), t);
+                }
+                lines.push(line);
+            }
+        }
+        ownership::check(&lines, &ended, unix_nanos())
+    }
+}
+
+async fn ready_replicas(client: &Client, kind: &str, name: &str, ns: &str) -> Result<i32, String> {
+    let status = match kind {
+        "deployment" => Api::<Deployment>::namespaced(client.clone(), ns)
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .and_then(|s| s.ready_replicas),
+        _ => Api::<StatefulSet>::namespaced(client.clone(), ns)
+            .get(name)
+            .await
+            .map_err(|e| e.to_string())?
+            .status
+            .and_then(|s| s.ready_replicas),
+    };
+    Ok(status.unwrap_or(0))
+}
+
+/// Waits until `want` replicas of the Deployment or StatefulSet are ready; on timeout, prints
+/// what the cluster says about its pods and the node's logs before failing.
+async fn wait_ready(node: &Node, kind: &str, name: &str, ns: &str, want: i32) {
+    let client = node.control_plane().client().await.expect("client");
+    let started = Instant::now();
+    let mut ready = 0;
+    while started.elapsed() < START {
+        ready = ready_replicas(&client, kind, name, ns).await.unwrap_or(0);
+        if ready == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let kubectl = Kubectl::of(node);
+    let _ = kubectl.try_run(&["get", "pods", "-A", "-o", "wide"]);
+    let _ = kubectl.try_run(&["describe", "pods", "-n", ns]);
+    for log in ["kubelet.log", "containerd.log", "kube-proxy.log"] {
+        eprintln!("--- {log}\n{}", node.log_tail(log, 40));
+    }
+    panic!("{kind} {ns}/{name}: {ready} of {want} ready after {START:?}");
+}
+
+/// The shard each Secret of the namespace sits on now.
+async fn placement(world: &World) -> BTreeMap<String, Option<String>> {
+    world
+        .list_secrets()
+        .await
+        .into_iter()
+        .map(|(name, secret)| (name.clone(), world.shard_of(&secret)))
+        .collect()
+}
+
+fn ring_of(shards: usize) -> Ring {
+    Ring::new((0..shards).map(|i| format!("{STATEFULSET}-{i}")))
+}
+
+fn key(name: &str) -> String {
+    ObjectKey::main("", "Secret", Some(SHARDS_NS), name)
+        .expect("named")
+        .to_string()
+}
+
+/// The IP of pod `ns/name` (the pod network is reachable from the node, i.e. from here).
+async fn pod_ip(client: &Client, ns: &str, name: &str) -> IpAddr {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .expect("pod")
+        .status
+        .and_then(|s| s.pod_ip)
+        .and_then(|ip| ip.parse().ok())
+        .expect("a pod IP")
+}
+
+/// The working set of every running container in `ns` (as kubelet counts it: usage minus
+/// inactive file pages, from the container's memory cgroup), in MiB, by pod.
+async fn working_sets(client: &Client, ns: &str) -> BTreeMap<String, f64> {
+    let mut sets = BTreeMap::new();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("pods");
+    for pod in pods.items {
+        let name = pod.name_any();
+        let ids = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.container_id);
+        for id in ids {
+            let id = id.rsplit('/').next().unwrap_or_default().to_owned();
+            let cgroup = PathBuf::from("/sys/fs/cgroup/memory/k8s.io").join(&id);
+            let read = |file: &str| std::fs::read_to_string(cgroup.join(file)).unwrap_or_default();
+            let usage: f64 = read("memory.usage_in_bytes").trim().parse().unwrap_or(0.0);
+            let inactive: f64 = read("memory.stat")
+                .lines()
+                .find_map(|l| l.strip_prefix("total_inactive_file "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0);
+            if usage > 0.0 {
+                sets.insert(name.clone(), (usage - inactive) / (1024.0 * 1024.0));
+            }
+        }
+    }
+    sets
+}
+
+/// The reconciler replica holding the leader election Lease (its identity starts with its pod's
+/// host name).
+async fn leader(client: &Client) -> Result<String, String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
+        .get("sharder-reconciler")
+        .await
+        .map_err(|e| e.to_string())?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .ok_or("no holder")?;
+    Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .map(|p| p.name_any())
+        .find(|pod| holder == *pod || holder.starts_with(&format!("{pod}-")))
+        .ok_or(format!("holder {holder} is no pod"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
+    let node = Node::shared().await.expect("a node");
+    let cp = node.control_plane();
+    let client = cp.client().await.expect("client");
+    let kubectl = Kubectl::of(node);
+    let helm = Helm::get().expect("helm");
+
+    // Install, as the README says.
+    let installing = Instant::now();
+    kubectl.run(&["create", "namespace", RELEASE_NS]);
+    let values = json!({ "clusterRings": [{
+        "name": RING,
+        "resources": [{
+            "group": "",
+            "resource": "secrets",
+            "controlledResources": [{ "group": "", "resource": "configmaps" }]
+        }]
+    }]});
+    eprintln!(
+        "$ helm install {RELEASE} charts/sharder -n {RELEASE_NS} --set-json 'clusterRings={}'",
+        values["clusterRings"]
+    );
+    helm.deploy("install", &values, RELEASE, RELEASE_NS, cp.kubeconfig())
+        .expect("helm install");
+    wait_ready(node, "deployment", "sharder-webhook", RELEASE_NS, 2).await;
+    wait_ready(node, "deployment", "sharder-reconciler", RELEASE_NS, 2).await;
+    eprintln!("helm install to all pods Ready: {:?}", installing.elapsed());
+    kubectl.run(&["get", "pods", "-n", RELEASE_NS, "-o", "wide"]);
+
+    // The example shards, 3 of them.
+    let example = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/statefulset-shards.yaml"),
+    )
+    .expect("the example");
+    let example = example.replace(
+        "            - --log-format=json\n",
+        "            - --log-format=json\n            - --record-file=/dev/stdout\n",
+    );
+    assert!(
+        example.contains("--record-file"),
+        "the example's args moved"
+    );
+    let manifest =
+        std::env::temp_dir().join(format!("statefulset-shards-{}.yaml", std::process::id()));
+    std::fs::write(&manifest, example).expect("write the example");
+    kubectl.run(&["create", "namespace", SHARDS_NS]);
+    kubectl.run(&[
+        "apply",
+        "-n",
+        SHARDS_NS,
+        "-f",
+        manifest.to_str().expect("path"),
+    ]);
+    let _ = std::fs::remove_file(&manifest);
+    let world = World::with_ring(cp, SHARDS_NS.into(), RING.into()).await;
+    let (records, collector) = Records::collect(client.clone());
+    let history = History::start(&client, SHARDS_NS, &world.labels);
+    wait_ready(node, "statefulset", STATEFULSET, SHARDS_NS, 3).await;
+    eventually("the ring holds the 3 shards", START, || async {
+        let ring = world.desired_ring().await;
+        (ring.shards() == ring_of(3).shards())
+            .then_some(())
+            .ok_or(format!("{:?}", ring.shards()))
+    })
+    .await;
+
+    // Objects: assigned at CREATE by the webhook, through its Service.
+    let objects = Objects::new(world.secrets());
+    for i in 0..OBJECTS {
+        let created = objects
+            .create_secret(&format!("object-{i}"), &format!("{i}-0"))
+            .await
+            .expect("create");
+        assert_eq!(
+            world.shard_of(&created).as_deref(),
+            ring_of(3).shard_for(&key(&format!("object-{i}"))),
+            "object-{i} assigned at CREATE"
+        );
+    }
+    eventually(
+        "every object with its checksums on its shard",
+        MOVE,
+        || async { objects_converged(&world, &ring_of(3)).await },
+    )
+    .await;
+    eventually("the shards' records read from their logs", MOVE, || async {
+        let shards: BTreeSet<String> = records.lines().into_iter().map(|l| l.shard).collect();
+        (shards.len() == 3)
+            .then_some(())
+            .ok_or(format!("records of {shards:?}"))
+    })
+    .await;
+
+    // Scale out: only what the ring moves moves, each through a drain.
+    let before = placement(&world).await;
+    let expected: BTreeSet<String> = before
+        .keys()
+        .filter(|name| ring_of(3).shard_for(&key(name)) != ring_of(4).shard_for(&key(name)))
+        .cloned()
+        .collect();
+    kubectl.run(&[
+        "scale",
+        "statefulset",
+        STATEFULSET,
+        "-n",
+        SHARDS_NS,
+        "--replicas=4",
+    ]);
+    eventually("rebalanced onto the fourth shard", MOVE, || async {
+        objects_converged(&world, &ring_of(4)).await
+    })
+    .await;
+    let after = placement(&world).await;
+    let moved: BTreeSet<String> = before
+        .iter()
+        .filter(|(name, shard)| after.get(*name) != Some(shard))
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(moved, expected, "exactly the objects the ring moves");
+    let drained: BTreeSet<String> = history
+        .versions()
+        .into_iter()
+        .filter(|v| v.draining && v.owner.is_none())
+        .map(|v| {
+            v.object
+                .trim_start_matches(&format!("{SHARDS_NS}/"))
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        expected.is_subset(&drained),
+        "every moved object was drained first: {:?} without a drain",
+        expected.difference(&drained).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "scale-out: {} of {OBJECTS} objects moved, each drained first",
+        moved.len()
+    );
+    for ns in [RELEASE_NS, SHARDS_NS] {
+        for (pod, mib) in working_sets(&client, ns).await {
+            eprintln!("working set (cgroup) {ns}/{pod}: {mib:.1} MiB");
+        }
+    }
+
+    // The leading reconciler goes: the standby leads.
+    let first = eventually("a leader", START, || leader(&client)).await;
+    let lost = Instant::now();
+    kubectl.run(&["delete", "pod", "-n", RELEASE_NS, &first]);
+    let second = eventually("the standby leads", MOVE, || async {
+        let now = leader(&client).await?;
+        (now != first)
+            .then_some(now.clone())
+            .ok_or(format!("still {now}"))
+    })
+    .await;
+    eprintln!(
+        "leader {first} deleted; {second} leads after {:?}",
+        lost.elapsed()
+    );
+    let ip = pod_ip(&client, RELEASE_NS, &second).await;
+    eventually("the new leader's gauge says so", MOVE, || async {
+        let (_, metrics) = http_get(SocketAddr::new(ip, 8080), "/metrics")
+            .await
+            .map_err(|e| e.to_string())?;
+        let leading = metric_value(
+            &metrics,
+            "leader_election_master_status",
+            &[("name", "sharder-reconciler")],
+        );
+        (leading == Some(1.0))
+            .then_some(())
+            .ok_or(format!("leader gauge {leading:?}"))
+    })
+    .await;
+    wait_ready(node, "deployment", "sharder-reconciler", RELEASE_NS, 2).await;
+
+    // One webhook pod goes: creates keep being assigned at CREATE.
+    let webhook = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await
+        .expect("webhook pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a webhook pod")
+        .name_any();
+    kubectl.run(&["delete", "pod", "-n", RELEASE_NS, &webhook, "--wait=false"]);
+    for i in OBJECTS..OBJECTS + 20 {
+        let created = objects
+            .create_secret(&format!("object-{i}"), &format!("{i}-0"))
+            .await
+            .expect("create");
+        assert_eq!(
+            world.shard_of(&created).as_deref(),
+            ring_of(4).shard_for(&key(&format!("object-{i}"))),
+            "object-{i} assigned at CREATE while a webhook pod goes"
+        );
+    }
+    wait_ready(node, "deployment", "sharder-webhook", RELEASE_NS, 2).await;
+
+    // A rolling restart of the shards moves nothing and writes nothing.
+    eventually("converged before the restart", MOVE, || async {
+        objects_converged(&world, &ring_of(4)).await
+    })
+    .await;
+    let before = placement(&world).await;
+    let mark = cp.audit_mark();
+    kubectl.run(&[
+        "rollout",
+        "restart",
+        "statefulset",
+        STATEFULSET,
+        "-n",
+        SHARDS_NS,
+    ]);
+    kubectl.run(&[
+        "rollout",
+        "status",
+        "statefulset",
+        STATEFULSET,
+        "-n",
+        SHARDS_NS,
+        "--timeout=300s",
+    ]);
+    assert_eq!(
+        placement(&world).await,
+        before,
+        "a rolling restart moves nothing"
+    );
+    let mut writes: BTreeMap<String, usize> = BTreeMap::new();
+    for e in cp.audited_writes_since(mark) {
+        let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
+        if e["objectRef"]["namespace"] == SHARDS_NS && ["secrets", "configmaps"].contains(&resource)
+        {
+            let who = format!("{} {} {resource}", e["user"]["username"], e["verb"]);
+            *writes.entry(who).or_default() += 1;
+        }
+    }
+    {
+        for e in cp.audited_writes_since(mark) {
+            if e["objectRef"]["resource"] == "pods" && e["objectRef"]["namespace"] == SHARDS_NS {
+                eprintln!(
+                    "{} {} pod {} {}",
+                    e["stageTimestamp"],
+                    e["verb"],
+                    e["objectRef"]["name"],
+                    e["objectRef"]["subresource"]
+                );
+            }
+        }
+        let logs = kubectl.run(&[
+            "logs",
+            "-n",
+            RELEASE_NS,
+            "-l",
+            "app.kubernetes.io/component=reconciler",
+            "--tail=-1",
+        ]);
+        for line in logs.lines().filter(|l| l.contains("shard_leases")) {
+            eprintln!("{line}");
+        }
+    }
+    assert!(
+        writes.is_empty(),
+        "writes to sharded objects during the restart: {writes:?}"
+    );
+
+    // A shard killed hard, its node agent frozen so it cannot restart it: its objects are
+    // reassigned within the lease bound; when kubelet resumes, the shard comes back and its
+    // objects return through drains.
+    let victim = format!("{STATEFULSET}-3");
+    let container = Api::<Pod>::namespaced(client.clone(), SHARDS_NS)
+        .get(&victim)
+        .await
+        .expect("the fourth shard's pod")
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.into_iter().next())
+        .and_then(|c| c.container_id)
+        .expect("its container");
+    let id = container.rsplit('/').next().expect("an id").to_owned();
+    node.freeze_kubelet(true).expect("freeze kubelet");
+    eprintln!("$ ctr -n k8s.io tasks kill -s SIGKILL {id}   # {victim}, kubelet frozen");
+    node.ctr(&["tasks", "kill", "-s", "SIGKILL", &id])
+        .expect("kill the shard");
+    let killed = Instant::now();
+    records.killed(&container, unix_nanos());
+    eventually("the killed shard's objects reassigned", MOVE, || async {
+        objects_converged(&world, &ring_of(3)).await
+    })
+    .await;
+    let reassigned = killed.elapsed();
+    node.freeze_kubelet(false).expect("resume kubelet");
+    eprintln!("{victim} killed: its objects reassigned after {reassigned:?}; kubelet resumed");
+    eventually(
+        "the restarted shard holds its objects again",
+        START,
+        || async { objects_converged(&world, &ring_of(4)).await },
+    )
+    .await;
+
+    // Upgrade, then uninstall: nothing of Sharder left, the sharded objects intact.
+    let values_upgraded = {
+        let mut v = values.clone();
+        v["reconciler"] = json!({ "sweepInterval": "20s" });
+        v
+    };
+    eprintln!(
+        "$ helm upgrade {RELEASE} charts/sharder -n {RELEASE_NS} --reuse-values --set reconciler.sweepInterval=20s"
+    );
+    helm.deploy(
+        "upgrade",
+        &values_upgraded,
+        RELEASE,
+        RELEASE_NS,
+        cp.kubeconfig(),
+    )
+    .expect("helm upgrade");
+    eventually(
+        "the reconciler rolled out with the new value",
+        START,
+        || async {
+            let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+                .list(&ListParams::default().labels("app.kubernetes.io/component=reconciler"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let updated = pods
+                .items
+                .iter()
+                .filter(|p| {
+                    p.spec.as_ref().is_some_and(|s| {
+                        s.containers[0]
+                            .args
+                            .iter()
+                            .flatten()
+                            .any(|a| a == "--sweep-interval=20s")
+                    })
+                })
+                .count();
+            (updated == 2 && pods.items.len() == 2)
+                .then_some(())
+                .ok_or(format!("{updated} of {} updated", pods.items.len()))
+        },
+    )
+    .await;
+    wait_ready(node, "deployment", "sharder-reconciler", RELEASE_NS, 2).await;
+
+    collector.abort();
+    let report = records.ownership();
+    assert!(
+        report.overlaps.is_empty(),
+        "{} overlapping reconciles, first: {:?}",
+        report.overlaps.len(),
+        report.overlaps.first()
+    );
+    let handover = ownership::check_handover(
+        &history.versions(),
+        &records.lines(),
+        &BTreeSet::new(),
+        MOVE.as_nanos(),
+        unix_nanos(),
+    );
+    assert!(
+        handover.violations.is_empty(),
+        "{} handover violations, first: {:?}",
+        handover.violations.len(),
+        handover.violations.first()
+    );
+    eprintln!(
+        "ownership: {} reconciles of {} objects, no overlap; {} children, {} child moves",
+        report.total(),
+        report.reconciles.len(),
+        handover.children,
+        handover.child_moves
+    );
+
+    eprintln!("$ helm uninstall {RELEASE} -n {RELEASE_NS}");
+    helm.run(&[
+        "uninstall",
+        "--name",
+        RELEASE,
+        "--namespace",
+        RELEASE_NS,
+        "--kubeconfig",
+        cp.kubeconfig().to_str().expect("path"),
+    ])
+    .expect("helm uninstall");
+    eventually("nothing of Sharder left", START, || async {
+        let mut left = Vec::new();
+        let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        left.extend(
+            configurations
+                .items
+                .iter()
+                .map(|c| format!("MutatingWebhookConfiguration {}", c.name_any())),
+        );
+        let rings = Api::<ClusterRing>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        left.extend(
+            rings
+                .items
+                .iter()
+                .map(|r| format!("ClusterRing {}", r.name_any())),
+        );
+        let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        left.extend(pods.items.iter().map(|p| format!("Pod {}", p.name_any())));
+        left.is_empty().then_some(()).ok_or(left.join(", "))
+    })
+    .await;
+    assert_eq!(
+        world.list_secrets().await.len(),
+        OBJECTS + 20,
+        "the sharded objects are intact"
+    );
+}
