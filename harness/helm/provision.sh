@@ -4,7 +4,7 @@
 set -euo pipefail
 
 VERSION=0.2.2
-DIR="${SHARDER_CACHE:-$HOME/.cache/sharder}/helm-python-$VERSION"
+DIR="${SHARDER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sharder}/helm-python-$VERSION"
 
 log() { echo "[helm] $*" >&2; }
 

@@ -173,6 +173,33 @@ mod tests {
     }
 }
 
+/// Asserts that `report` shows no overlapping reconciles and `handover` no breach of the handover
+/// rules; returns a one-line summary of both.
+pub fn assert_holds(report: &Report, handover: &Handover) -> String {
+    assert!(
+        report.overlaps.is_empty(),
+        "{} overlapping reconciles, first: {:?}",
+        report.overlaps.len(),
+        report.overlaps.first()
+    );
+    assert!(
+        handover.violations.is_empty(),
+        "{} handover violations, first: {:?}",
+        handover.violations.len(),
+        handover.violations.first()
+    );
+    format!(
+        "{} reconciles of {} objects, {} reconciled by more than one shard over time, no overlap; {} children, {} child moves, none ahead of its owner, longest behind {:?}; {} records checked against the owners' versions",
+        report.total(),
+        report.reconciles.len(),
+        report.objects_with_several_shards(),
+        handover.children,
+        handover.child_moves,
+        std::time::Duration::from_nanos(u64::try_from(handover.longest_behind).unwrap_or(u64::MAX)),
+        handover.records_checked,
+    )
+}
+
 /// One observed version of a sharded object (owner or child), from a watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Version {
