@@ -326,6 +326,28 @@ async fn working_sets(client: &Client, ns: &str) -> BTreeMap<String, f64> {
     sets
 }
 
+/// Creates Secrets `object-<i>` for `range`; each must come back from the CREATE labelled with
+/// the shard the ring of `shards` shards picks (the webhook assigned it).
+async fn create_assigned(
+    world: &World,
+    objects: &Objects,
+    range: std::ops::Range<usize>,
+    shards: usize,
+) {
+    for i in range {
+        let name = format!("object-{i}");
+        let created = objects
+            .create_secret(&name, &format!("{i}-0"))
+            .await
+            .expect("create");
+        assert_eq!(
+            world.shard_of(&created).as_deref(),
+            ring_of(shards).shard_for(&key(&name)),
+            "{name} assigned at CREATE"
+        );
+    }
+}
+
 /// The reconciler replica holding the leader election Lease (its identity starts with its pod's
 /// host name).
 async fn leader(client: &Client) -> Result<String, String> {
@@ -417,17 +439,7 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
 
     // Objects: assigned at CREATE by the webhook, through its Service.
     let objects = Objects::new(world.secrets());
-    for i in 0..OBJECTS {
-        let created = objects
-            .create_secret(&format!("object-{i}"), &format!("{i}-0"))
-            .await
-            .expect("create");
-        assert_eq!(
-            world.shard_of(&created).as_deref(),
-            ring_of(3).shard_for(&key(&format!("object-{i}"))),
-            "object-{i} assigned at CREATE"
-        );
-    }
+    create_assigned(&world, &objects, 0..OBJECTS, 3).await;
     eventually(
         "every object with its checksums on its shard",
         MOVE,
@@ -536,17 +548,7 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
         .expect("a webhook pod")
         .name_any();
     kubectl.run(&["delete", "pod", "-n", RELEASE_NS, &webhook, "--wait=false"]);
-    for i in OBJECTS..OBJECTS + 20 {
-        let created = objects
-            .create_secret(&format!("object-{i}"), &format!("{i}-0"))
-            .await
-            .expect("create");
-        assert_eq!(
-            world.shard_of(&created).as_deref(),
-            ring_of(4).shard_for(&key(&format!("object-{i}"))),
-            "object-{i} assigned at CREATE while a webhook pod goes"
-        );
-    }
+    create_assigned(&world, &objects, OBJECTS..OBJECTS + 20, 4).await;
     wait_ready(node, "deployment", "sharder-webhook", RELEASE_NS, 2).await;
 
     // A rolling restart of the shards moves nothing and writes nothing.
