@@ -18,10 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::Client;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::ApiResource;
-use sharder_common::{GroupResource, Ring, RingLabels, Role};
+use kube::{Api, Client, ResourceExt};
+use sharder_common::labels::RING_LABEL;
+use sharder_common::{GroupResource, Ring, RingLabels, Role, is_available};
 use tokio::sync::Semaphore;
 use tracing::warn;
 
@@ -194,6 +196,42 @@ pub(crate) struct RingView<'a> {
     pub available: &'a BTreeSet<String>,
     /// Where namespaced objects may be.
     pub namespaces: &'a Namespaces,
+    /// The shards holding their Leases now, read once when first needed.
+    pub live_now: &'a LiveNow,
+}
+
+/// The ring's shards whose Leases are held now, read from the apiserver (not the snapshot the
+/// rebalance started with) the first time an object sits on a shard the snapshot does not count
+/// as available; one list of the ring's Leases per rebalance at most.
+#[derive(Debug, Default)]
+pub(crate) struct LiveNow(tokio::sync::OnceCell<Option<BTreeSet<String>>>);
+
+impl LiveNow {
+    /// Whether `shard`'s Lease is held by it now; `true` when the Leases cannot be read (the
+    /// safe answer: the object stays until a later rebalance).
+    pub(crate) async fn holds(&self, client: &Client, ring: &str, shard: &str) -> bool {
+        let live = self
+            .0
+            .get_or_init(|| async {
+                let leases: Api<Lease> = Api::all(client.clone());
+                let selector = format!("{RING_LABEL}={ring}");
+                match leases.list(&ListParams::default().labels(&selector)).await {
+                    Ok(list) => Some(
+                        list.items
+                            .iter()
+                            .filter(|l| is_available(l))
+                            .map(ResourceExt::name_any)
+                            .collect(),
+                    ),
+                    Err(e) => {
+                        warn!(ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
+                        None
+                    }
+                }
+            })
+            .await;
+        live.as_ref().is_none_or(|live| live.contains(shard))
+    }
 }
 
 /// The rebalancer: lists and writes with one client, one rate limiter, one set of write slots

@@ -30,7 +30,7 @@ use tracing::{Instrument as _, info_span, warn};
 
 use crate::Error;
 use crate::metrics::{FailedRebalanceLabels, Metrics};
-use crate::rebalance::{ObjectId, Rebalancer, RingView, Scope};
+use crate::rebalance::{LiveNow, ObjectId, Rebalancer, RingView, Scope};
 use crate::shard_leases::leases_of;
 
 pub(crate) mod discovery;
@@ -229,12 +229,14 @@ async fn rebalance(
         namespaces::namespaces(&ctx.client, &ring.spec, &ctx.namespace_selector).await?;
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
+    let live_now = LiveNow::default();
     let view = RingView {
         name: &name,
         labels: &ring_labels,
         ring: &ring_of_shards,
         available,
         namespaces: &namespaces,
+        live_now: &live_now,
     };
     ctx.metrics
         .ring_calculations

@@ -96,6 +96,32 @@ impl Rebalancer {
         target: &Target,
         meta: &ObjectMeta,
     ) -> Planned {
+        let planned = self.plan_on_snapshot(view, targets, target, meta).await;
+        // The ring's snapshot of Leases predates the objects it lists: an object may sit on a
+        // shard that joined since (the webhook saw its Lease first). Only a shard whose Lease
+        // is not held now is dead; an object on a live one waits for the rebalance its Lease
+        // brings (a move now would take it from a shard that may be reconciling it).
+        if let Planned::Move(Move::Assign {
+            from: Some(from),
+            reason: Reason::DeadShard,
+            ..
+        }) = &planned
+            && view.live_now.holds(&self.lists, view.name, from).await
+        {
+            debug!(ring = view.name, shard = %from, "shard joined after the ring's snapshot; its objects wait");
+            return Planned::Stay;
+        }
+        planned
+    }
+
+    /// What [`plan`](Self::plan) decides from the ring's snapshot alone.
+    async fn plan_on_snapshot(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        target: &Target,
+        meta: &ObjectMeta,
+    ) -> Planned {
         let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
         if target.role == Role::Main {
             return match plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels) {
