@@ -237,7 +237,7 @@ impl Node {
             ])
             .args(["--eviction-hard=", "--v", "1"])
             // Kubelet 1.20 deletes a terminated pod's object only after periodic syncs (default
-            // every 1 min; two ticks seen), and a StatefulSet creates the pod's successor only
+            // every 1 min), and a StatefulSet creates the pod's successor only
             // after that: with the default, a rolling restart outlasts a 15 s shard Lease and
             // moves objects. See docs/design.md §9.
             .args(["--sync-frequency", "3s"]);
