@@ -32,10 +32,11 @@ test: control-plane helm
 	$(CARGO) test --workspace --locked
 
 ## The benchmarks (release build): webhook latency through the apiserver and under load,
-## reconciler memory against object count, rebalancing, a shard crash, the ring; writes
+## reconciler memory against object count, rebalancing, a shard crash, the ring, the chart's
+## pods on a real node (root: a bridge, iptables, cgroups; --sections leaves it out); writes
 ## docs/benchmarks.md. Smaller runs: make bench BENCH_ARGS="--sizes 1000,10000 --rounds 3".
 BENCH_ARGS ?=
-bench: control-plane
+bench: control-plane helm
 	$(CARGO) build --release --locked --quiet -p sharder-bench --bins
 	$(CARGO) run --release --locked --quiet -p sharder-bench --bin sharder-bench -- $(BENCH_ARGS)
 

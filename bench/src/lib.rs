@@ -2,7 +2,8 @@
 //! one run the CREATE latency the webhook adds (against no webhook and a floor webhook), the
 //! webhook alone under load, the reconciler's memory against object count (against a
 //! metadata-cache baseline), the cost of rebalancing and of a shard crash, and the ring's
-//! lookup cost and balance; then writes a markdown report (`docs/benchmarks.md`).
+//! lookup cost and balance, and the chart's pods on a real node (memory as kubelet counts it, the
+//! time from `helm install` to Ready); then writes a markdown report (`docs/benchmarks.md`).
 //!
 //! Numbers are printed and written, never asserted: the goals are stated beside them.
 
@@ -28,6 +29,7 @@ pub mod create_latency;
 pub mod floor;
 pub mod load;
 pub mod memory;
+pub mod node;
 pub mod rebalance;
 pub mod report;
 pub mod ring_balance;
@@ -107,6 +109,11 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
     pub lease_seconds: u64,
 
+    /// Secrets of the real node section (created through the chart's webhook, then moved by a
+    /// scale-out of the example shards).
+    #[arg(long, env = "SHARDER_BENCH_NODE_OBJECTS", default_value_t = 10_000)]
+    pub node_objects: usize,
+
     /// How the webhook load section loads each server in-process.
     #[command(flatten)]
     pub load: load::LoadOptions,
@@ -143,7 +150,7 @@ pub struct Args {
         env = "SHARDER_BENCH_SECTIONS",
         value_enum,
         value_delimiter = ',',
-        default_value = "latency,load,memory,rebalance,rolling,ring"
+        default_value = "latency,load,memory,rebalance,rolling,ring,node"
     )]
     pub sections: Vec<Section>,
 }
@@ -163,6 +170,8 @@ pub enum Section {
     Rolling,
     /// 6. The ring.
     Ring,
+    /// 7. The chart's pods on a real node (needs root: a bridge, iptables, cgroups).
+    Node,
 }
 
 impl Args {
@@ -282,20 +291,32 @@ impl RingSetup {
         range: std::ops::Range<usize>,
         ring: &Ring,
     ) -> Result<f64, Error> {
+        Ok(self.create(range, Some(ring)).await?.0)
+    }
+
+    /// Creates Secrets `object-<i>` for `range`, 64 in flight, labelled with their shard on
+    /// `ring` or (`None`) left to the webhook; creates per second and how many came back from
+    /// the CREATE without a shard label.
+    pub async fn create(
+        &self,
+        range: std::ops::Range<usize>,
+        ring: Option<&Ring>,
+    ) -> Result<(f64, usize), Error> {
         let started = Instant::now();
         let n = range.len();
         let api = self.secrets();
-        futures::stream::iter(range)
+        let shard_label = &self.labels.shard;
+        let created = futures::stream::iter(range)
             .map(|i| {
                 let name = format!("object-{i}");
-                let shard = ring
-                    .shard_for(&self.key(&name))
-                    .unwrap_or_default()
-                    .to_owned();
+                let labels = ring.map(|ring| {
+                    let shard = ring.shard_for(&self.key(&name)).unwrap_or_default();
+                    [(shard_label.clone(), shard.to_owned())].into()
+                });
                 let secret = Secret {
                     metadata: ObjectMeta {
                         name: Some(name),
-                        labels: Some([(self.labels.shard.clone(), shard)].into()),
+                        labels,
                         ..ObjectMeta::default()
                     },
                     data: Some([("value".to_owned(), ByteString(vec![b'x'; 16]))].into()),
@@ -305,13 +326,14 @@ impl RingSetup {
                 async move {
                     api.create(&PostParams::default(), &secret)
                         .await
-                        .map(|_| ())
+                        .map(|created| created.labels().contains_key(shard_label))
                 }
             })
             .buffer_unordered(64)
-            .try_collect::<Vec<()>>()
+            .try_collect::<Vec<bool>>()
             .await?;
-        Ok(n as f64 / started.elapsed().as_secs_f64())
+        let unassigned = created.iter().filter(|assigned| !**assigned).count();
+        Ok((n as f64 / started.elapsed().as_secs_f64(), unassigned))
     }
 
     /// Lists the Secrets `selector` selects (every one: `None`), metadata only and 500 to a
@@ -319,20 +341,9 @@ impl RingSetup {
     async fn each_secret(
         &self,
         selector: Option<&str>,
-        mut each: impl FnMut(&PartialObjectMeta<Secret>),
+        each: impl FnMut(&PartialObjectMeta<Secret>),
     ) -> Result<(), Error> {
-        let mut params = ListParams::default().limit(500);
-        if let Some(selector) = selector {
-            params = params.labels(selector);
-        }
-        loop {
-            let page = self.secrets().list_metadata(&params).await?;
-            page.items.iter().for_each(&mut each);
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params = params.continue_token(&token),
-                None => return Ok(()),
-            }
-        }
+        each_metadata(&self.secrets(), selector, each).await
     }
 
     /// Lists the objects on `shard` as the reconciler lists a dead shard's (a label-selected
@@ -359,6 +370,30 @@ impl RingSetup {
         })
         .await?;
         Ok(all)
+    }
+}
+
+/// Lists the objects of `api` that `selector` selects (every one: `None`), metadata only and
+/// 500 to a page as the reconciler does, handing each to `each`.
+pub async fn each_metadata<K>(
+    api: &Api<K>,
+    selector: Option<&str>,
+    mut each: impl FnMut(&PartialObjectMeta<K>),
+) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(500);
+    if let Some(selector) = selector {
+        params = params.labels(selector);
+    }
+    loop {
+        let page = api.list_metadata(&params).await?;
+        page.items.iter().for_each(&mut each);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
     }
 }
 
@@ -428,11 +463,11 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let webhooks = webhooks::start(cp, args.webhook_malloc_arena_max).await?;
     let mut report = report::Report::new(&args, cp);
     if args.runs(Section::Latency) {
-        eprintln!("[bench] 1/6 CREATE latency through the apiserver");
+        eprintln!("[bench] 1/7 CREATE latency through the apiserver");
         report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
     }
     if args.runs(Section::Load) {
-        eprintln!("[bench] 2/6 webhook alone under load");
+        eprintln!("[bench] 2/7 webhook alone under load");
         report.load = load_bench(&args);
         let setup = RingSetup::new(cp, "bench-load", false, 3).await?;
         report.load_processes = load::processes_under_load(
@@ -444,21 +479,29 @@ pub async fn run(args: Args) -> Result<(), Error> {
         setup.remove(false).await?;
     }
     if args.runs(Section::Rebalance) {
-        eprintln!("[bench] 4-5/6 rebalancing and a shard crash");
+        eprintln!("[bench] 4-5/7 rebalancing and a shard crash");
         report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
     }
     if args.runs(Section::Rolling) {
-        eprintln!("[bench] 5b/6 rolling updates of the shards, three ways");
+        eprintln!("[bench] 5b/7 rolling updates of the shards, three ways");
         report.rolling = Some(rolling::run(cp, &webhooks, &args).await?);
     }
     if args.runs(Section::Ring) {
-        eprintln!("[bench] 6/6 ring");
+        eprintln!("[bench] 6/7 ring");
         report.ring = Some(ring_balance::run(args.criterion));
+    }
+    if args.runs(Section::Node) {
+        eprintln!("[bench] 7/7 the chart's pods on a real node");
+        report.node = Some(
+            node::run(args.node_objects)
+                .await
+                .map_err(|e| e.to_string()),
+        );
     }
     // Last: the largest size's namespace is left to the control plane's end (deleting 300k
     // objects takes the namespace controller longer than measuring them).
     if args.runs(Section::Memory) {
-        eprintln!("[bench] 3/6 reconciler memory");
+        eprintln!("[bench] 3/7 reconciler memory");
         report.memory = memory::run(cp, &webhooks, &args).await?;
     }
     report.duration = started.elapsed();

@@ -15,8 +15,9 @@ use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject as _;
 
 use crate::Error;
-use crate::stats::{percentile, rss_kib};
+use crate::stats::percentile;
 use crate::webhooks::Webhooks;
+use sharder_harness::procfs::rss_kib;
 
 /// One load run's numbers.
 #[derive(Clone, Debug)]

@@ -10,9 +10,9 @@ use sharder_common::Ring;
 use sharder_harness::ControlPlane;
 use sharder_harness::procfs::open_sockets;
 
-use crate::stats::rss_kib;
 use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
 use crate::{Args, Error, RingSetup, rebalanced, start_reconciler, wait_first_rebalance};
+use sharder_harness::procfs::rss_kib;
 
 /// One size's readings, in KiB.
 #[derive(Clone, Debug)]

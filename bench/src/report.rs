@@ -34,6 +34,8 @@ pub struct Report {
     pub rebalance: Option<RebalanceResult>,
     /// Section 6.
     pub ring: Option<RingResult>,
+    /// Section 7 (or why it could not run).
+    pub node: Option<Result<crate::node::NodeResult, String>>,
     /// How long the run took.
     pub duration: Duration,
 }
@@ -149,6 +151,7 @@ impl Report {
             memory: Vec::new(),
             rebalance: None,
             ring: None,
+            node: None,
             duration: Duration::ZERO,
         }
     }
@@ -180,6 +183,7 @@ impl Report {
         self.render_rebalance(&mut out);
         self.render_rolling(&mut out);
         self.render_ring(&mut out);
+        self.render_node(&mut out);
         out
     }
 
@@ -877,6 +881,127 @@ impl Report {
 }
 
 /// The timeline table of one run.
+impl Report {
+    fn render_node(&self, out: &mut String) {
+        let _ = writeln!(out, "## 7. The chart's pods on a real node\n");
+        let r = match &self.node {
+            None => {
+                let _ = writeln!(out, "Not run.\n");
+                return;
+            }
+            Some(Err(e)) => {
+                let _ = writeln!(out, "Could not run: {e}\n");
+                return;
+            }
+            Some(Ok(r)) => r,
+        };
+        let _ = writeln!(
+            out,
+            "The chart installed with Helm as the README says (2 webhook and 2 reconciler pods, the image built from this checkout's {} binaries) on a single-node cluster of this machine (`sharder_harness::node`: kubelet, containerd, kube-proxy, kube-scheduler, its own apiserver and etcd); the example shards as the StatefulSet of `docs/examples/statefulset-shards.yaml` (3 replicas); {} Secrets created through the webhook's Service (64 in flight), each with its checksums ConfigMap made by its shard; then `kubectl scale --replicas=4`. Working set: the container's memory cgroup usage minus its inactive file pages (what kubelet reports and evicts by), once every object is on its shard, after the scale-out, and the highest sampled every second from the install on; beside it the container's process as `/proc` counts it (VmRSS after the scale-out with its anonymous part RssAnon, peak VmHWM). The process figures include the binary's file pages (RSS minus RssAnon); the container's cgroup is not charged for them (they entered the page cache when containerd unpacked the image), so its working set is close to the anonymous part.\n",
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            r.objects
+        );
+        let steps = [
+            (
+                "`helm install` to all 4 pods Ready",
+                format!("{:.1} s", r.install.as_secs_f64()),
+            ),
+            (
+                "the example applied to its 3 shards Ready and in the ring",
+                format!("{:.1} s", r.shards_ready.as_secs_f64()),
+            ),
+            (
+                "creates through the webhook",
+                format!(
+                    "{:.0}/s, {} of {} without a shard label after CREATE",
+                    r.create_rate, r.unassigned_at_create, r.objects
+                ),
+            ),
+            (
+                "last create to every object with its checksums on its shard",
+                format!("{:.1} s", r.converged.as_secs_f64()),
+            ),
+            (
+                "scale-out 3 -> 4 to every object on its shard",
+                format!(
+                    "{:.1} s, {} objects moved",
+                    r.scale_out.as_secs_f64(),
+                    r.moved
+                ),
+            ),
+        ];
+        let _ = writeln!(
+            out,
+            "{}",
+            table(
+                &["step", "measured"],
+                steps.map(|(k, v)| vec![k.to_owned(), v])
+            )
+        );
+        let rows = r.pods.iter().map(|p| {
+            vec![
+                p.pod.clone(),
+                p.role.clone(),
+                p.steady
+                    .map_or("-".to_owned(), |s| format!("{:.1}", mib(s))),
+                format!("{:.1}", mib(p.after_scale_out)),
+                format!("{:.1}", mib(p.peak)),
+                p.max_usage
+                    .map_or("-".to_owned(), |m| format!("{:.1}", mib(m))),
+                format!("{:.1} ({:.1})", mib(p.rss), mib(p.rss_anon)),
+                format!("{:.1}", mib(p.hwm)),
+            ]
+        });
+        let _ = writeln!(
+            out,
+            "{}",
+            table(
+                &[
+                    "pod",
+                    "runs",
+                    "working set, settled MiB",
+                    "working set, after scale-out MiB",
+                    "working set, peak sampled MiB",
+                    "cgroup peak usage MiB",
+                    "process RSS (anonymous) MiB",
+                    "process peak RSS MiB",
+                ],
+                rows
+            )
+        );
+        let mut beside = Vec::new();
+        if let Some(m) = self.memory.iter().find(|m| m.objects == r.objects) {
+            beside.push(format!(
+                "the reconciler process of section 3 at {} objects: {:.1} MiB settled, {:.1} MiB peak",
+                m.objects,
+                mib(m.reconciler_steady),
+                mib(m.reconciler_peak)
+            ));
+        }
+        if let Some(p) = self
+            .load_processes
+            .iter()
+            .find(|p| p.name == "sharder webhook")
+        {
+            beside.push(format!(
+                "the webhook process of section 2 under load: {:.1} MiB peak",
+                mib(p.peak)
+            ));
+        }
+        if !beside.is_empty() {
+            let _ = writeln!(
+                out,
+                "Beside the same binaries run as processes in this report: {}.\n",
+                beside.join("; ")
+            );
+        }
+    }
+}
+
 fn render_timeline(out: &mut String, timeline: &crate::timeline::Timeline) {
     let rows = timeline.spans.iter().map(|span| {
         vec![

@@ -37,19 +37,6 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Resident set size now and its peak (`VmRSS`, `VmHWM`) of process `pid`, in KiB.
-pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
-}
-
 /// CPU time (user + system) process `pid` used so far, in seconds.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -133,11 +120,5 @@ mod tests {
         }
         let used = cpu_seconds(std::process::id()).expect("cpu") - before;
         assert!(used > 0.05 && x > 0, "{used} s");
-    }
-
-    #[test]
-    fn this_process_has_a_resident_set() {
-        let (now, peak) = rss_kib(std::process::id()).expect("rss");
-        assert!(now > 0 && peak >= now);
     }
 }

@@ -37,6 +37,9 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "1",
         "--criterion",
         "false",
+        "--node-objects",
+        // As the smallest memory size: the report sets the two side by side.
+        "100",
     ]);
     sharder_bench::run(args).await.expect("the benchmarks run");
     let report = std::fs::read_to_string(&output).expect("report");
@@ -49,6 +52,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "## 5. Shard crash",
         "## 5b. A rolling update of the shards",
         "## 6. Ring",
+        "## 7. The chart's pods on a real node",
     ] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
     }
@@ -75,6 +79,13 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| floor webhook | ",
         "| sharder webhook | ",
         "The sharder webhook's peak RSS under load",
+        "| `helm install` to all 4 pods Ready | ",
+        "| creates through the webhook | ",
+        " 0 of 100 without a shard label after CREATE |",
+        "| checksum-controller-3 | shard | ",
+        " | reconciler (leader) | ",
+        " | webhook | ",
+        "the reconciler process of section 3 at ",
     ] {
         assert!(report.contains(row), "{row} missing:\n{report}");
     }

@@ -52,6 +52,11 @@ pub enum Error {
     #[error("cannot build the binaries under test: {0}")]
     Build(String),
 
+    /// A command run against a cluster (`kubectl`, `helm`) failed; the message names it and
+    /// carries its output.
+    #[error("{0}")]
+    Command(String),
+
     /// A file or process operation failed; the first field says which.
     #[error("cannot {0}: {1}")]
     Io(&'static str, #[source] std::io::Error),

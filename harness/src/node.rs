@@ -22,6 +22,8 @@ use crate::control_plane::{Options, assets_dir, free_port, path_str, spawn_logge
 use crate::supervisor::{lifetime_child_status, run_at_exit};
 use crate::{ControlPlane, Error, binaries};
 
+pub mod chart;
+
 /// The pod bridge's gateway: the apiserver and kubelet are bound to it (`harness/node/host.sh`
 /// creates the bridge, `10.244.0.0/24`).
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
@@ -269,7 +271,7 @@ impl Node {
             .args(["--port", "0", "--secure-port", "0"]);
         let scheduler_pid = spawn_logged(scheduler, &logs.join("kube-scheduler.log"))?;
 
-        node.wait_ready(&[
+        node.wait_registered(&[
             ("containerd", containerd_pid),
             ("kubelet", kubelet_pid),
             ("kube-proxy", proxy_pid),
@@ -280,7 +282,7 @@ impl Node {
     }
 
     /// Waits until the node reports Ready, failing early when one of `processes` exits.
-    async fn wait_ready(&self, processes: &[(&str, u32)]) -> Result<(), Error> {
+    async fn wait_registered(&self, processes: &[(&str, u32)]) -> Result<(), Error> {
         let nodes = Api::<NodeObject>::all(self.control_plane.client().await?);
         let started = Instant::now();
         let mut last = "not registered".to_owned();

@@ -49,3 +49,29 @@ fn socket_inodes(pid: u32) -> Option<HashSet<String>> {
             .collect(),
     )
 }
+
+/// Resident set size now and its peak (`VmRSS`, `VmHWM`) of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> Option<(u64, u64)> {
+    Some((status_kib(pid, "VmRSS:")?, status_kib(pid, "VmHWM:")?))
+}
+
+/// The field `name` (such as `RssAnon:`) of `/proc/<pid>/status`, in KiB.
+pub fn status_kib(pid: u32, name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rss_kib;
+
+    #[test]
+    fn this_process_has_a_resident_set() {
+        let (now, peak) = rss_kib(std::process::id()).expect("rss");
+        assert!(now > 0 && peak >= now);
+    }
+}

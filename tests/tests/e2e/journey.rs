@@ -11,14 +11,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt as _, TryStreamExt as _};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, LogParams};
@@ -26,65 +23,23 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, ObjectKey, Ring};
 use sharder_example::record::{self, Line};
-use sharder_harness::control_plane::assets_dir;
 use sharder_harness::helm::Helm;
 use sharder_harness::node::Node;
+use sharder_harness::node::chart::{
+    self, Kubectl, RELEASE, RELEASE_NAMESPACE as RELEASE_NS, RING, SHARDS_NAMESPACE as SHARDS_NS,
+    STATEFULSET, Workload,
+};
 use sharder_harness::wait::{eventually, http_get, metric_value};
 use sharder_harness::world::World;
 use sharder_tests::history::History;
 use sharder_tests::ownership;
 use sharder_tests::system::{Objects, objects_converged, unix_nanos};
 
-const RELEASE: &str = "sharder";
-const RELEASE_NS: &str = "sharding-system";
-const SHARDS_NS: &str = "my-namespace";
-const RING: &str = "checksums";
-const STATEFULSET: &str = "checksum-controller";
 const OBJECTS: usize = 200;
 /// Pods start from a local image, but the first start of everything on 2 cores takes a while.
 const START: Duration = Duration::from_secs(240);
 /// A rebalance or a reassignment: lease duration (15 s) plus a sweep and the writes.
 const MOVE: Duration = Duration::from_secs(90);
-
-/// `kubectl` (built beside the apiserver) against the node's cluster; each command is printed.
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn of(node: &Node) -> Self {
-        Self {
-            bin: assets_dir().expect("assets").join("kubectl"),
-            kubeconfig: node.control_plane().kubeconfig().to_path_buf(),
-        }
-    }
-
-    /// Runs `kubectl args`, printing the command and its output; its stdout, or its stderr.
-    fn try_run(&self, args: &[&str]) -> Result<String, String> {
-        eprintln!("$ kubectl {}", args.join(" "));
-        let output = Command::new(&self.bin)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        eprint!("{stdout}");
-        if output.status.success() {
-            Ok(stdout)
-        } else {
-            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-            eprint!("{stderr}");
-            Err(stderr)
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        self.try_run(args)
-            .unwrap_or_else(|e| panic!("kubectl {args:?} failed: {e}"))
-    }
-}
 
 /// The shards' records, read from their containers' logs as the containers run: one text per
 /// container instance, and when its log ended (the container exited).
@@ -204,44 +159,11 @@ impl Records {
     }
 }
 
-async fn ready_replicas(client: &Client, kind: &str, name: &str, ns: &str) -> Result<i32, String> {
-    let status = match kind {
-        "deployment" => Api::<Deployment>::namespaced(client.clone(), ns)
-            .get(name)
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .and_then(|s| s.ready_replicas),
-        _ => Api::<StatefulSet>::namespaced(client.clone(), ns)
-            .get(name)
-            .await
-            .map_err(|e| e.to_string())?
-            .status
-            .and_then(|s| s.ready_replicas),
-    };
-    Ok(status.unwrap_or(0))
-}
-
-/// Waits until `want` replicas of the Deployment or StatefulSet are ready; on timeout, prints
-/// what the cluster says about its pods and the node's logs before failing.
-async fn wait_ready(node: &Node, kind: &str, name: &str, ns: &str, want: i32) {
-    let client = node.control_plane().client().await.expect("client");
-    let started = Instant::now();
-    let mut ready = 0;
-    while started.elapsed() < START {
-        ready = ready_replicas(&client, kind, name, ns).await.unwrap_or(0);
-        if ready == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let kubectl = Kubectl::of(node);
-    let _ = kubectl.try_run(&["get", "pods", "-A", "-o", "wide"]);
-    let _ = kubectl.try_run(&["describe", "pods", "-n", ns]);
-    for log in ["kubelet.log", "containerd.log", "kube-proxy.log"] {
-        eprintln!("--- {log}\n{}", node.log_tail(log, 40));
-    }
-    panic!("{kind} {ns}/{name}: {ready} of {want} ready after {START:?}");
+/// Waits until `want` replicas of the workload are ready (the error says why not).
+async fn wait_ready(node: &Node, workload: Workload, name: &str, ns: &str, want: i32) {
+    node.wait_ready(workload, name, ns, Some(want), START)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The shard each Secret of the namespace sits on now.
@@ -290,40 +212,6 @@ async fn pod_ip(client: &Client, ns: &str, name: &str) -> IpAddr {
         .and_then(|s| s.pod_ip)
         .and_then(|ip| ip.parse().ok())
         .expect("a pod IP")
-}
-
-/// The working set of every running container in `ns` (as kubelet counts it: usage minus
-/// inactive file pages, from the container's memory cgroup), in MiB, by pod.
-async fn working_sets(client: &Client, ns: &str) -> BTreeMap<String, f64> {
-    let mut sets = BTreeMap::new();
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .expect("pods");
-    for pod in pods.items {
-        let name = pod.name_any();
-        let ids = pod
-            .status
-            .and_then(|s| s.container_statuses)
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c.container_id);
-        for id in ids {
-            let id = id.rsplit('/').next().unwrap_or_default().to_owned();
-            let cgroup = PathBuf::from("/sys/fs/cgroup/memory/k8s.io").join(&id);
-            let read = |file: &str| std::fs::read_to_string(cgroup.join(file)).unwrap_or_default();
-            let usage: f64 = read("memory.usage_in_bytes").trim().parse().unwrap_or(0.0);
-            let inactive: f64 = read("memory.stat")
-                .lines()
-                .find_map(|l| l.strip_prefix("total_inactive_file "))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0.0);
-            if usage > 0.0 {
-                sets.insert(name.clone(), (usage - inactive) / (1024.0 * 1024.0));
-            }
-        }
-    }
-    sets
 }
 
 /// Creates Secrets `object-<i>` for `range`; each must come back from the CREATE labelled with
@@ -375,60 +263,27 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
     let node = Node::shared().await.expect("a node");
     let cp = node.control_plane();
     let client = cp.client().await.expect("client");
-    let kubectl = Kubectl::of(node);
+    let kubectl = Kubectl::of(node).expect("kubectl");
     let helm = Helm::get().expect("helm");
 
     // Install, as the README says.
-    let installing = Instant::now();
-    kubectl.run(&["create", "namespace", RELEASE_NS]);
-    let values = json!({ "clusterRings": [{
-        "name": RING,
-        "resources": [{
-            "group": "",
-            "resource": "secrets",
-            "controlledResources": [{ "group": "", "resource": "configmaps" }]
-        }]
-    }]});
-    eprintln!(
-        "$ helm install {RELEASE} charts/sharder -n {RELEASE_NS} --set-json 'clusterRings={}'",
-        values["clusterRings"]
-    );
-    helm.deploy("install", &values, RELEASE, RELEASE_NS, cp.kubeconfig())
+    let values = chart::ring_values();
+    let installed = node
+        .install_chart(&values, START)
+        .await
         .expect("helm install");
-    wait_ready(node, "deployment", "sharder-webhook", RELEASE_NS, 2).await;
-    wait_ready(node, "deployment", "sharder-reconciler", RELEASE_NS, 2).await;
-    eprintln!("helm install to all pods Ready: {:?}", installing.elapsed());
-    kubectl.run(&["get", "pods", "-n", RELEASE_NS, "-o", "wide"]);
+    eprintln!("helm install to all pods Ready: {installed:?}");
+    kubectl
+        .run(&["get", "pods", "-n", RELEASE_NS, "-o", "wide"])
+        .expect("kubectl");
 
-    // The example shards, 3 of them.
-    let example = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/statefulset-shards.yaml"),
-    )
-    .expect("the example");
-    let example = example.replace(
-        "            - --log-format=json\n",
-        "            - --log-format=json\n            - --record-file=/dev/stdout\n",
-    );
-    assert!(
-        example.contains("--record-file"),
-        "the example's args moved"
-    );
-    let manifest =
-        std::env::temp_dir().join(format!("statefulset-shards-{}.yaml", std::process::id()));
-    std::fs::write(&manifest, example).expect("write the example");
-    kubectl.run(&["create", "namespace", SHARDS_NS]);
-    kubectl.run(&[
-        "apply",
-        "-n",
-        SHARDS_NS,
-        "-f",
-        manifest.to_str().expect("path"),
-    ]);
-    let _ = std::fs::remove_file(&manifest);
+    // The example shards, 3 of them, recording their reconciles on stdout.
+    node.apply_example(3, &["--record-file=/dev/stdout"])
+        .expect("the example shards");
     let world = World::with_ring(cp, SHARDS_NS.into(), RING.into()).await;
     let (records, collector) = Records::collect(client.clone());
     let history = History::start(&client, SHARDS_NS, &world.labels);
-    wait_ready(node, "statefulset", STATEFULSET, SHARDS_NS, 3).await;
+    wait_ready(node, Workload::StatefulSet, STATEFULSET, SHARDS_NS, 3).await;
     eventually("the ring holds the 3 shards", START, || async {
         let ring = world.desired_ring().await;
         (ring.shards() == ring_of(3).shards())
@@ -461,14 +316,16 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
         .filter(|name| ring_of(3).shard_for(&key(name)) != ring_of(4).shard_for(&key(name)))
         .cloned()
         .collect();
-    kubectl.run(&[
-        "scale",
-        "statefulset",
-        STATEFULSET,
-        "-n",
-        SHARDS_NS,
-        "--replicas=4",
-    ]);
+    kubectl
+        .run(&[
+            "scale",
+            "statefulset",
+            STATEFULSET,
+            "-n",
+            SHARDS_NS,
+            "--replicas=4",
+        ])
+        .expect("kubectl");
     eventually("rebalanced onto the fourth shard", MOVE, || async {
         objects_converged(&world, &ring_of(4)).await
     })
@@ -500,15 +357,21 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
         moved.len()
     );
     for ns in [RELEASE_NS, SHARDS_NS] {
-        for (pod, mib) in working_sets(&client, ns).await {
-            eprintln!("working set (cgroup) {ns}/{pod}: {mib:.1} MiB");
+        for c in chart::pod_memory(&client, ns).await.expect("pod memory") {
+            eprintln!(
+                "working set (cgroup) {ns}/{}: {:.1} MiB",
+                c.pod,
+                c.working_set as f64 / 1024.0
+            );
         }
     }
 
     // The leading reconciler goes: the standby leads.
     let first = eventually("a leader", START, || leader(&client)).await;
     let lost = Instant::now();
-    kubectl.run(&["delete", "pod", "-n", RELEASE_NS, &first]);
+    kubectl
+        .run(&["delete", "pod", "-n", RELEASE_NS, &first])
+        .expect("kubectl");
     let second = eventually("the standby leads", MOVE, || async {
         let now = leader(&client).await?;
         (now != first)
@@ -535,7 +398,14 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
             .ok_or(format!("leader gauge {leading:?}"))
     })
     .await;
-    wait_ready(node, "deployment", "sharder-reconciler", RELEASE_NS, 2).await;
+    wait_ready(
+        node,
+        Workload::Deployment,
+        "sharder-reconciler",
+        RELEASE_NS,
+        2,
+    )
+    .await;
 
     // One webhook pod goes: creates keep being assigned at CREATE.
     let webhook = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
@@ -547,9 +417,11 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
         .next()
         .expect("a webhook pod")
         .name_any();
-    kubectl.run(&["delete", "pod", "-n", RELEASE_NS, &webhook, "--wait=false"]);
+    kubectl
+        .run(&["delete", "pod", "-n", RELEASE_NS, &webhook, "--wait=false"])
+        .expect("kubectl");
     create_assigned(&world, &objects, OBJECTS..OBJECTS + 20, 4).await;
-    wait_ready(node, "deployment", "sharder-webhook", RELEASE_NS, 2).await;
+    wait_ready(node, Workload::Deployment, "sharder-webhook", RELEASE_NS, 2).await;
 
     // A rolling restart of the shards moves nothing and writes nothing.
     eventually("converged before the restart", MOVE, || async {
@@ -558,23 +430,27 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
     .await;
     let before = placement(&world).await;
     let mark = cp.audit_mark();
-    kubectl.run(&[
-        "rollout",
-        "restart",
-        "statefulset",
-        STATEFULSET,
-        "-n",
-        SHARDS_NS,
-    ]);
-    kubectl.run(&[
-        "rollout",
-        "status",
-        "statefulset",
-        STATEFULSET,
-        "-n",
-        SHARDS_NS,
-        "--timeout=300s",
-    ]);
+    kubectl
+        .run(&[
+            "rollout",
+            "restart",
+            "statefulset",
+            STATEFULSET,
+            "-n",
+            SHARDS_NS,
+        ])
+        .expect("kubectl");
+    kubectl
+        .run(&[
+            "rollout",
+            "status",
+            "statefulset",
+            STATEFULSET,
+            "-n",
+            SHARDS_NS,
+            "--timeout=300s",
+        ])
+        .expect("kubectl");
     assert_eq!(
         placement(&world).await,
         before,
@@ -611,7 +487,11 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
             "app.kubernetes.io/component=reconciler",
             "--tail=-1",
         ]);
-        for line in logs.lines().filter(|l| l.contains("shard_leases")) {
+        for line in logs
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("shard_leases"))
+        {
             eprintln!("{line}");
         }
     }
@@ -698,7 +578,14 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
         },
     )
     .await;
-    wait_ready(node, "deployment", "sharder-reconciler", RELEASE_NS, 2).await;
+    wait_ready(
+        node,
+        Workload::Deployment,
+        "sharder-reconciler",
+        RELEASE_NS,
+        2,
+    )
+    .await;
 
     collector.abort();
     let handover = ownership::check_handover(

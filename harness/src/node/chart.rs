@@ -1,0 +1,349 @@
+//! The chart and the example shards on the node, as users run them: `kubectl` and `helm
+//! install` against the node's cluster, readiness of the chart's Deployments and the example's
+//! StatefulSet, and the memory of the pods' containers as kubelet counts it (the working set
+//! of their cgroups) beside the processes' own resident sets.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::Node;
+use crate::control_plane::assets_dir;
+use crate::helm::Helm;
+use crate::{Error, procfs};
+
+/// The release name of the chart, as the README installs it.
+pub const RELEASE: &str = "sharder";
+/// The namespace the chart is installed into, as the README installs it.
+pub const RELEASE_NAMESPACE: &str = "sharding-system";
+/// The namespace the example shards run in (the example's ClusterRoleBinding names it).
+pub const SHARDS_NAMESPACE: &str = "my-namespace";
+/// The example's StatefulSet (and the prefix of its shard names).
+pub const STATEFULSET: &str = "checksum-controller";
+/// The ClusterRing the example's shards join.
+pub const RING: &str = "checksums";
+
+/// The chart values of the README's install: one ClusterRing [`RING`] sharding Secrets and the
+/// ConfigMaps they control.
+pub fn ring_values() -> Value {
+    json!({ "clusterRings": [{
+        "name": RING,
+        "resources": [{
+            "group": "",
+            "resource": "secrets",
+            "controlledResources": [{ "group": "", "resource": "configmaps" }]
+        }]
+    }]})
+}
+
+/// `kubectl` (built beside the apiserver) against the node's cluster; each command and its
+/// output are printed on stderr.
+pub struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// `kubectl` for `node`'s cluster.
+    pub fn of(node: &Node) -> Result<Self, Error> {
+        Ok(Self {
+            bin: assets_dir()?.join("kubectl"),
+            kubeconfig: node.control_plane().kubeconfig().to_path_buf(),
+        })
+    }
+
+    /// Runs `kubectl args`; its stdout, or an error with its stderr.
+    pub fn run(&self, args: &[&str]) -> Result<String, Error> {
+        eprintln!("$ kubectl {}", args.join(" "));
+        let output = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .map_err(Error::io("run kubectl"))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        eprint!("{stdout}");
+        if output.status.success() {
+            Ok(stdout)
+        } else {
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            eprint!("{stderr}");
+            Err(Error::Command(format!(
+                "kubectl {}: {stderr}",
+                args.join(" ")
+            )))
+        }
+    }
+}
+
+/// A workload whose readiness is waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// A Deployment (the chart's webhook and reconciler).
+    Deployment,
+    /// A StatefulSet (the example's shards).
+    StatefulSet,
+}
+
+impl Workload {
+    fn kubectl_name(self) -> &'static str {
+        match self {
+            Self::Deployment => "deployment",
+            Self::StatefulSet => "statefulset",
+        }
+    }
+}
+
+/// Ready replicas and desired replicas of the workload `ns/name`.
+pub async fn replicas(
+    client: &Client,
+    workload: Workload,
+    name: &str,
+    ns: &str,
+) -> Result<(i32, i32), Error> {
+    Ok(match workload {
+        Workload::Deployment => {
+            let d = Api::<Deployment>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .map_err(Error::Kube)?;
+            (
+                d.status.and_then(|s| s.ready_replicas).unwrap_or(0),
+                d.spec.and_then(|s| s.replicas).unwrap_or(1),
+            )
+        }
+        Workload::StatefulSet => {
+            let s = Api::<StatefulSet>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .map_err(Error::Kube)?;
+            (
+                s.status.and_then(|s| s.ready_replicas).unwrap_or(0),
+                s.spec.and_then(|s| s.replicas).unwrap_or(1),
+            )
+        }
+    })
+}
+
+impl Node {
+    /// Waits until `want` replicas of the workload `ns/name` are ready (`None`: as many as it
+    /// asks for); on timeout, the error carries what the cluster says of the namespace's pods
+    /// and the tails of the node's logs.
+    pub async fn wait_ready(
+        &self,
+        workload: Workload,
+        name: &str,
+        ns: &str,
+        want: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let client = self.control_plane().client().await?;
+        let started = Instant::now();
+        let mut last = String::new();
+        while started.elapsed() < timeout {
+            match replicas(&client, workload, name, ns).await {
+                Ok((ready, desired)) if ready == want.unwrap_or(desired) => return Ok(()),
+                Ok((ready, desired)) => {
+                    last = format!("{ready} of {} ready", want.unwrap_or(desired));
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let mut diagnostics = String::new();
+        if let Ok(kubectl) = Kubectl::of(self) {
+            for args in [
+                &["get", "pods", "-A", "-o", "wide"][..],
+                &["describe", "pods", "-n", ns],
+            ] {
+                diagnostics.push_str(&kubectl.run(args).unwrap_or_else(|e| e.to_string()));
+            }
+        }
+        for log in ["kubelet.log", "containerd.log", "kube-proxy.log"] {
+            diagnostics.push_str(&format!("--- {log}\n{}\n", self.log_tail(log, 40)));
+        }
+        Err(Error::NotReady(format!(
+            "{} {ns}/{name}: {last} after {timeout:?}\n{diagnostics}",
+            workload.kubectl_name()
+        )))
+    }
+
+    /// `helm install` of the chart with `values` as the README installs it ([`RELEASE`] into
+    /// [`RELEASE_NAMESPACE`], created first), then waits until the webhook's and the
+    /// reconciler's pods are all Ready; how long that took from the install's start.
+    pub async fn install_chart(
+        &self,
+        values: &Value,
+        timeout: Duration,
+    ) -> Result<Duration, Error> {
+        let helm = Helm::get()?;
+        let started = Instant::now();
+        Kubectl::of(self)?.run(&["create", "namespace", RELEASE_NAMESPACE])?;
+        eprintln!(
+            "$ helm install {RELEASE} charts/sharder -n {RELEASE_NAMESPACE} --set-json 'clusterRings={}'",
+            values["clusterRings"]
+        );
+        helm.deploy(
+            "install",
+            values,
+            RELEASE,
+            RELEASE_NAMESPACE,
+            self.control_plane().kubeconfig(),
+        )
+        .map_err(|e| Error::Command(format!("helm install: {e}")))?;
+        for name in ["sharder-webhook", "sharder-reconciler"] {
+            let left = timeout.saturating_sub(started.elapsed());
+            self.wait_ready(Workload::Deployment, name, RELEASE_NAMESPACE, None, left)
+                .await?;
+        }
+        Ok(started.elapsed())
+    }
+
+    /// Applies `docs/examples/statefulset-shards.yaml` in [`SHARDS_NAMESPACE`] (created first)
+    /// with `replicas` shards and `extra_args` added to the shard's arguments (the example's
+    /// only changes).
+    pub fn apply_example(&self, replicas: u32, extra_args: &[&str]) -> Result<(), Error> {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/examples/statefulset-shards.yaml");
+        let example =
+            std::fs::read_to_string(&path).map_err(Error::io("read the example shards"))?;
+        let args: String = extra_args
+            .iter()
+            .map(|a| format!("            - {a}\n"))
+            .collect();
+        let anchor = "            - --log-format=json\n";
+        let replicas_line = "  replicas: 3\n";
+        if !example.contains(anchor) || !example.contains(replicas_line) {
+            return Err(Error::Command(format!(
+                "{} no longer has `{}` and `{}`: update harness/src/node/chart.rs",
+                path.display(),
+                anchor.trim(),
+                replicas_line.trim()
+            )));
+        }
+        let example = example
+            .replace(anchor, &format!("{anchor}{args}"))
+            .replace(replicas_line, &format!("  replicas: {replicas}\n"));
+        let manifest = self.dir.join(format!("{STATEFULSET}.yaml"));
+        std::fs::write(&manifest, example).map_err(Error::io("write the example shards"))?;
+        let kubectl = Kubectl::of(self)?;
+        kubectl.run(&["create", "namespace", SHARDS_NAMESPACE])?;
+        let applied = kubectl.run(&[
+            "apply",
+            "-n",
+            SHARDS_NAMESPACE,
+            "-f",
+            &manifest.to_string_lossy(),
+        ]);
+        let _ = std::fs::remove_file(&manifest);
+        applied.map(|_| ())
+    }
+}
+
+/// The memory of one running container, as its cgroup and its processes count it, in KiB.
+#[derive(Clone, Debug)]
+pub struct ContainerMemory {
+    /// The pod.
+    pub pod: String,
+    /// The container.
+    pub container: String,
+    /// Working set: the cgroup's usage minus its inactive file pages (what kubelet reports and
+    /// evicts by).
+    pub working_set: u64,
+    /// The cgroup's peak usage (page cache included), where the kernel keeps it.
+    pub max_usage: Option<u64>,
+    /// Resident set of the container's processes now (`VmRSS`, summed).
+    pub rss: u64,
+    /// The anonymous part of it (`RssAnon`): the rest are the binary's file pages, charged to
+    /// whichever cgroup read them first (on this node: containerd's unpacking).
+    pub rss_anon: u64,
+    /// Peak resident set of the container's processes (`VmHWM`, summed).
+    pub hwm: u64,
+}
+
+/// The memory cgroup folder of container `id` on this node (cgroup v1, else v2).
+fn cgroup_dir(id: &str) -> Option<PathBuf> {
+    ["/sys/fs/cgroup/memory/k8s.io", "/sys/fs/cgroup/k8s.io"]
+        .iter()
+        .map(|root| PathBuf::from(root).join(id))
+        .find(|dir| dir.is_dir())
+}
+
+fn read_kib(dir: &std::path::Path, file: &str) -> Option<u64> {
+    let bytes: u64 = std::fs::read_to_string(dir.join(file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(bytes / 1024)
+}
+
+/// The memory of container `id` from its cgroup (`None` if it has none on this machine).
+fn container_memory(id: &str) -> Option<(u64, Option<u64>, [u64; 3])> {
+    let dir = cgroup_dir(id)?;
+    let (usage, inactive_key, max) = if dir.join("memory.usage_in_bytes").is_file() {
+        (
+            read_kib(&dir, "memory.usage_in_bytes")?,
+            "total_inactive_file ",
+            read_kib(&dir, "memory.max_usage_in_bytes"),
+        )
+    } else {
+        (
+            read_kib(&dir, "memory.current")?,
+            "inactive_file ",
+            read_kib(&dir, "memory.peak"),
+        )
+    };
+    let inactive = std::fs::read_to_string(dir.join("memory.stat"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(inactive_key))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        / 1024;
+    let mut process = [0; 3];
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse().ok()) {
+        for (sum, field) in process.iter_mut().zip(["VmRSS:", "RssAnon:", "VmHWM:"]) {
+            *sum += procfs::status_kib(pid, field).unwrap_or(0);
+        }
+    }
+    Some((usage.saturating_sub(inactive), max, process))
+}
+
+/// The memory of every running container of the pods in `ns` (on this machine's node).
+pub async fn pod_memory(client: &Client, ns: &str) -> Result<Vec<ContainerMemory>, Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Kube)?;
+    let mut all = Vec::new();
+    for pod in pods.items {
+        let name = pod.name_any();
+        let statuses = pod.status.and_then(|s| s.container_statuses);
+        for status in statuses.into_iter().flatten() {
+            let Some(id) = status.container_id else {
+                continue;
+            };
+            let id = id.rsplit('/').next().unwrap_or_default();
+            if let Some((working_set, max_usage, [rss, rss_anon, hwm])) = container_memory(id) {
+                all.push(ContainerMemory {
+                    pod: name.clone(),
+                    container: status.name.clone(),
+                    working_set,
+                    max_usage,
+                    rss,
+                    rss_anon,
+                    hwm,
+                });
+            }
+        }
+    }
+    Ok(all)
+}
