@@ -45,9 +45,10 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-## Regenerates the ClusterRing CRD in the chart from the Rust types.
+## Regenerates the ClusterRing and ControllerRing CRDs in the chart from the Rust types.
 crd:
-	$(CARGO) run --quiet --locked -p sharder-common --example crd > charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml
+	$(CARGO) run --quiet --locked -p sharder-common --example crd clusterring > charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml
+	$(CARGO) run --quiet --locked -p sharder-common --example crd controllerring > charts/sharder/crds/controllerrings.sharding.timebertt.dev.yaml
 
 ## Provisions etcd, the Kubernetes binaries (built once per machine, cached under
 ## ~/.cache/sharder) and the node's Debian packages (containerd, runc, CNI plugins, iptables,

@@ -48,7 +48,8 @@ fn body(controlled: bool) -> Vec<u8> {
 
 fn bench(c: &mut Criterion) {
     let spec = sharder_harness::fixtures::secrets_ring("example", None).spec;
-    let ring = RingSnapshot::new("example", &spec, (0..10).map(|i| format!("shard-{i}")));
+    let id = sharder_common::RingId::cluster_ring("example");
+    let ring = RingSnapshot::new(&id, &spec, (0..10).map(|i| format!("shard-{i}")));
     let main = body(false);
     let controlled = body(true);
     let mut group = c.benchmark_group("review");

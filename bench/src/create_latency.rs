@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sharder_common::webhook_configuration::{
-    WebhookSettings, WebhookTarget, configuration_name, webhook_configuration,
+    WebhookSettings, WebhookTarget, webhook_configuration,
 };
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::ControlPlane;
@@ -108,7 +108,7 @@ impl CreateLatency {
 
 async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<(), Error> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(setup.client.clone());
-    let name = configuration_name(&setup.ns);
+    let name = sharder_common::RingId::cluster_ring(&setup.ns).configuration_name();
     let url = match mode {
         Mode::None | Mode::NoneChild => {
             let _ = api.delete(&name, &DeleteParams::default()).await;
@@ -117,10 +117,12 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<
         Mode::Floor => format!("https://{}", webhooks.floor),
         Mode::Sharder | Mode::SharderChild => format!("https://{}", webhooks.sharder.addr),
     };
-    let ring = Api::<ClusterRing>::all(setup.client.clone())
-        .get(&setup.ns)
-        .await?;
-    let roles = ring.spec.roles().map_err(|e| Error::Setup(e.to_string()))?;
+    let ring = sharder_common::RingObject::cluster_ring(
+        Api::<ClusterRing>::all(setup.client.clone())
+            .get(&setup.ns)
+            .await?,
+    );
+    let roles = ring.roles().map_err(|e| Error::Setup(e.to_string()))?;
     let mut mwc = webhook_configuration(
         &ring,
         &roles,

@@ -458,7 +458,7 @@ pub fn rebalanced(line: &Value, n: usize) -> bool {
 pub async fn run(args: Args) -> Result<(), Error> {
     let started = Instant::now();
     let cp = ControlPlane::shared().await?;
-    sharder_harness::crd::install_cluster_ring_crd(&cp.client().await?).await?;
+    sharder_harness::crd::install_ring_crds(&cp.client().await?).await?;
     eprintln!("[bench] control plane up; starting the webhooks");
     let webhooks = webhooks::start(cp, args.webhook_malloc_arena_max).await?;
     let mut report = report::Report::new(&args, cp);

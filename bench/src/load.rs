@@ -19,6 +19,10 @@ use crate::stats::percentile;
 use crate::webhooks::Webhooks;
 use sharder_harness::procfs::rss_kib;
 
+/// The round label of the sharder webhook reviewing for a ControllerRing (the other sharder
+/// rounds review for a ClusterRing of the same spec and shards).
+pub const CONTROLLER_RING: &str = "sharder, ControllerRing";
+
 /// One load run's numbers.
 #[derive(Clone, Debug)]
 pub struct LoadRound {
@@ -208,6 +212,17 @@ impl LoadRun {
         )
     }
 
+    /// A ControllerRing's reviews against a ClusterRing's on the same sharder webhook (medians):
+    /// throughput and p99 ratios.
+    pub fn controller_ring_ratios(&self) -> (f64, f64) {
+        let rps = |r: &LoadRound| r.reviews_per_second;
+        let p99 = |r: &LoadRound| r.p99.as_secs_f64();
+        (
+            self.median(CONTROLLER_RING, rps) / self.median("sharder", rps),
+            self.median(CONTROLLER_RING, p99) / self.median("sharder", p99),
+        )
+    }
+
     /// The rounds and the medians as markdown tables.
     pub fn markdown(&self) -> String {
         let ms = |d: Duration| format!("{:.3}", d.as_secs_f64() * 1e3);
@@ -223,7 +238,7 @@ impl LoadRun {
             ],
             self.rounds.iter().enumerate().map(|(i, (server, r))| {
                 vec![
-                    (i / 2 + 1).to_string(),
+                    (i / 3 + 1).to_string(),
                     (*server).to_owned(),
                     format!("{:.0}", r.reviews_per_second),
                     ms(r.p50),
@@ -236,18 +251,20 @@ impl LoadRun {
         out.push('\n');
         out += &crate::report::table(
             &["median", "reviews/s", "p50 ms", "p90 ms", "p99 ms"],
-            ["floor", "sharder"].into_iter().map(|server| {
-                let at = |f: fn(&LoadRound) -> Duration| {
-                    format!("{:.3}", self.median(server, |r| f(r).as_secs_f64() * 1e3))
-                };
-                vec![
-                    server.to_owned(),
-                    format!("{:.0}", self.median(server, |r| r.reviews_per_second)),
-                    at(|r| r.p50),
-                    at(|r| r.p90),
-                    at(|r| r.p99),
-                ]
-            }),
+            ["floor", "sharder", CONTROLLER_RING]
+                .into_iter()
+                .map(|server| {
+                    let at = |f: fn(&LoadRound) -> Duration| {
+                        format!("{:.3}", self.median(server, |r| f(r).as_secs_f64() * 1e3))
+                    };
+                    vec![
+                        server.to_owned(),
+                        format!("{:.0}", self.median(server, |r| r.reviews_per_second)),
+                        at(|r| r.p50),
+                        at(|r| r.p90),
+                        at(|r| r.p99),
+                    ]
+                }),
         );
         out
     }
@@ -294,9 +311,19 @@ fn start_servers() -> Result<(SocketAddr, SocketAddr, String), Error> {
             let _entered = runtime.enter();
             let spec = sharder_harness::fixtures::secrets_ring("example", None).spec;
             let rings = Arc::new(Rings::default());
-            let snapshot =
-                RingSnapshot::new("example", &spec, (0..10).map(|i| format!("shard-{i}")));
-            rings.publish([("example".to_owned(), Arc::new(snapshot))].into());
+            // The same ring as a ClusterRing and as a ControllerRing.
+            let snapshots = [
+                sharder_common::RingId::cluster_ring("example"),
+                sharder_common::RingId::controller_ring("example"),
+            ]
+            .into_iter()
+            .map(|ring| {
+                let shards = (0..10).map(|i| format!("shard-{i}"));
+                let snapshot = Arc::new(RingSnapshot::new(&ring, &spec, shards));
+                (ring, snapshot)
+            })
+            .collect();
+            rings.publish(snapshots);
             let metrics = sharder_webhook::metrics::Metrics::new(
                 &mut prometheus_client::registry::Registry::default(),
             );
@@ -345,7 +372,8 @@ fn start_servers() -> Result<(SocketAddr, SocketAddr, String), Error> {
 /// threads). Blocks the calling thread.
 pub fn run_in_process(options: LoadOptions) -> Result<LoadRun, Error> {
     let (floor, sharder, ca) = start_servers()?;
-    let sharder_path = sharder_common::endpoint::webhook_path("example");
+    let sharder_path = sharder_common::RingId::cluster_ring("example").webhook_path();
+    let controller_path = sharder_common::RingId::controller_ring("example").webhook_path();
     let body = Bytes::from(sharder_harness::fixtures::secret_create_review(
         "object-1234",
         "project-a",
@@ -379,6 +407,7 @@ pub fn run_in_process(options: LoadOptions) -> Result<LoadRun, Error> {
             };
             load(floor, crate::floor::FLOOR_PATH, 1).await?;
             load(sharder, &sharder_path, 1).await?;
+            load(sharder, &controller_path, 1).await?;
             let mut rounds = Vec::new();
             for _ in 0..options.rounds {
                 rounds.push((
@@ -388,6 +417,10 @@ pub fn run_in_process(options: LoadOptions) -> Result<LoadRun, Error> {
                 rounds.push((
                     "sharder",
                     load(sharder, &sharder_path, options.seconds).await?,
+                ));
+                rounds.push((
+                    CONTROLLER_RING,
+                    load(sharder, &controller_path, options.seconds).await?,
                 ));
             }
             Ok(LoadRun { options, rounds })
@@ -472,7 +505,7 @@ pub async fn processes_under_load(
         (
             "sharder webhook",
             webhooks.sharder.addr,
-            sharder_common::endpoint::webhook_path(ring),
+            sharder_common::RingId::cluster_ring(ring).webhook_path(),
             webhooks.sharder.process.pid(),
         ),
     ];

@@ -24,7 +24,7 @@ use kube::runtime::wait::await_condition;
 use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::lease::{is_held_by_shard, shard_state};
-use sharder_common::{Ring, ShardState};
+use sharder_common::{Ring, RingId, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::Reconciler;
@@ -301,7 +301,7 @@ pub(crate) fn start_shard(
     concurrency: u16,
     alarm: &Alarm,
 ) -> BenchShard {
-    let shard = Shard::new(client.clone(), ns, name).with_on_stop(on_stop);
+    let shard = Shard::new(client.clone(), RingId::cluster_ring(ns), name).with_on_stop(on_stop);
     let keeper = shard.lease(ns, lease, Duration::from_secs(1));
     let api: Api<Secret> = Api::namespaced(client, ns);
     let shutdown = CancellationToken::new();

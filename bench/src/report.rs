@@ -355,6 +355,11 @@ impl Report {
                         "Why missed: see `docs/performance-notes.md` (webhook per review) for what the sharder does per review that the floor does not.\n"
                     );
                 }
+                let (throughput, p99) = run.controller_ring_ratios();
+                let _ = writeln!(
+                    out,
+                    "A ControllerRing's reviews against a ClusterRing's on the same webhook (same spec and shards; medians): throughput {throughput:.2}x, p99 {p99:.2}x.\n"
+                );
             }
         }
         self.render_load_processes(out);

@@ -75,6 +75,8 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| 50 | ",
         "| 1 | floor | ",
         "| 1 | sharder | ",
+        "| 1 | sharder, ControllerRing | ",
+        "A ControllerRing's reviews against a ClusterRing's on the same webhook",
         "Sharder against the floor (medians): throughput ",
         "| floor webhook | ",
         "| sharder webhook | ",

@@ -6,21 +6,19 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::core::Selector;
-use kube::{CustomResource, CustomResourceExt, ResourceExt};
+use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::labels::RingLabels;
+use crate::ring_kind::RingKind;
 
-/// API group of the sharding API.
-pub const API_GROUP: &str = "sharding.timebertt.dev";
-
-/// API version of `ClusterRing`.
-pub const API_VERSION: &str = "v1alpha1";
+pub use crate::ring_kind::{API_GROUP, API_VERSION};
 
 /// Type of the condition that tells whether the ring is ready.
 pub const CONDITION_READY: &str = "Ready";
@@ -272,17 +270,52 @@ impl ClusterRingSpec {
     }
 }
 
-impl ClusterRing {
-    /// The shard and drain label keys of this ring.
-    pub fn labels(&self) -> RingLabels {
-        RingLabels::new(&self.name_any())
+/// The CRD of a ring kind. Both kinds share the schema generated from these types; a
+/// ControllerRing's name is at most 63 characters. The reference states that as a CEL rule
+/// (Kubernetes 1.25 and later); here it is `maxLength` on `metadata.name`, the same limit, which
+/// apiservers enforce from 1.16 on, whereas one before 1.25 refuses to apply a CRD carrying a CEL
+/// rule at all (as Helm 4 applies a chart's CRDs). The sharder checks the name itself too
+/// ([`crate::RingId::validate`]).
+pub fn crd(kind: RingKind) -> CustomResourceDefinition {
+    let mut crd = ClusterRing::crd();
+    if kind == RingKind::ClusterRing {
+        return crd;
     }
+    crd.metadata.name = Some(format!("{}.{API_GROUP}", kind.plural()));
+    let names = &mut crd.spec.names;
+    names.kind = kind.kind().to_owned();
+    names.list_kind = Some(format!("{}List", kind.kind()));
+    names.plural = kind.plural().to_owned();
+    names.singular = Some(kind.lower().to_owned());
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            let name = JSONSchemaProps {
+                type_: Some("string".to_owned()),
+                max_length: Some(63),
+                ..JSONSchemaProps::default()
+            };
+            let metadata = JSONSchemaProps {
+                type_: Some("object".to_owned()),
+                properties: Some([("name".to_owned(), name)].into()),
+                ..JSONSchemaProps::default()
+            };
+            schema
+                .properties
+                .get_or_insert_with(Default::default)
+                .insert("metadata".to_owned(), metadata);
+            schema.title = Some(kind.kind().to_owned());
+        }
+    }
+    crd
 }
 
-/// The ClusterRing CRD as YAML, exactly as checked in under `charts/sharder/crds/`.
-pub fn crd_yaml() -> Result<String, Error> {
-    let crd: CustomResourceDefinition = ClusterRing::crd();
-    serde_yaml::to_string(&crd).map_err(|e| Error::Serialize(e.to_string()))
+/// The CRD of `kind` as YAML, exactly as checked in under `charts/sharder/crds/`.
+pub fn crd_yaml(kind: RingKind) -> Result<String, Error> {
+    serde_yaml::to_string(&crd(kind)).map_err(|e| Error::Serialize(e.to_string()))
 }
 
 #[cfg(test)]
@@ -326,13 +359,83 @@ mod tests {
     }
 
     #[test]
-    fn checked_in_crd_matches_the_types() {
-        let checked_in =
-            include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml");
-        let generated = crd_yaml().expect("serializable");
-        assert!(
-            checked_in == generated,
-            "charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml is out of date: run `make crd`"
+    fn checked_in_crds_match_the_types() {
+        let checked_in = [
+            (
+                RingKind::ClusterRing,
+                include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml"),
+            ),
+            (
+                RingKind::ControllerRing,
+                include_str!(
+                    "../../charts/sharder/crds/controllerrings.sharding.timebertt.dev.yaml"
+                ),
+            ),
+        ];
+        for (kind, checked_in) in checked_in {
+            let generated = crd_yaml(kind).expect("serializable");
+            assert!(
+                checked_in == generated,
+                "charts/sharder/crds/{}.{API_GROUP}.yaml is out of date: run `make crd`",
+                kind.plural()
+            );
+        }
+    }
+
+    #[test]
+    fn the_controller_ring_crd_differs_only_in_names_and_its_name_limit() {
+        let cluster = crd(RingKind::ClusterRing);
+        let controller = crd(RingKind::ControllerRing);
+        assert_eq!(
+            controller.metadata.name.as_deref(),
+            Some("controllerrings.sharding.timebertt.dev")
+        );
+        let names = &controller.spec.names;
+        assert_eq!(
+            (
+                names.kind.as_str(),
+                names.plural.as_str(),
+                names.singular.as_deref(),
+                names.list_kind.as_deref()
+            ),
+            (
+                "ControllerRing",
+                "controllerrings",
+                Some("controllerring"),
+                Some("ControllerRingList")
+            )
+        );
+        assert_eq!(controller.spec.scope, "Cluster");
+        let schema = |c: &CustomResourceDefinition| {
+            c.spec.versions[0]
+                .schema
+                .clone()
+                .and_then(|s| s.open_api_v3_schema)
+                .expect("schema")
+        };
+        let mut controller_schema = schema(&controller);
+        let metadata = controller_schema
+            .properties
+            .as_mut()
+            .and_then(|p| p.remove("metadata"))
+            .expect("the name limit");
+        assert_eq!(
+            metadata.properties.expect("name")["name"].max_length,
+            Some(63)
+        );
+        assert_eq!(
+            controller_schema.title.take().as_deref(),
+            Some("ControllerRing")
+        );
+        controller_schema.title = Some("ClusterRing".to_owned());
+        assert_eq!(
+            controller_schema,
+            schema(&cluster),
+            "the same schema otherwise"
+        );
+        assert_eq!(
+            controller.spec.versions[0].additional_printer_columns,
+            cluster.spec.versions[0].additional_printer_columns
         );
     }
 
@@ -362,7 +465,7 @@ spec:
         );
         assert!(ring.spec.validate().is_ok());
         assert_eq!(
-            ring.labels().shard,
+            crate::RingObject::cluster_ring(ring).labels().shard,
             "shard.alpha.sharding.timebertt.dev/clusterring-9b5084f8-kube-controller-manager-deployment"
         );
     }
@@ -449,7 +552,7 @@ spec:
                 namespace_selector: None,
             };
             let err = spec.validate().expect_err("invalid");
-            assert_eq!(err.to_string(), format!("invalid ClusterRing: {want}"));
+            assert_eq!(err.to_string(), format!("invalid ring: {want}"));
             assert!(spec.roles().is_err(), "no roles for an invalid spec");
         }
     }
@@ -514,7 +617,7 @@ spec:
         let err = spec.validate().expect_err("invalid");
         assert!(
             err.to_string()
-                .starts_with("invalid ClusterRing: spec.namespaceSelector: "),
+                .starts_with("invalid ring: spec.namespaceSelector: "),
             "{err}"
         );
     }

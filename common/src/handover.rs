@@ -87,7 +87,7 @@ mod tests {
 
     #[test]
     fn owner_states_are_read_from_the_owners_labels() {
-        let ring = RingLabels::new("example");
+        let ring = crate::RingId::cluster_ring("example").labels();
         let meta = |pairs: &[(&str, &str)]| ObjectMeta {
             labels: (!pairs.is_empty()).then(|| {
                 pairs

@@ -5,12 +5,12 @@
 //! Nothing here does I/O, talks to an apiserver, or needs an async runtime.
 
 pub mod cluster_ring;
-pub mod endpoint;
 pub mod handover;
 pub mod key;
 pub mod labels;
 pub mod lease;
 pub mod ring;
+pub mod ring_kind;
 pub mod webhook_configuration;
 
 pub use cluster_ring::{
@@ -21,6 +21,7 @@ pub use key::ObjectKey;
 pub use labels::RingLabels;
 pub use lease::{LeaseStatus, ShardState, is_available, shard_state};
 pub use ring::Ring;
+pub use ring_kind::{RingId, RingKind, RingObject};
 
 /// Errors of the pure sharding logic.
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +49,13 @@ pub enum Error {
     #[error("unknown shard state {0:?} (expected ready, expired, uncertain, dead or orphaned)")]
     UnknownShardState(String),
 
-    /// A ClusterRing spec the sharder cannot act on; the message names the field to fix.
-    #[error("invalid ClusterRing: {0}")]
+    /// A ring the sharder cannot act on; the message names the field to fix.
+    #[error("invalid ring: {0}")]
     InvalidRing(String),
+
+    /// A ring kind that is neither `clusterring` nor `controllerring`.
+    #[error("unknown ring kind {0:?} (expected clusterring, controllerring)")]
+    UnknownRingKind(String),
 
     /// The CRD could not be serialized.
     #[error("cannot serialize the ClusterRing CRD: {0}")]

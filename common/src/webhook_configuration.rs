@@ -1,4 +1,4 @@
-//! The MutatingWebhookConfiguration of one ClusterRing (docs/design.md §6), as a pure function of
+//! The MutatingWebhookConfiguration of one ring (docs/design.md §6), as a pure function of
 //! the ring and the installation's settings: the apiserver calls the webhook only for the ring's
 //! unassigned objects in the ring's namespaces. The reconciler keeps it in the cluster; tests
 //! register exactly this configuration.
@@ -14,11 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
 
-use kube::{Resource, ResourceExt};
-
-use crate::endpoint::webhook_path;
-use crate::labels::{RING_LABEL, ring_label_name};
-use crate::{ClusterRing, Roles};
+use crate::{RingObject, Roles};
 
 /// Label key the apiserver (1.21+) puts on every namespace with its name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -50,12 +46,6 @@ pub struct WebhookSettings {
     pub timeout_seconds: i32,
     /// The namespaces every ring is limited to ([`global_namespace_selector`]).
     pub namespace_selector: LabelSelector,
-}
-
-/// The name of a ring's webhook configuration: `sharder-` + the ring's 63-character label name
-/// part (unique per ring, valid whatever the ring name's length).
-pub fn configuration_name(ring: &str) -> String {
-    format!("sharder-{}", ring_label_name(ring))
 }
 
 /// The selector every ring is limited to: `flag` (`--namespace-selector`) as given, or by
@@ -102,15 +92,15 @@ pub fn ring_namespace_selector(
 }
 
 /// The webhook configuration of `ring`, whose resources have `roles` (see
-/// [`crate::ClusterRingSpec::roles`]).
+/// [`RingObject::roles`]).
 pub fn webhook_configuration(
-    ring: &ClusterRing,
+    ring: &RingObject,
     roles: &Roles,
     settings: &WebhookSettings,
 ) -> MutatingWebhookConfiguration {
-    let name = ring.name_any();
-    let labels = ring.labels();
-    let path = webhook_path(&name);
+    let id = &ring.id;
+    let labels = id.labels();
+    let path = id.webhook_path();
     let client_config = match &settings.target {
         WebhookTarget::Service {
             namespace,
@@ -155,9 +145,9 @@ pub fn webhook_configuration(
         .collect();
     MutatingWebhookConfiguration {
         metadata: ObjectMeta {
-            name: Some(configuration_name(&name)),
-            labels: Some([(RING_LABEL.to_owned(), name.clone())].into()),
-            owner_references: ring.controller_owner_ref(&()).map(|o| vec![o]),
+            name: Some(id.configuration_name()),
+            labels: Some([(id.kind.lease_label().to_owned(), id.name.clone())].into()),
+            owner_references: Some(vec![ring.owner_reference()]),
             ..ObjectMeta::default()
         },
         webhooks: Some(vec![MutatingWebhook {
@@ -178,7 +168,7 @@ pub fn webhook_configuration(
                 }]),
             }),
             namespace_selector: Some(ring_namespace_selector(
-                &ring.spec,
+                &ring.object.spec,
                 &settings.namespace_selector,
             )),
             rules: Some(rules),
@@ -189,11 +179,11 @@ pub fn webhook_configuration(
 
 #[cfg(test)]
 mod tests {
-    use crate::{ClusterRingSpec, GroupResource, RingResource};
+    use crate::{ClusterRing, ClusterRingSpec, GroupResource, RingId, RingResource};
 
     use super::*;
 
-    fn ring(namespace_selector: Option<LabelSelector>) -> ClusterRing {
+    fn ring(namespace_selector: Option<LabelSelector>) -> RingObject {
         let mut ring = ClusterRing::new(
             "example",
             ClusterRingSpec {
@@ -216,11 +206,11 @@ mod tests {
             },
         );
         ring.metadata.uid = Some("ring-uid".into());
-        ring
+        RingObject::cluster_ring(ring)
     }
 
     fn roles() -> Roles {
-        ring(None).spec.roles().expect("valid")
+        ring(None).roles().expect("valid")
     }
 
     fn settings(target: WebhookTarget) -> WebhookSettings {
@@ -411,7 +401,38 @@ mod tests {
 
     #[test]
     fn long_ring_names_give_valid_configuration_names() {
-        let name = configuration_name(&"r".repeat(253));
+        let name = crate::RingId::cluster_ring("r".repeat(253)).configuration_name();
         assert!(name.len() <= 253 && name.len() == "sharder-".len() + 63);
+        let name = crate::RingId::controller_ring("r".repeat(63)).configuration_name();
+        assert_eq!(name.len(), "controllerring-".len() + 63);
+    }
+
+    #[test]
+    fn a_controller_ring_gets_the_references_names_and_keys() {
+        let mut ring = ring(None);
+        ring.id = RingId::controller_ring("example");
+        let mwc = webhook_configuration(&ring, &roles(), &settings(service()));
+        assert_eq!(mwc.metadata.name.as_deref(), Some("controllerring-example"));
+        assert_eq!(
+            mwc.metadata.labels.as_ref().expect("labels")["alpha.sharding.timebertt.dev/controllerring"],
+            "example"
+        );
+        let owner = &mwc.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(owner.kind, "ControllerRing");
+        let webhook = &mwc.webhooks.as_ref().expect("webhooks")[0];
+        assert_eq!(webhook.name, "sharder.sharding.timebertt.dev");
+        assert_eq!(
+            webhook
+                .client_config
+                .service
+                .as_ref()
+                .and_then(|s| s.path.as_deref()),
+            Some("/webhooks/sharder/controllerring/example")
+        );
+        let selector = webhook.object_selector.as_ref().expect("object selector");
+        assert_eq!(
+            selector.match_expressions.as_ref().expect("expressions")[0].key,
+            "shard.alpha.sharding.timebertt.dev/example"
+        );
     }
 }

@@ -23,7 +23,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
-use sharder_sdk::shard::{Shard, ShardError, ShardReconcileError};
+use sharder_sdk::shard::{RingArgs, Shard, ShardError, ShardReconcileError};
 use sharder_sdk::{CommonArgs, Readiness, parse_duration};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -36,9 +36,9 @@ use record::Recorder;
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "checksum-controller", version, about)]
 pub struct Args {
-    /// The ClusterRing this shard belongs to.
-    #[arg(long, env = "SHARD_CLUSTERRING")]
-    pub clusterring: String,
+    /// The ring this shard belongs to.
+    #[command(flatten)]
+    pub ring: RingArgs,
 
     /// The shard's name: its Lease's name and holder identity (defaults to the host name).
     #[arg(long, env = "POD_NAME")]
@@ -189,14 +189,14 @@ pub async fn run_with_client(
         shutdown.clone(),
     )
     .await?;
-    info!(shard = %name, ring = %args.clusterring, %admin_addr, "checksum controller started, acquiring the shard lease");
+    info!(shard = %name, ring = %args.ring.id(), %admin_addr, "checksum controller started, acquiring the shard lease");
 
     let on_stop = if args.stable_name {
         OnStop::Keep
     } else {
         OnStop::Release
     };
-    let shard = Shard::new(client.clone(), &args.clusterring, &name).with_on_stop(on_stop);
+    let shard = Shard::new(client.clone(), args.ring.id(), &name).with_on_stop(on_stop);
     let lease = shard.lease(&args.lease_namespace, args.lease_duration, args.lease_renew);
     let context = Arc::new(Context {
         client: client.clone(),
@@ -331,6 +331,27 @@ mod tests {
         assert_eq!(sums["a"], "ef46db3751d8e999");
         assert_eq!(sums["b"], "26c7827d889f6da3");
         assert!(checksums(&Secret::default()).is_empty());
+    }
+
+    #[test]
+    fn the_ring_is_one_of_either_kind() {
+        use clap::Parser as _;
+        use sharder_sdk::RingId;
+        let ring = |args: &[&str]| {
+            Args::try_parse_from([&["checksum-controller"], args].concat()).map(|a| a.ring.id())
+        };
+        assert_eq!(
+            ring(&["--clusterring", "r"]).expect("a ClusterRing"),
+            RingId::cluster_ring("r")
+        );
+        assert_eq!(
+            ring(&["--controllerring", "r"]).expect("a ControllerRing"),
+            RingId::controller_ring("r")
+        );
+        let both = ring(&["--clusterring", "r", "--controllerring", "r"]).expect_err("both");
+        assert!(both.to_string().contains("cannot be used with"), "{both}");
+        let none = ring(&[]).expect_err("none");
+        assert!(none.to_string().contains("--clusterring"), "{none}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Installs CRDs (the checked-in ClusterRing CRD, tests' own) into a control plane and waits
+//! Installs CRDs (the chart's ClusterRing and ControllerRing CRDs, tests' own) into a control plane and waits
 //! until they are served.
 
 use std::time::Duration;
@@ -10,20 +10,25 @@ use kube::{Api, Client};
 
 use crate::Error;
 
-/// The CRD file shipped in the Helm chart.
-pub const CLUSTER_RING_CRD: &str =
-    include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml");
+/// The ring CRD files shipped in the Helm chart.
+pub const RING_CRDS: [&str; 2] = [
+    include_str!("../../charts/sharder/crds/clusterrings.sharding.timebertt.dev.yaml"),
+    include_str!("../../charts/sharder/crds/controllerrings.sharding.timebertt.dev.yaml"),
+];
 
-/// Applies the chart's ClusterRing CRD (server-side apply, so calling it again is harmless) and
-/// waits until the apiserver reports it Established.
-pub async fn install_cluster_ring_crd(client: &Client) -> Result<CustomResourceDefinition, Error> {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(CLUSTER_RING_CRD)
-        .map_err(|e| Error::Provision(format!("the chart's CRD does not parse: {e}")))?;
-    install_crd(client, &crd).await
+/// Installs the chart's ClusterRing and ControllerRing CRDs ([`install_crd`]; calling it again
+/// is harmless) and waits until the apiserver reports them Established.
+pub async fn install_ring_crds(client: &Client) -> Result<(), Error> {
+    for file in RING_CRDS {
+        let crd: CustomResourceDefinition = serde_yaml::from_str(file)
+            .map_err(|e| Error::Provision(format!("the chart's CRD does not parse: {e}")))?;
+        install_crd(client, &crd).await?;
+    }
+    Ok(())
 }
 
-/// Applies `crd` (server-side apply, so calling it again is harmless) and waits until the
-/// apiserver reports it Established.
+/// Applies `crd` server-side, as Helm 4 applies a chart's CRDs (so calling it again is
+/// harmless), and waits until the apiserver reports it Established.
 pub async fn install_crd(
     client: &Client,
     crd: &CustomResourceDefinition,

@@ -9,15 +9,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::ObjectMeta;
-use sharder_common::labels::RING_LABEL;
-use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingResource};
+use kube::api::{DynamicObject, ObjectMeta};
+use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingId, RingResource};
 
 use crate::control_plane::NAMESPACE_LABEL;
 
 /// A ring sharding `secrets` with the `configmaps` they control. With `namespace`, the ring
 /// selects only that test namespace and carries its [`NAMESPACE_LABEL`] (so a reconciler started
-/// with `--clusterring-selector` manages only it).
+/// with `--ring-selector` manages only it).
 pub fn secrets_ring(name: &str, namespace: Option<&str>) -> ClusterRing {
     let mut ring = ClusterRing::new(
         name,
@@ -39,10 +38,20 @@ pub fn secrets_ring(name: &str, namespace: Option<&str>) -> ClusterRing {
     ring
 }
 
+/// The ring object `ring` of its kind with `spec` and `labels` taken from `template` (one of
+/// [`secrets_ring`]'s), as the apiserver takes it for either kind.
+pub fn ring_object(ring: &RingId, template: &ClusterRing) -> DynamicObject {
+    let mut object = DynamicObject::new(&ring.name, &ring.kind.api_resource()).data(
+        serde_json::json!({ "spec": serde_json::to_value(&template.spec).unwrap_or_default() }),
+    );
+    object.metadata.labels = template.metadata.labels.clone();
+    object
+}
+
 /// A shard Lease of `ring` renewed now, held by itself (`held`) or released (empty holder).
 pub fn shard_lease(
     namespace: &str,
-    ring: &str,
+    ring: &RingId,
     name: &str,
     held: bool,
     duration_seconds: i32,
@@ -52,7 +61,7 @@ pub fn shard_lease(
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
-            labels: Some([(RING_LABEL.to_owned(), ring.to_owned())].into()),
+            labels: Some([(ring.kind.lease_label().to_owned(), ring.name.clone())].into()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
-use sharder_common::endpoint::webhook_path;
+use sharder_common::RingId;
 
 use crate::binaries::binary;
 use crate::wait::http_get;
@@ -276,9 +276,9 @@ impl Webhook {
         })
     }
 
-    /// The URL the apiserver calls for ring `ring`.
-    pub fn url(&self, ring: &str) -> String {
-        format!("https://{}{}", self.addr, webhook_path(ring))
+    /// The URL the apiserver calls for `ring`.
+    pub fn url(&self, ring: &RingId) -> String {
+        format!("https://{}{}", self.addr, ring.webhook_path())
     }
 
     /// The webhook's metrics (Prometheus text).
@@ -306,7 +306,7 @@ pub struct ReconcilerFlags {
     pub webhook_url: String,
     /// `--webhook-ca-file`.
     pub ca_file: PathBuf,
-    /// `--clusterring-selector`.
+    /// `--ring-selector`.
     pub ring_selector: String,
     /// More flags.
     pub extra: Vec<String>,
@@ -331,7 +331,7 @@ impl Reconciler {
             &flags.identity,
             "--webhook-url",
             &flags.webhook_url,
-            "--clusterring-selector",
+            "--ring-selector",
             &flags.ring_selector,
         ]);
         args.push("--webhook-ca-file".into());

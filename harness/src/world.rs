@@ -1,28 +1,31 @@
-//! One test's world on the shared control plane: a namespace, a ClusterRing named after it that
+//! One test's world on the shared control plane: a namespace, a ring named after it that
 //! shards its Secrets (and the ConfigMaps they control), TLS files for webhooks, and the
 //! helpers every cluster test needs: shard Leases, objects, assignments, audited writes, and
 //! starting the components through the typed launchers ([`crate::launch`]).
 //!
 //! `sharder_tests::system::System` builds the whole running system on top of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
-use sharder_common::labels::RING_LABEL;
-use sharder_common::{ClusterRing, ObjectKey, Ring, RingLabels, is_available};
+use sharder_common::{ObjectKey, Ring, RingId, RingKind, RingLabels, is_available};
 
 use crate::ControlPlane;
 use crate::certs::TestCa;
 use crate::control_plane::{AuditMark, NAMESPACE_LABEL, audited_write};
-use crate::crd::install_cluster_ring_crd;
-use crate::fixtures::{child_of, refusing_configuration, secret, secrets_ring, shard_lease};
+use crate::crd::install_ring_crds;
+use crate::fixtures::{
+    child_of, refusing_configuration, ring_object, secret, secrets_ring, shard_lease,
+};
 use crate::launch::{Env, Reconciler, ReconcilerFlags, Webhook};
 use crate::wait::eventually;
 
@@ -41,8 +44,10 @@ pub struct World {
     pub client: Client,
     /// The test namespace (also the ring's name).
     pub ns: String,
-    /// The ClusterRing's name.
+    /// The ring's name.
     pub ring: String,
+    /// The ring's kind (ClusterRing unless [`with_kind`](Self::with_kind) says otherwise).
+    pub kind: RingKind,
     /// The ring's label keys.
     pub labels: RingLabels,
     dir: tempfile::TempDir,
@@ -67,7 +72,7 @@ impl World {
     /// The same in the existing namespace `ns`, with the ClusterRing named `ring`.
     pub async fn with_ring(cp: &'static ControlPlane, ns: String, ring: String) -> Self {
         let client = cp.client().await.expect("client");
-        install_cluster_ring_crd(&client).await.expect("CRD");
+        install_ring_crds(&client).await.expect("CRD");
         let dir = tempfile::tempdir().expect("dir");
         let ca = TestCa::new(&format!("{ns}-ca")).expect("ca");
         let cert = ca.serving_cert("webhook").expect("cert");
@@ -77,7 +82,8 @@ impl World {
         Self {
             cp,
             client,
-            labels: RingLabels::new(&ring),
+            labels: RingId::cluster_ring(&ring).labels(),
+            kind: RingKind::ClusterRing,
             ring,
             ns,
             dir,
@@ -125,14 +131,29 @@ impl World {
         format!("system:serviceaccount:{}:{name}", self.ns)
     }
 
+    /// The same world with a ring of `kind` (before the ring is created).
+    pub fn with_kind(mut self, kind: RingKind) -> Self {
+        self.kind = kind;
+        self.labels = self.id().labels();
+        self
+    }
+
+    /// The world's ring.
+    pub fn id(&self) -> RingId {
+        RingId::new(self.kind, self.ring.as_str())
+    }
+
+    /// The rings of the world's kind.
+    pub fn rings(&self) -> Api<DynamicObject> {
+        Api::all_with(self.client.clone(), &self.kind.api_resource())
+    }
+
     /// Creates the ring (selecting only the test namespace; see
     /// [`secrets_ring`](crate::fixtures::secrets_ring)).
     pub async fn create_ring(&self) {
-        Api::<ClusterRing>::all(self.client.clone())
-            .create(
-                &PostParams::default(),
-                &secrets_ring(&self.ring, Some(&self.ns)),
-            )
+        let template = secrets_ring(&self.ring, Some(&self.ns));
+        self.rings()
+            .create(&PostParams::default(), &ring_object(&self.id(), &template))
             .await
             .expect("ring");
     }
@@ -204,7 +225,7 @@ impl World {
     /// The shard Leases of the ring.
     pub async fn shard_leases(&self) -> BTreeMap<String, Lease> {
         Api::<Lease>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.ring)))
+            .list(&ListParams::default().labels(&self.id().lease_selector()))
             .await
             .expect("leases")
             .items
@@ -240,10 +261,52 @@ impl World {
         self.leases()
             .create(
                 &PostParams::default(),
-                &shard_lease(&self.ns, &self.ring, name, true, duration),
+                &shard_lease(&self.ns, &self.id(), name, true, duration),
             )
             .await
             .expect("lease");
+    }
+
+    /// Creates shard Lease `name` of the ring with a `duration`-second Lease and renews it every
+    /// 500 ms until the returned task is aborted (then it runs out, as a crashed shard's does).
+    pub async fn add_mortal_shard_lease(
+        &self,
+        name: &str,
+        duration: i32,
+    ) -> tokio::task::JoinHandle<()> {
+        self.add_shard_lease(name, duration).await;
+        let leases = self.leases();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(mut lease) = leases.get(&name).await {
+                    if let Some(spec) = lease.spec.as_mut() {
+                        spec.renew_time = Some(MicroTime(Timestamp::now()));
+                    }
+                    let _ = leases.replace(&name, &PostParams::default(), &lease).await;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    }
+
+    /// Waits until exactly the Secrets named in `moving` carry the drain label.
+    pub async fn wait_until_drained(&self, moving: &BTreeSet<String>) {
+        eventually("exactly the moving objects drained", WAIT, || async {
+            let drained: BTreeSet<String> = self
+                .list_secrets()
+                .await
+                .into_iter()
+                .filter(|(_, s)| self.draining(s))
+                .map(|(n, _)| n)
+                .collect();
+            (&drained == moving).then_some(()).ok_or(format!(
+                "{} of {} drained",
+                drained.len(),
+                moving.len()
+            ))
+        })
+        .await;
     }
 
     /// The shard label of `object`.
@@ -384,10 +447,11 @@ impl World {
             .items
             .into_iter()
             .any(|e| {
+                let regarding = e.regarding.as_ref();
                 e.type_.as_deref() == Some(type_)
                     && e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                        == Some(self.ring.as_str())
+                    && regarding.and_then(|r| r.name.as_deref()) == Some(self.ring.as_str())
+                    && regarding.and_then(|r| r.kind.as_deref()) == Some(self.kind.kind())
             })
     }
 

@@ -16,17 +16,19 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
+use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
+use sharder_common::RingKind;
 use sharder_common::webhook_configuration::{
     WebhookSettings, WebhookTarget, global_namespace_selector,
 };
-use sharder_runtime::controller::{self, Listed, listed_controller};
+use sharder_runtime::controller::{self, Listed, listed_controller_with};
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
-use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
+use sharder_runtime::{CommonArgs, Readiness, RingKindArgs, Tasks, parse_duration};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -110,10 +112,19 @@ pub struct Args {
     #[arg(long, env = "SHARDER_NAMESPACE_SELECTOR", value_parser = parse_namespace_selector)]
     pub namespace_selector: Option<LabelSelector>,
 
-    /// Label selector of the ClusterRings this reconciler manages (empty: all). Shard Leases of
-    /// other rings are left alone.
-    #[arg(long, env = "SHARDER_CLUSTERRING_SELECTOR", default_value = "")]
-    pub clusterring_selector: String,
+    /// Label selector of the rings (of every served kind) this reconciler manages (empty: all).
+    /// Shard Leases of other rings are left alone.
+    #[arg(
+        long,
+        env = "SHARDER_RING_SELECTOR",
+        alias = "clusterring-selector",
+        default_value = ""
+    )]
+    pub ring_selector: String,
+
+    /// The ring kinds served.
+    #[command(flatten)]
+    pub rings: RingKindArgs,
 
     /// Full resync of every ring.
     #[arg(long, env = "SHARDER_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
@@ -229,7 +240,8 @@ pub(crate) async fn run_controller<K, C, F, Fut>(
     shutdown: CancellationToken,
 ) -> Result<(), Error>
 where
-    K: Clone + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Clone + kube::Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Unpin + Send + Sync,
     C: Send + Sync + 'static,
     F: FnMut(Arc<K>, Arc<C>) -> Fut,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
@@ -360,17 +372,19 @@ struct Leader {
     readiness: Readiness,
 }
 
-/// A controller over the ClusterRings matching `selector` (`--clusterring-selector`; empty:
-/// all), saying when its watch listed.
+/// A controller over the rings of `kind` matching `selector` (`--ring-selector`; empty: all),
+/// saying when its watch listed.
 pub fn ring_controller(
     client: kube::Client,
+    kind: RingKind,
     selector: &str,
-) -> (Controller<sharder_common::ClusterRing>, Listed) {
+) -> (Controller<DynamicObject>, Listed) {
     let mut config = watcher::Config::default();
     if !selector.is_empty() {
         config = config.labels(selector);
     }
-    listed_controller(Api::all(client), config)
+    let resource = kind.api_resource();
+    listed_controller_with(Api::all_with(client, &resource), config, resource)
 }
 
 /// Sets [`CONTROLLERS_SYNCED`] false until every one of `watches` has listed, then true.
@@ -414,28 +428,6 @@ async fn lead(
             &args.namespace,
         ),
     };
-    let (ring_controller, rings_listed) =
-        rings::controller(client.clone(), &args.clusterring_selector);
-    let (configuration_controller, configurations_listed) = webhook_config::controller::controller(
-        client.clone(),
-        &args.clusterring_selector,
-        ca.clone(),
-    );
-    let configuration_ctx = Arc::new(webhook_config::controller::Context {
-        client: client.clone(),
-        settings: webhook.clone(),
-        ca,
-        resync: args.resync_interval,
-        metrics: metrics.clone(),
-    });
-    let (lease_controller, leases_listed) = shard_leases::controller(client.clone());
-    let lease_store = lease_controller.store();
-    let lease_ctx = Arc::new(shard_leases::Context {
-        client: client.clone(),
-        metrics: metrics.clone(),
-        rings: (!args.clusterring_selector.is_empty())
-            .then(|| (ring_controller.store(), rings_listed.clone())),
-    });
     // Both controllers start at once. A ring reconciled before all its shard Leases are in the
     // store sees fewer shards: it moves nothing off them, and each shard appearing later counts
     // as added, which triggers a full resync; no shard is ever taken for dead by it.
@@ -455,61 +447,85 @@ async fn lead(
             instance: Some(identity),
         },
     );
-    let synced = tokio::spawn(ready_when_listed(
-        readiness,
-        vec![
+    let mut tasks = Tasks::new(stop.clone());
+    let mut watches = Vec::new();
+    // One shard lease, ring and webhook configuration controller per served ring kind: the same
+    // code, each over its kind's rings and Leases.
+    for kind in args.rings.kinds() {
+        let selector = &args.ring_selector;
+        let (ring_controller, rings_listed) = rings::controller(client.clone(), kind, selector);
+        let (configuration_controller, configurations_listed) =
+            webhook_config::controller::controller(client.clone(), kind, selector, ca.clone());
+        let configuration_ctx = Arc::new(webhook_config::controller::Context {
+            kind,
+            client: client.clone(),
+            settings: webhook.clone(),
+            ca: ca.clone(),
+            resync: args.resync_interval,
+            metrics: metrics.clone(),
+        });
+        let (lease_controller, leases_listed) = shard_leases::controller(client.clone(), kind);
+        let lease_store = lease_controller.store();
+        let lease_ctx = Arc::new(shard_leases::Context {
+            kind,
+            client: client.clone(),
+            metrics: metrics.clone(),
+            rings: (!selector.is_empty()).then(|| (ring_controller.store(), rings_listed.clone())),
+        });
+        watches.extend([
             leases_listed.clone(),
             rings_listed.clone(),
             configurations_listed.clone(),
-        ],
-    ));
-    let ring_ctx = Arc::new(rings::Context::new(
-        client,
-        lease_store,
-        webhook.namespace_selector.clone(),
-        rebalancer,
-        rings::Intervals {
-            resync: args.resync_interval,
-            sweep: args.sweep_interval,
-            drain_check: args.drain_check_interval,
-        },
-        metrics,
-        recorder,
-    ));
-    let mut tasks = Tasks::new(stop.clone());
-    tasks.spawn(
-        "shard lease controller",
-        run_controller(
+        ]);
+        let ring_ctx = Arc::new(rings::Context::new(
+            kind,
+            client.clone(),
+            lease_store,
+            webhook.namespace_selector.clone(),
+            rebalancer.clone(),
+            rings::Intervals {
+                resync: args.resync_interval,
+                sweep: args.sweep_interval,
+                drain_check: args.drain_check_interval,
+            },
+            metrics.clone(),
+            recorder.clone(),
+        ));
+        tasks.spawn(
             "shard lease controller",
-            (lease_controller, leases_listed),
-            shard_leases::reconcile,
-            shard_leases::error_policy,
-            lease_ctx,
-            stop.clone(),
-        ),
-    );
-    tasks.spawn(
-        "ring controller",
-        run_controller(
+            run_controller(
+                "shard lease controller",
+                (lease_controller, leases_listed),
+                shard_leases::reconcile,
+                shard_leases::error_policy,
+                lease_ctx,
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
             "ring controller",
-            (ring_controller, rings_listed),
-            rings::reconcile,
-            rings::error_policy,
-            ring_ctx,
-            stop.clone(),
-        ),
-    );
-    tasks.spawn(
-        "webhook configuration controller",
-        run_controller(
+            run_controller(
+                "ring controller",
+                (ring_controller, rings_listed),
+                rings::reconcile,
+                rings::error_policy,
+                ring_ctx,
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
             "webhook configuration controller",
-            (configuration_controller, configurations_listed),
-            webhook_config::controller::reconcile,
-            webhook_config::controller::error_policy,
-            configuration_ctx,
-            stop,
-        ),
-    );
+            run_controller(
+                "webhook configuration controller",
+                (configuration_controller, configurations_listed),
+                webhook_config::controller::reconcile,
+                webhook_config::controller::error_policy,
+                configuration_ctx,
+                stop.clone(),
+            ),
+        );
+    }
+    let synced = tokio::spawn(ready_when_listed(readiness, watches));
     let result = tasks.supervise().await;
     synced.abort();
     Ok(result?)

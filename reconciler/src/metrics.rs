@@ -1,19 +1,23 @@
 //! The reconciler's Prometheus metrics (names as in the reference implementation where one
 //! exists).
 
+use std::collections::BTreeMap;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use sharder_common::RingKind;
 use sharder_runtime::metrics::{ResourceLabels, RingLabel, register};
 
 /// Labels of the shard state set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ShardLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
+    /// The ring.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
     /// The Lease's namespace.
     pub namespace: String,
     /// The shard (Lease name).
@@ -25,8 +29,9 @@ pub(crate) struct ShardLabels {
 /// Labels of the failed write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct FailedWriteLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
+    /// The ring.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
     /// API group of the resource.
     pub group: String,
     /// The resource.
@@ -38,8 +43,9 @@ pub(crate) struct FailedWriteLabels {
 /// Labels of the failed rebalance counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct FailedRebalanceLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
+    /// The ring.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
     /// `list` (a list failed), `write` (a write failed) or `reconcile` (the ring's reconcile
     /// failed, e.g. its status or the namespaces could not be read or written).
     pub reason: String,
@@ -48,8 +54,9 @@ pub(crate) struct FailedRebalanceLabels {
 /// Labels of the webhook configuration write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ConfigurationWriteLabels {
-    /// The ClusterRing.
-    pub clusterring: String,
+    /// The ring.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
     /// Why it was written: `missing`, `ca_bundle` or `changed`.
     pub reason: String,
 }
@@ -70,10 +77,14 @@ pub(crate) struct Metrics {
     pub drains: Family<ResourceLabels, Counter>,
     /// Duration of rebalances.
     pub resync_duration: Family<RingLabel, Histogram>,
-    /// Shard Leases per ring.
-    pub shards: Family<RingLabel, Gauge>,
-    /// Available shards per ring.
-    pub available_shards: Family<RingLabel, Gauge>,
+    /// Each ring's generation, one family per ring kind ([`RingKind::state_metric`]).
+    pub metadata_generation: BTreeMap<RingKind, Family<RingLabel, Gauge>>,
+    /// The generation the reconciler last observed, per ring and kind.
+    pub observed_generation: BTreeMap<RingKind, Family<RingLabel, Gauge>>,
+    /// Shard Leases per ring, one family per ring kind.
+    pub shards: BTreeMap<RingKind, Family<RingLabel, Gauge>>,
+    /// Available shards per ring, one family per ring kind.
+    pub available_shards: BTreeMap<RingKind, Family<RingLabel, Gauge>>,
     /// State set per shard Lease: 1 for its current state, 0 for the others.
     pub shard_state: Family<ShardLabels, Gauge>,
     /// Hash rings calculated (one per rebalance).
@@ -90,6 +101,23 @@ pub(crate) struct Metrics {
     pub write_concurrency: Gauge,
     /// Object writes the apiserver was too busy for (429, 503, 504) or that could not reach it.
     pub overloaded_writes: Family<RingLabel, Counter>,
+}
+
+/// One gauge family per ring kind named [`RingKind::state_metric`]`(name)`, each registered with
+/// help "The <kind>'s <what>".
+fn state_gauges(
+    registry: &mut Registry,
+    name: &str,
+    what: &str,
+) -> BTreeMap<RingKind, Family<RingLabel, Gauge>> {
+    RingKind::ALL
+        .into_iter()
+        .map(|kind| {
+            let help = format!("The {kind}'s {what}");
+            let family = register(registry, &kind.state_metric(name), &help, Family::default());
+            (kind, family)
+        })
+        .collect()
 }
 
 impl Metrics {
@@ -111,22 +139,22 @@ impl Metrics {
             resync_duration: register(
                 registry,
                 "sharder_reconciler_resync_duration_seconds",
-                "Duration of rebalances per ClusterRing",
+                "Duration of rebalances per ring",
                 Family::new_with_constructor(|| {
                     Histogram::new(exponential_buckets(0.005, 2.0, 14))
                 }),
             ),
-            shards: register(
+            metadata_generation: state_gauges(registry, "metadata_generation", "generation"),
+            observed_generation: state_gauges(
                 registry,
-                "kube_clusterring_status_shards",
-                "The ClusterRing's number of shard Leases",
-                Family::default(),
+                "observed_generation",
+                "latest generation the reconciler observed",
             ),
-            available_shards: register(
+            shards: state_gauges(registry, "status_shards", "number of shard Leases"),
+            available_shards: state_gauges(
                 registry,
-                "kube_clusterring_status_available_shards",
-                "The ClusterRing's number of available shards",
-                Family::default(),
+                "status_available_shards",
+                "number of available shards",
             ),
             shard_state: register(
                 registry,
@@ -137,7 +165,7 @@ impl Metrics {
             ring_calculations: register(
                 registry,
                 "controller_sharding_ring_calculations",
-                "Hash rings calculated from the shard Leases per ClusterRing",
+                "Hash rings calculated from the shard Leases per ring",
                 Family::default(),
             ),
             failed_writes: register(

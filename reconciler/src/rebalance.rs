@@ -22,8 +22,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::ApiResource;
 use kube::{Api, Client, ResourceExt};
-use sharder_common::labels::RING_LABEL;
-use sharder_common::{GroupResource, Ring, RingLabels, Role, is_available};
+use sharder_common::{GroupResource, Ring, RingId, RingLabels, Role, is_available};
 use tokio::sync::Semaphore;
 use tracing::warn;
 
@@ -186,8 +185,8 @@ impl Outcome {
 
 /// One ring's view for a rebalance.
 pub(crate) struct RingView<'a> {
-    /// The ring's name.
-    pub name: &'a str,
+    /// The ring.
+    pub id: &'a RingId,
     /// Its label keys.
     pub labels: &'a RingLabels,
     /// The ring of available shards.
@@ -209,12 +208,12 @@ pub(crate) struct LiveNow(tokio::sync::OnceCell<Option<BTreeSet<String>>>);
 impl LiveNow {
     /// Whether `shard`'s Lease is held by it now; `true` when the Leases cannot be read (the
     /// safe answer: the object stays until a later rebalance).
-    pub(crate) async fn holds(&self, client: &Client, ring: &str, shard: &str) -> bool {
+    pub(crate) async fn holds(&self, client: &Client, ring: &RingId, shard: &str) -> bool {
         let live = self
             .0
             .get_or_init(|| async {
                 let leases: Api<Lease> = Api::all(client.clone());
-                let selector = format!("{RING_LABEL}={ring}");
+                let selector = ring.lease_selector();
                 match leases.list(&ListParams::default().labels(&selector)).await {
                     Ok(list) => Some(
                         list.items
@@ -224,7 +223,7 @@ impl LiveNow {
                             .collect(),
                     ),
                     Err(e) => {
-                        warn!(ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
+                        warn!(%ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
                         None
                     }
                 }

@@ -1,8 +1,8 @@
-//! The ring controller: per ClusterRing, keeps its status and rebalances its objects when the
+//! The ring controller, one per ring kind: per ring, keeps its status and rebalances its objects when the
 //! set of available shards changes, when the ring changes, periodically, and with follow-up
 //! sweeps after drains.
 //!
-//! It is triggered by ClusterRing events and by the shard Lease events that can change a ring's
+//! It is triggered by the ring's events and by the shard Lease events that can change a ring's
 //! shards ([`triggers`]), and reads Leases from the shard lease controller's store; it never
 //! watches or caches sharded objects. Its parts: [`schedule`] (when to list what: pure),
 //! [`discovery`], [`namespaces`], [`status`], [`report`]; the lists and
@@ -15,15 +15,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::cluster_ring::CONDITION_READY;
-use sharder_common::labels::RING_LABEL;
 use sharder_common::lease::{conflicting_names, namespace_and_name};
-use sharder_common::{ClusterRing, Ring, Role, Roles, is_available};
+use sharder_common::{Ring, RingId, RingKind, RingObject, Role, Roles, is_available};
 use sharder_runtime::metrics::RingLabel;
 use tokio::time::Instant;
 use tracing::{Instrument as _, info_span, warn};
@@ -47,7 +47,7 @@ use status::Counts;
 /// Field manager of the reconciler's server-side applies.
 pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 
-/// How long ClusterRing and Lease events are collected before a ring is reconciled (a rolling
+/// How long ring and Lease events are collected before a ring is reconciled (a rolling
 /// restart's shard changes trigger one reconcile, not one per shard; Lease renewals trigger
 /// nothing, see [`triggers`]).
 pub(crate) const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -55,11 +55,13 @@ pub(crate) const DEBOUNCE: Duration = Duration::from_millis(200);
 /// When to retry after a failed reconcile.
 pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
-/// Context of the ring controller.
+/// Context of the ring controller of one ring kind.
 pub(crate) struct Context {
+    /// The kind of the rings.
+    pub kind: RingKind,
     /// Client for discovery, lists and status.
     pub client: Client,
-    /// Shard Leases (from the shard lease controller).
+    /// Shard Leases of rings of the kind (from its shard lease controller).
     pub leases: Store<Lease>,
     /// The global namespace selector (see `sharder_common::webhook_configuration::global_namespace_selector`).
     pub namespace_selector: LabelSelector,
@@ -69,14 +71,16 @@ pub(crate) struct Context {
     pub intervals: Intervals,
     /// Metrics.
     pub metrics: Metrics,
-    /// Publishes Events on ClusterRings.
+    /// Publishes Events on rings.
     pub recorder: Recorder,
     progress: Mutex<HashMap<String, Progress>>,
 }
 
 impl Context {
-    /// A context that remembers no ring yet.
+    /// A context for the rings of `kind` that remembers no ring yet.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        kind: RingKind,
         client: Client,
         leases: Store<Lease>,
         namespace_selector: LabelSelector,
@@ -86,6 +90,7 @@ impl Context {
         recorder: Recorder,
     ) -> Self {
         Self {
+            kind,
             client,
             leases,
             namespace_selector,
@@ -103,19 +108,23 @@ impl Context {
 }
 
 /// Reconciles one object (for `crate::run_controller`).
-pub(crate) async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let name = ring.name_any();
-    let span = info_span!("ring", clusterring = %name);
-    reconcile_ring(&name, &ring, &ctx).instrument(span).await
+pub(crate) async fn reconcile(
+    object: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let ring = RingObject::from_dynamic(ctx.kind, &object);
+    let span = info_span!("ring", ring = %ring.id);
+    reconcile_ring(&ring, &ctx).instrument(span).await
 }
 
-async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result<Action, Error> {
-    if ring.meta().deletion_timestamp.is_some() {
+async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Error> {
+    let name = ring.id.name.as_str();
+    if ring.object.meta().deletion_timestamp.is_some() {
         ctx.progress().remove(name);
         return Ok(Action::await_change());
     }
-    let uid = ring.uid().unwrap_or_default();
-    let leases = leases_of(&ctx.leases, name);
+    let uid = ring.object.uid().unwrap_or_default();
+    let leases = leases_of(&ctx.leases, &ring.id);
     let available: BTreeSet<String> = leases
         .iter()
         .filter(|l| is_available(l))
@@ -123,19 +132,22 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
         .collect();
     let observed = Observed {
         uid: &uid,
-        generation: ring.meta().generation.unwrap_or_default(),
+        generation: ring.object.meta().generation.unwrap_or_default(),
         available: &available,
     };
     let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-    let label = RingLabel::new(name);
-    ctx.metrics
-        .shards
-        .get_or_create(&label)
-        .set(gauge(leases.len()));
-    ctx.metrics
-        .available_shards
-        .get_or_create(&label)
-        .set(gauge(available.len()));
+    let label = RingLabel::new(&ring.id);
+    let generation = ring.object.meta().generation.unwrap_or_default();
+    let m = &ctx.metrics;
+    for (families, value) in [
+        (&m.metadata_generation, generation),
+        (&m.shards, gauge(leases.len())),
+        (&m.available_shards, gauge(available.len())),
+    ] {
+        if let Some(family) = families.get(&ctx.kind) {
+            family.get_or_create(&label).set(value);
+        }
+    }
     let mut counts = Counts {
         shards: leases.len(),
         available: available.len(),
@@ -143,13 +155,13 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
         conflicting: None,
     };
 
-    let roles = match ring.spec.roles() {
+    let roles = match ring.roles() {
         Ok(roles) => roles,
         Err(e) => {
             let reason = e.to_string();
             counts.invalid = Some(&reason);
             status::patch_status(&ctx.client, ring, counts).await?;
-            warn!(error = %e, "invalid ClusterRing");
+            warn!(error = %e, "invalid ring");
             return Ok(Action::await_change());
         }
     };
@@ -158,9 +170,14 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
     if !conflicts.is_empty() {
         let described = describe_conflicts(&conflicts);
         counts.conflicting = Some(&described);
-        let reported = ring.status.iter().flat_map(|s| &s.conditions).any(|c| {
-            c.type_ == CONDITION_READY && c.reason == status::REASON_CONFLICTING_SHARD_NAMES
-        });
+        let reported = ring
+            .object
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .any(|c| {
+                c.type_ == CONDITION_READY && c.reason == status::REASON_CONFLICTING_SHARD_NAMES
+            });
         status::patch_status(&ctx.client, ring, counts).await?;
         if !reported {
             warn!(conflicts = %described, "shard names in more than one namespace: nothing is moved until each name is in one namespace");
@@ -193,6 +210,9 @@ async fn reconcile_ring(name: &str, ring: &ClusterRing, ctx: &Context) -> Result
     ctx.progress().insert(name.to_owned(), progress);
 
     status::patch_status(&ctx.client, ring, counts).await?;
+    if let Some(family) = ctx.metrics.observed_generation.get(&ctx.kind) {
+        family.get_or_create(&label).set(generation);
+    }
     Ok(Action::requeue(wait))
 }
 
@@ -215,7 +235,7 @@ fn describe_conflicts(conflicts: &BTreeMap<String, BTreeSet<String>>) -> String 
 /// reports.
 async fn rebalance(
     ctx: &Context,
-    ring: &ClusterRing,
+    ring: &RingObject,
     roles: &Roles,
     available: &BTreeSet<String>,
     scopes: &BTreeSet<Scope>,
@@ -223,15 +243,14 @@ async fn rebalance(
 ) -> Result<Ran, Error> {
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
-    let name = ring.name_any();
     let targets = discovery::targets(&ctx.client, roles).await;
     let namespaces =
-        namespaces::namespaces(&ctx.client, &ring.spec, &ctx.namespace_selector).await?;
+        namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector).await?;
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
     let live_now = LiveNow::default();
     let view = RingView {
-        name: &name,
+        id: &ring.id,
         labels: &ring_labels,
         ring: &ring_of_shards,
         available,
@@ -240,7 +259,7 @@ async fn rebalance(
     };
     ctx.metrics
         .ring_calculations
-        .get_or_create(&RingLabel::new(&name))
+        .get_or_create(&RingLabel::new(&ring.id))
         .inc();
     let scope_list: Vec<_> = scopes.iter().cloned().collect();
     let mut outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
@@ -265,7 +284,7 @@ async fn rebalance(
     let elapsed = started.elapsed();
     ctx.metrics
         .resync_duration
-        .get_or_create(&RingLabel::new(&name))
+        .get_or_create(&RingLabel::new(&ring.id))
         .observe(elapsed.as_secs_f64());
     let writes = report::WriteStats {
         limit: ctx.rebalancer.write_limit(),
@@ -288,7 +307,7 @@ async fn rebalance(
                 ctx.metrics
                     .failed_rebalances
                     .get_or_create(&FailedRebalanceLabels {
-                        clusterring: name.clone(),
+                        ring: RingLabel::new(&ring.id),
                         reason: reason.to_owned(),
                     })
                     .inc();
@@ -314,35 +333,41 @@ async fn rebalance(
 }
 
 /// What to do after a failed reconcile (for `crate::run_controller`).
-pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, ctx: Arc<Context>) -> Action {
-    warn!(clusterring = %ring.name_any(), error = %error, "ring reconcile failed, retrying");
+pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
+    let ring = RingId::new(ctx.kind, object.name_any());
+    warn!(%ring, error = %error, "ring reconcile failed, retrying");
     ctx.metrics
         .failed_rebalances
         .get_or_create(&FailedRebalanceLabels {
-            clusterring: ring.name_any(),
+            ring: RingLabel::new(&ring),
             reason: "reconcile".to_owned(),
         })
         .inc();
     Action::requeue(ERROR_REQUEUE)
 }
 
-/// The controller over the ClusterRings matching `selector` (empty: all), triggered by their
-/// shard Leases too, when a Lease's shard can have changed ([`triggers`]).
+/// The controller over the rings of `kind` matching `selector` (empty: all), triggered by
+/// their shard Leases too, when a Lease's shard can have changed ([`triggers`]).
 pub(crate) fn controller(
     client: Client,
+    kind: RingKind,
     selector: &str,
-) -> (Controller<ClusterRing>, sharder_runtime::controller::Listed) {
-    let (controller, listed) = crate::ring_controller(client.clone(), selector);
+) -> (
+    Controller<DynamicObject>,
+    sharder_runtime::controller::Listed,
+) {
+    let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
     let leases = watcher::watcher(
         Api::<Lease>::all(client),
-        watcher::Config::default().labels(RING_LABEL),
+        watcher::Config::default().labels(kind.lease_label()),
     );
+    let resource = kind.api_resource();
     let controller = controller
-        .watches_stream(triggers::lease_triggers(leases), |lease| {
+        .watches_stream(triggers::lease_triggers(kind, leases), move |lease| {
             lease
                 .labels()
-                .get(RING_LABEL)
-                .map(|ring| ObjectRef::<ClusterRing>::new(ring))
+                .get(kind.lease_label())
+                .map(|ring| ObjectRef::<DynamicObject>::new_with(ring, resource.clone()))
         })
         .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
     (controller, listed)

@@ -10,15 +10,16 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
-use sharder_common::labels::{RING_LABEL, STATE_LABEL};
+use sharder_common::labels::STATE_LABEL;
 use sharder_common::lease::takeover_spec;
-use sharder_common::{ClusterRing, LeaseStatus, ShardState, shard_state};
+use sharder_common::{LeaseStatus, RingId, RingKind, ShardState, shard_state};
+use sharder_runtime::metrics::RingLabel;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
@@ -36,15 +37,17 @@ pub(crate) const UNKNOWN_RING_REQUEUE: Duration = Duration::from_secs(1);
 /// When to retry after a failed reconcile.
 pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
-/// Context of the shard lease controller.
+/// Context of the shard lease controller of one ring kind.
 pub(crate) struct Context {
+    /// The kind of the Leases' rings.
+    pub kind: RingKind,
     /// Client for Lease writes.
     pub client: Client,
     /// Metrics.
     pub metrics: Metrics,
-    /// The managed ClusterRings when `--clusterring-selector` limits them (`None`: all rings),
+    /// The managed rings of the kind when `--ring-selector` limits them (`None`: all rings),
     /// and when their watch listed; Leases of other rings are left alone.
-    pub rings: Option<(Store<ClusterRing>, sharder_runtime::controller::Listed)>,
+    pub rings: Option<(Store<DynamicObject>, sharder_runtime::controller::Listed)>,
 }
 
 /// What the controller does with a Lease.
@@ -101,13 +104,21 @@ fn requeue(wake: Option<Duration>) -> Action {
 pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lease.name_any();
     let namespace = lease.namespace().unwrap_or_default();
-    let ring = lease.labels().get(RING_LABEL).cloned().unwrap_or_default();
-    let span = info_span!("shard_lease", clusterring = %ring, shard = %name, %namespace);
+    let ring = RingId::new(
+        ctx.kind,
+        lease
+            .labels()
+            .get(ctx.kind.lease_label())
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let span = info_span!("shard_lease", %ring, shard = %name, %namespace);
     async move {
         if let Some((rings, listed)) = &ctx.rings {
             // Until the rings listed, every ring would look unknown.
             listed.clone().wait().await;
-            if rings.get(&ObjectRef::new(&ring)).is_none() {
+            let key = ObjectRef::<DynamicObject>::new_with(&ring.name, ctx.kind.api_resource());
+            if rings.get(&key).is_none() {
                 // Not a ring of ours (or created a moment ago): look again shortly.
                 return Ok(Action::requeue(UNKNOWN_RING_REQUEUE));
             }
@@ -178,14 +189,14 @@ pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Ac
 /// Sets the state gauge of a shard: 1 for `state`, 0 for the others; `None` removes them.
 fn record_state(
     metrics: &Metrics,
-    ring: &str,
+    ring: &RingId,
     namespace: &str,
     shard: &str,
     state: Option<ShardState>,
 ) {
     for candidate in ShardState::ALL {
         let labels = ShardLabels {
-            clusterring: ring.to_owned(),
+            ring: RingLabel::new(ring),
             namespace: namespace.to_owned(),
             shard: shard.to_owned(),
             state: candidate.as_str().to_owned(),
@@ -210,23 +221,26 @@ pub(crate) fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) ->
     Action::requeue(ERROR_REQUEUE)
 }
 
-/// The controller over shard Leases (selector: the ring label exists), and its Lease store
-/// (which the ring controller reads).
+/// The controller over the shard Leases of rings of `kind` (selector: the kind's ring label
+/// exists), and its Lease store (which the ring controller of the kind reads).
 pub(crate) fn controller(
     client: Client,
+    kind: RingKind,
 ) -> (Controller<Lease>, sharder_runtime::controller::Listed) {
     sharder_runtime::controller::listed_controller(
         Api::<Lease>::all(client),
-        watcher::Config::default().labels(RING_LABEL),
+        watcher::Config::default().labels(kind.lease_label()),
     )
 }
 
 /// The shard Leases of `ring` from `store`.
-pub(crate) fn leases_of(store: &Store<Lease>, ring: &str) -> Vec<Arc<Lease>> {
+pub(crate) fn leases_of(store: &Store<Lease>, ring: &RingId) -> Vec<Arc<Lease>> {
     store
         .state()
         .into_iter()
-        .filter(|l| l.labels().get(RING_LABEL).map(String::as_str) == Some(ring))
+        .filter(|l| {
+            l.labels().get(ring.kind.lease_label()).map(String::as_str) == Some(ring.name.as_str())
+        })
         .collect()
 }
 

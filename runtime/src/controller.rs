@@ -65,7 +65,22 @@ pub fn listed_controller<K>(api: Api<K>, config: watcher::Config) -> (Controller
 where
     K: Clone + kube::Resource<DynamicType = ()> + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store();
+    listed_controller_with(api, config, ())
+}
+
+/// The same for a resource known at run time (`dyntype`, e.g. the [`kube::core::ApiResource`] of
+/// a `DynamicObject`).
+pub fn listed_controller_with<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    dyntype: K::DynamicType,
+) -> (Controller<K>, Listed)
+where
+    K: Clone + kube::Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Unpin + Send + Sync,
+{
+    let writer = reflector::store::Writer::new(dyntype.clone());
+    let store = writer.as_reader();
     let (sender, listed) = Listed::channel();
     let stream = reflector::reflector(writer, watcher::watcher(api, config))
         .inspect(move |event| {
@@ -74,7 +89,10 @@ where
             }
         })
         .applied_objects();
-    (kube_runtime::Controller::for_stream(stream, store), listed)
+    (
+        kube_runtime::Controller::for_stream_with(stream, store, dyntype),
+        listed,
+    )
 }
 
 /// Drives `running` (a controller's `run(..)` stream consumed to its end, started with

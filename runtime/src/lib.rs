@@ -22,6 +22,7 @@ pub mod tasks;
 pub use admin::{AdminArgs, Readiness};
 pub use duration::parse_duration;
 pub use logging::{LogArgs, LogFormat};
+pub use sharder_common::RingKind;
 pub use tasks::Tasks;
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +86,31 @@ pub struct CommonArgs {
     pub log: LogArgs,
 }
 
+/// The ring kinds the webhook and the reconciler serve (both by default; the chart ships both
+/// CRDs). A kind left out is not watched: its rings get no webhook configuration, no
+/// assignments and no moves.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct RingKindArgs {
+    /// The ring kinds to serve, comma-separated: clusterring, controllerring.
+    #[arg(
+        long,
+        env = "SHARDER_RING_KINDS",
+        value_delimiter = ',',
+        default_value = "clusterring,controllerring"
+    )]
+    pub ring_kinds: Vec<sharder_common::RingKind>,
+}
+
+impl RingKindArgs {
+    /// The kinds to serve, each once, in a stable order.
+    pub fn kinds(&self) -> Vec<sharder_common::RingKind> {
+        let mut kinds = self.ring_kinds.clone();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+}
+
 /// How every process starts: logging as `common` says, a Kubernetes client from the
 /// environment (KUBECONFIG or in-cluster), a token cancelled on the first SIGTERM or SIGINT;
 /// then `run` with the client and the token.
@@ -138,5 +164,41 @@ async fn wait_for_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod ring_kind_tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        rings: RingKindArgs,
+    }
+
+    #[test]
+    fn both_ring_kinds_are_served_unless_told_otherwise() {
+        let kinds =
+            |args: &[&str]| Flags::try_parse_from([&["x"], args].concat()).map(|f| f.rings.kinds());
+        use sharder_common::RingKind::{ClusterRing, ControllerRing};
+        assert_eq!(kinds(&[]).expect("default"), [ClusterRing, ControllerRing]);
+        assert_eq!(
+            kinds(&["--ring-kinds", "controllerring"]).expect("one"),
+            [ControllerRing]
+        );
+        assert_eq!(
+            kinds(&["--ring-kinds", "controllerring,clusterring,clusterring"]).expect("both"),
+            [ClusterRing, ControllerRing]
+        );
+        let error = kinds(&["--ring-kinds", "ringring"])
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            error.contains("--ring-kinds") && error.contains("clusterring, controllerring"),
+            "{error}"
+        );
     }
 }

@@ -6,6 +6,9 @@
 
 pub mod shard;
 
+/// A ring's kind and name, from which the shard's Lease label and label keys follow.
+pub use sharder_common::{RingId, RingKind};
+
 pub use sharder_runtime::{
     AdminArgs, CommonArgs, Error, LogArgs, LogFormat, Readiness, Tasks, admin, controller,
     host_name, lease, logging, parse_duration, shutdown_on_signal, start, tasks,

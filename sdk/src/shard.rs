@@ -11,6 +11,7 @@
 //! use kube::runtime::controller::Action;
 //! use kube::{Api, Client};
 //! use sharder_sdk::controller::{drive, listed_controller};
+//! use sharder_sdk::RingId;
 //! use sharder_sdk::shard::{Shard, ShardReconcileError};
 //! use tokio_util::sync::CancellationToken;
 //!
@@ -27,7 +28,8 @@
 //! # async fn example() -> Result<(), sharder_sdk::shard::ShardError> {
 //! let client = Client::try_default().await.expect("kubeconfig");
 //! // The shard's name is its Lease's name and holder identity (usually the pod name).
-//! let shard = Shard::new(client.clone(), "my-clusterring", "my-operator-0");
+//! let ring = RingId::controller_ring("my-operator");
+//! let shard = Shard::new(client.clone(), ring, "my-operator-0");
 //! let lease = shard.lease("my-operator-system", Duration::from_secs(15), Duration::from_secs(2));
 //! let shutdown = CancellationToken::new(); // e.g. sharder_sdk::shutdown_on_signal()
 //! let reconciler = shard.reconciler(reconcile);
@@ -66,9 +68,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use sharder_common::RingLabels;
 use sharder_common::key::display_name;
-use sharder_common::labels::RING_LABEL;
+use sharder_common::{RingId, RingLabels};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span};
 
@@ -110,15 +111,42 @@ pub enum ShardReconcileError<E> {
     LeaseLost(String),
 }
 
-/// One shard of one ClusterRing: its name (= Lease name = holder identity) and label keys.
+/// One shard of one ring (a ClusterRing or a ControllerRing): its name (= Lease name = holder
+/// identity) and label keys.
 #[derive(Clone)]
 pub struct Shard {
     client: Client,
-    ring: String,
+    ring: RingId,
     name: String,
     labels: RingLabels,
     on_stop: OnStop,
     halted: CancellationToken,
+}
+
+/// The ring a shard joins, as flags: exactly one of `--clusterring` and `--controllerring`
+/// (flatten it into a shard's arguments).
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+#[group(required = true, multiple = false)]
+pub struct RingArgs {
+    /// The ClusterRing this shard belongs to (the reference's v0.8 contract).
+    #[arg(long, env = "SHARD_CLUSTERRING")]
+    pub clusterring: Option<String>,
+
+    /// The ControllerRing this shard belongs to (the reference's contract since v0.9).
+    #[arg(long, env = "SHARD_CONTROLLERRING")]
+    pub controllerring: Option<String>,
+}
+
+impl RingArgs {
+    /// The ring the flags name.
+    pub fn id(&self) -> RingId {
+        match (&self.clusterring, &self.controllerring) {
+            (_, Some(name)) => RingId::controller_ring(name.as_str()),
+            (Some(name), None) => RingId::cluster_ring(name.as_str()),
+            // clap requires one of the two.
+            (None, None) => RingId::cluster_ring(""),
+        }
+    }
 }
 
 /// What the wrapper does with an object handed to it.
@@ -133,13 +161,13 @@ pub enum Verdict {
 }
 
 impl Shard {
-    /// The shard `name` of the ClusterRing `ring`.
-    pub fn new(client: Client, ring: &str, name: &str) -> Self {
+    /// The shard `name` of `ring` (e.g. `RingId::controller_ring("my-operator")`).
+    pub fn new(client: Client, ring: RingId, name: &str) -> Self {
         Self {
             client,
-            ring: ring.to_owned(),
+            labels: ring.labels(),
+            ring,
             name: name.to_owned(),
-            labels: RingLabels::new(ring),
             on_stop: OnStop::Release,
             halted: CancellationToken::new(),
         }
@@ -197,7 +225,10 @@ impl Shard {
                 identity: self.name.clone(),
                 duration,
                 renew_interval,
-                labels: BTreeMap::from([(RING_LABEL.to_owned(), self.ring.clone())]),
+                labels: BTreeMap::from([(
+                    self.ring.kind.lease_label().to_owned(),
+                    self.ring.name.clone(),
+                )]),
             },
         )
     }
@@ -369,7 +400,7 @@ mod tests {
     fn shard() -> Shard {
         let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
         let client = Client::try_from(config).expect("client");
-        Shard::new(client, "example", "shard-0")
+        Shard::new(client, RingId::cluster_ring("example"), "shard-0")
     }
 
     fn secret(labels: &[(&str, &str)], generation: i64) -> Secret {

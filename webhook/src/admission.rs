@@ -1,5 +1,5 @@
 //! The webhook's decision as a pure function of an admission request and the ring snapshot of
-//! its ClusterRing (docs/design.md §6): already labelled -> allowed without patch; otherwise a JSON patch
+//! its ring (a ClusterRing or a ControllerRing: docs/design.md §6): already labelled -> allowed without patch; otherwise a JSON patch
 //! that adds the shard label of the shard the ring picks for the object's key. It never denies.
 
 use std::collections::BTreeMap;
@@ -11,15 +11,15 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde_json::Value;
 use sharder_common::handover::{OwnerState, child_shard};
-use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingLabels, Role, Roles};
+use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingId, RingLabels, Role, Roles};
 
-/// Everything the webhook needs of one ClusterRing: its label keys, which resources it shards
+/// Everything the webhook needs of one ring: its label keys, which resources it shards
 /// in which role, and the ring of its available shards. Immutable; rebuilt when the ring or its
 /// shards change.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RingSnapshot {
-    /// The ClusterRing's name.
-    pub name: String,
+    /// The ring.
+    pub id: RingId,
     /// Its shard and drain label keys.
     pub labels: RingLabels,
     /// The ring of available shards.
@@ -30,18 +30,38 @@ pub struct RingSnapshot {
 }
 
 impl RingSnapshot {
-    /// The snapshot of ring `name` with `spec` and the given available shards.
-    pub fn new<I, S>(name: &str, spec: &ClusterRingSpec, available_shards: I) -> Self
+    /// The snapshot of `ring` with `spec` and the given available shards (invalid, assigning
+    /// nothing, when the ring's name or spec is: [`RingId::validate`],
+    /// [`ClusterRingSpec::roles`]).
+    pub fn new<I, S>(ring: &RingId, spec: &ClusterRingSpec, available_shards: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
         Self {
-            name: name.to_owned(),
-            labels: RingLabels::new(name),
+            id: ring.clone(),
+            labels: ring.labels(),
             ring: Ring::new(available_shards),
-            roles: spec.roles().map_err(|e| e.to_string()),
+            roles: ring
+                .validate()
+                .and_then(|()| spec.roles())
+                .map_err(|e| e.to_string()),
         }
+    }
+
+    /// The snapshot of `ring` whose spec cannot be read (`reason`): it assigns nothing.
+    pub fn invalid(ring: &RingId, reason: String) -> Self {
+        Self {
+            id: ring.clone(),
+            labels: ring.labels(),
+            ring: Ring::new(std::iter::empty::<String>()),
+            roles: Err(reason),
+        }
+    }
+
+    /// Why the ring is invalid, if it is.
+    pub fn invalid_reason(&self) -> Option<&str> {
+        self.roles.as_ref().err().map(String::as_str)
     }
 
     /// The role of a resource in this ring, if it is sharded by it (`None` too when the spec is

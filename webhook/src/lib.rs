@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use sharder_runtime::{CommonArgs, Readiness, Tasks, parse_duration};
+use sharder_runtime::{CommonArgs, Readiness, RingKindArgs, Tasks, parse_duration};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -76,6 +76,10 @@ pub struct Args {
     /// How long open connections may finish after the shutdown delay.
     #[arg(long, env = "SHARDER_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// The ring kinds served.
+    #[command(flatten)]
+    pub rings: RingKindArgs,
 
     /// Admin server and logging flags.
     #[command(flatten)]
@@ -196,6 +200,7 @@ pub async fn run_with_client(
         "ring source",
         ring_source::run(
             client,
+            args.rings.kinds(),
             rings.clone(),
             readiness,
             metrics.clone(),

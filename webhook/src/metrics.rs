@@ -11,8 +11,9 @@ use sharder_runtime::metrics::{ResourceLabels, RingLabel, register};
 /// Labels of the not-assigned counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SkipLabels {
-    /// The ClusterRing named in the request path.
-    pub clusterring: String,
+    /// The ring named in the request path.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
     /// Why the object was not assigned ([`crate::admission::SkipReason`]).
     pub reason: String,
 }

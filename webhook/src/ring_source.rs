@@ -1,7 +1,8 @@
-//! The webhook's ring source: watches ClusterRings and the shard Leases carrying the ring label
-//! (selector `Exists`, so no other Lease is seen) and publishes one immutable [`RingSnapshot`]
-//! per ClusterRing. Requests read snapshots lock-free; a snapshot is rebuilt only when its ring's
-//! spec or its set of available shards changes.
+//! The webhook's ring source: watches the rings of every served kind (ClusterRings,
+//! ControllerRings) and the shard Leases carrying each kind's ring label (selector `Exists`, so
+//! no other Lease is seen) and publishes one immutable [`RingSnapshot`] per ring. Requests read
+//! snapshots lock-free; a snapshot is rebuilt only when its ring's spec or its set of available
+//! shards changes.
 //!
 //! A shard is available by `sharder_common::is_available` (ready, expired or uncertain: exactly
 //! when its Lease is held by itself), which never changes with time alone, so the source needs no
@@ -13,12 +14,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::DynamicObject;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
-use sharder_common::labels::RING_LABEL;
 use sharder_common::lease::conflicting_names;
-use sharder_common::{ClusterRing, ClusterRingSpec, is_available};
+use sharder_common::{ClusterRingSpec, RingId, RingKind, is_available};
 use sharder_runtime::Readiness;
 use sharder_runtime::metrics::RingLabel;
 use tokio_util::sync::CancellationToken;
@@ -28,127 +29,159 @@ use crate::Error;
 use crate::admission::RingSnapshot;
 use crate::metrics::Metrics;
 
-/// Readiness condition set once the first list of ClusterRings has been seen.
-pub const RINGS_SYNCED: &str = "clusterrings-synced";
-/// Readiness condition set once the first list of shard Leases has been seen.
+/// Readiness condition set once the first list of rings of every served kind has been seen.
+pub const RINGS_SYNCED: &str = "rings-synced";
+/// Readiness condition set once the first list of shard Leases of every served kind has been
+/// seen.
 pub const LEASES_SYNCED: &str = "leases-synced";
 
 /// The published ring snapshots, readable lock-free from any request.
 #[derive(Debug, Default)]
-pub struct Rings(ArcSwap<HashMap<String, Arc<RingSnapshot>>>);
+pub struct Rings(ArcSwap<HashMap<RingId, Arc<RingSnapshot>>>);
 
 impl Rings {
-    /// The snapshot of ring `name`, if the ring exists.
-    pub fn get(&self, name: &str) -> Option<Arc<RingSnapshot>> {
-        self.0.load().get(name).cloned()
+    /// The snapshot of `ring`, if the ring exists.
+    pub fn get(&self, ring: &RingId) -> Option<Arc<RingSnapshot>> {
+        self.0.load().get(ring).cloned()
     }
 
     /// Replaces all snapshots (used by the watcher, and by tests).
-    pub fn publish(&self, snapshots: HashMap<String, Arc<RingSnapshot>>) {
+    pub fn publish(&self, snapshots: HashMap<RingId, Arc<RingSnapshot>>) {
         self.0.store(Arc::new(snapshots));
     }
+}
+
+/// What the source keeps of one ring: its spec, or why it cannot be read.
+type RingInput = Result<ClusterRingSpec, String>;
+
+/// A ring object of either kind as the source reads it: its name and spec (a spec that does not
+/// parse makes the ring invalid, with the reason).
+fn ring_input(object: &DynamicObject) -> (String, RingInput) {
+    let spec = serde_json::from_value(object.data.get("spec").cloned().unwrap_or_default())
+        .map_err(|e| format!("spec does not parse: {e}"));
+    (object.name_any(), spec)
 }
 
 /// What the source keeps of one shard Lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ShardLease {
-    ring: String,
+    ring: RingId,
     shard: String,
     available: bool,
 }
 
 impl ShardLease {
-    fn of(lease: &Lease) -> Option<Self> {
-        let ring = lease.labels().get(RING_LABEL)?.clone();
+    fn of(kind: RingKind, lease: &Lease) -> Option<Self> {
+        let ring = lease.labels().get(kind.lease_label())?;
         Some(Self {
-            ring,
+            ring: RingId::new(kind, ring.as_str()),
             shard: lease.name_any(),
             available: is_available(lease),
         })
     }
 }
 
-fn lease_id(lease: &Lease) -> (String, String) {
-    (lease.namespace().unwrap_or_default(), lease.name_any())
+/// A Lease as one kind's watch sees it: a Lease labelled for rings of both kinds counts once for
+/// each.
+type LeaseKey = (RingKind, String, String);
+
+fn lease_key(kind: RingKind, lease: &Lease) -> LeaseKey {
+    (
+        kind,
+        lease.namespace().unwrap_or_default(),
+        lease.name_any(),
+    )
 }
 
 /// The pure state behind the snapshots: ring specs and shard leases, and the inputs each
 /// published snapshot was built from (to rebuild only on change).
 #[derive(Debug, Default)]
 pub struct RingState {
-    specs: BTreeMap<String, ClusterRingSpec>,
-    leases: HashMap<(String, String), ShardLease>,
-    init_specs: Option<BTreeMap<String, ClusterRingSpec>>,
-    init_leases: Option<HashMap<(String, String), ShardLease>>,
-    built: HashMap<String, (ClusterRingSpec, BTreeSet<String>, Arc<RingSnapshot>)>,
+    specs: BTreeMap<RingId, RingInput>,
+    leases: HashMap<LeaseKey, ShardLease>,
+    init_specs: HashMap<RingKind, BTreeMap<RingId, RingInput>>,
+    init_leases: HashMap<RingKind, HashMap<LeaseKey, ShardLease>>,
+    built: HashMap<RingId, (RingInput, BTreeSet<String>, Arc<RingSnapshot>)>,
 }
 
 /// What changed when the state was published.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Rings whose snapshot was (re)built, with their available shards.
-    pub rebuilt: Vec<(String, BTreeSet<String>)>,
+    pub rebuilt: Vec<(RingId, BTreeSet<String>)>,
     /// Rings that were removed.
-    pub removed: Vec<String>,
+    pub removed: Vec<RingId>,
 }
 
 impl RingState {
-    /// Applies one ClusterRing watch event.
-    pub fn apply_ring_event(&mut self, event: Event<ClusterRing>) {
+    /// Applies one watch event of the rings of `kind`.
+    pub fn apply_ring_event(&mut self, kind: RingKind, event: Event<DynamicObject>) {
         match event {
-            Event::Apply(ring) => {
-                self.specs.insert(ring.name_any(), ring.spec);
+            Event::Apply(object) => {
+                let (name, input) = ring_input(&object);
+                self.specs.insert(RingId::new(kind, name), input);
             }
-            Event::Delete(ring) => {
-                self.specs.remove(&ring.name_any());
+            Event::Delete(object) => {
+                self.specs.remove(&RingId::new(kind, object.name_any()));
             }
-            Event::Init => self.init_specs = Some(BTreeMap::new()),
-            Event::InitApply(ring) => {
+            Event::Init => {
+                self.init_specs.insert(kind, BTreeMap::new());
+            }
+            Event::InitApply(object) => {
+                let (name, input) = ring_input(&object);
                 self.init_specs
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(ring.name_any(), ring.spec);
+                    .entry(kind)
+                    .or_default()
+                    .insert(RingId::new(kind, name), input);
             }
             Event::InitDone => {
-                self.specs = self.init_specs.take().unwrap_or_default();
+                let listed = self.init_specs.remove(&kind).unwrap_or_default();
+                self.specs.retain(|id, _| id.kind != kind);
+                self.specs.extend(listed);
             }
         }
     }
 
-    /// Applies one shard Lease watch event.
-    pub fn apply_lease_event(&mut self, event: Event<Lease>) {
+    /// Applies one watch event of the shard Leases of rings of `kind`.
+    pub fn apply_lease_event(&mut self, kind: RingKind, event: Event<Lease>) {
         match event {
-            Event::Apply(lease) => match ShardLease::of(&lease) {
+            Event::Apply(lease) => match ShardLease::of(kind, &lease) {
                 Some(shard) => {
-                    self.leases.insert(lease_id(&lease), shard);
+                    self.leases.insert(lease_key(kind, &lease), shard);
                 }
                 None => {
-                    self.leases.remove(&lease_id(&lease));
+                    self.leases.remove(&lease_key(kind, &lease));
                 }
             },
             Event::Delete(lease) => {
-                self.leases.remove(&lease_id(&lease));
+                self.leases.remove(&lease_key(kind, &lease));
             }
-            Event::Init => self.init_leases = Some(HashMap::new()),
+            Event::Init => {
+                self.init_leases.insert(kind, HashMap::new());
+            }
             Event::InitApply(lease) => {
-                if let Some(shard) = ShardLease::of(&lease) {
+                if let Some(shard) = ShardLease::of(kind, &lease) {
                     self.init_leases
-                        .get_or_insert_with(HashMap::new)
-                        .insert(lease_id(&lease), shard);
+                        .entry(kind)
+                        .or_default()
+                        .insert(lease_key(kind, &lease), shard);
                 }
             }
             Event::InitDone => {
-                self.leases = self.init_leases.take().unwrap_or_default();
+                let listed = self.init_leases.remove(&kind).unwrap_or_default();
+                self.leases.retain(|(k, _, _), _| *k != kind);
+                self.leases.extend(listed);
             }
         }
     }
 
     /// The available shards per ring; a name held in more than one namespace of a ring is
     /// ambiguous and left out (`sharder_common::lease::conflicting_names`).
-    fn available(&self) -> HashMap<String, BTreeSet<String>> {
-        let mut by_ring: HashMap<&str, Vec<(&str, &ShardLease)>> = HashMap::new();
-        for ((namespace, _), lease) in &self.leases {
+    fn available(&self) -> HashMap<RingId, BTreeSet<String>> {
+        let mut by_ring: HashMap<&RingId, Vec<(&str, &ShardLease)>> = HashMap::new();
+        for ((_, namespace, _), lease) in &self.leases {
             by_ring
-                .entry(lease.ring.as_str())
+                .entry(&lease.ring)
                 .or_default()
                 .push((namespace.as_str(), lease));
         }
@@ -162,28 +195,31 @@ impl RingState {
                     .filter(|(_, l)| l.available && !ambiguous.contains_key(&l.shard))
                     .map(|(_, l)| l.shard.clone())
                     .collect();
-                (ring.to_owned(), shards)
+                (ring.clone(), shards)
             })
             .collect()
     }
 
     /// Rebuilds the snapshots whose inputs changed and returns the full map to publish, with
     /// what changed.
-    pub fn snapshots(&mut self) -> (HashMap<String, Arc<RingSnapshot>>, Changes) {
+    pub fn snapshots(&mut self) -> (HashMap<RingId, Arc<RingSnapshot>>, Changes) {
         let mut available = self.available();
         let mut changes = Changes::default();
         let mut built = HashMap::with_capacity(self.specs.len());
-        for (name, spec) in &self.specs {
-            let shards = available.remove(name.as_str()).unwrap_or_default();
-            let entry = match self.built.remove(name) {
-                Some(entry) if entry.0 == *spec && entry.1 == shards => entry,
+        for (id, input) in &self.specs {
+            let shards = available.remove(id).unwrap_or_default();
+            let entry = match self.built.remove(id) {
+                Some(entry) if entry.0 == *input && entry.1 == shards => entry,
                 _ => {
-                    changes.rebuilt.push((name.clone(), shards.clone()));
-                    let snapshot = Arc::new(RingSnapshot::new(name, spec, shards.iter().cloned()));
-                    (spec.clone(), shards, snapshot)
+                    changes.rebuilt.push((id.clone(), shards.clone()));
+                    let snapshot = Arc::new(match input {
+                        Ok(spec) => RingSnapshot::new(id, spec, shards.iter().cloned()),
+                        Err(reason) => RingSnapshot::invalid(id, reason.clone()),
+                    });
+                    (input.clone(), shards, snapshot)
                 }
             };
-            built.insert(name.clone(), entry);
+            built.insert(id.clone(), entry);
         }
         changes.removed = self.built.keys().cloned().collect();
         changes.removed.sort();
@@ -191,41 +227,50 @@ impl RingState {
         let map = self
             .built
             .iter()
-            .map(|(name, (_, _, snapshot))| (name.clone(), snapshot.clone()))
+            .map(|(id, (_, _, snapshot))| (id.clone(), snapshot.clone()))
             .collect();
         (map, changes)
     }
 }
 
 enum SourceEvent {
-    Ring(Event<ClusterRing>),
-    Lease(Event<Lease>),
+    Ring(RingKind, Event<DynamicObject>),
+    Lease(RingKind, Event<Lease>),
 }
 
-/// Watches ClusterRings and shard Leases until `shutdown`, publishing snapshots into `rings`
-/// and setting the readiness conditions [`RINGS_SYNCED`] and [`LEASES_SYNCED`]. Watch errors are
-/// retried with backoff; the watches ending is an error (the process must not serve stale rings).
+/// Watches the rings of `kinds` and their shard Leases until `shutdown`, publishing snapshots
+/// into `rings` and setting the readiness conditions [`RINGS_SYNCED`] and [`LEASES_SYNCED`] once
+/// every kind's first list was seen. Watch errors are retried with backoff (a kind whose CRD is
+/// missing is retried, logged, and keeps the webhook unready); the watches ending is an error
+/// (the process must not serve stale rings).
 pub async fn run(
     client: Client,
+    kinds: Vec<RingKind>,
     rings: Arc<Rings>,
     readiness: Readiness,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    let ring_events = watcher::watcher(
-        Api::<ClusterRing>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .map_ok(SourceEvent::Ring);
-    let lease_events = watcher::watcher(
-        Api::<Lease>::all(client),
-        watcher::Config::default().labels(RING_LABEL),
-    )
-    .default_backoff()
-    .map_ok(SourceEvent::Lease);
-    let mut events = std::pin::pin!(futures::stream::select(ring_events, lease_events));
+    let mut streams = Vec::new();
+    for &kind in &kinds {
+        let ring_events = watcher::watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map_ok(move |e| SourceEvent::Ring(kind, e));
+        let lease_events = watcher::watcher(
+            Api::<Lease>::all(client.clone()),
+            watcher::Config::default().labels(kind.lease_label()),
+        )
+        .default_backoff()
+        .map_ok(move |e| SourceEvent::Lease(kind, e));
+        streams.push(ring_events.boxed());
+        streams.push(lease_events.boxed());
+    }
+    let mut events = futures::stream::select_all(streams);
     let mut state = RingState::default();
+    let (mut rings_synced, mut leases_synced) = (BTreeSet::new(), BTreeSet::new());
     loop {
         let event = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -237,19 +282,17 @@ pub async fn run(
                 warn!(error = %e, "watch failed, retrying with backoff");
                 continue;
             }
-            Some(Ok(SourceEvent::Ring(event))) => {
-                let done = matches!(event, Event::InitDone);
-                state.apply_ring_event(event);
-                if done {
-                    readiness.set(RINGS_SYNCED, true);
+            Some(Ok(SourceEvent::Ring(kind, event))) => {
+                if matches!(event, Event::InitDone) && rings_synced.insert(kind) {
+                    readiness.set(RINGS_SYNCED, rings_synced.len() == kinds.len());
                 }
+                state.apply_ring_event(kind, event);
             }
-            Some(Ok(SourceEvent::Lease(event))) => {
-                let done = matches!(event, Event::InitDone);
-                state.apply_lease_event(event);
-                if done {
-                    readiness.set(LEASES_SYNCED, true);
+            Some(Ok(SourceEvent::Lease(kind, event))) => {
+                if matches!(event, Event::InitDone) && leases_synced.insert(kind) {
+                    readiness.set(LEASES_SYNCED, leases_synced.len() == kinds.len());
                 }
+                state.apply_lease_event(kind, event);
             }
         }
         let (snapshots, changes) = state.snapshots();
@@ -264,11 +307,11 @@ pub async fn run(
                 .get_or_create(&label)
                 .set(i64::try_from(shards.len()).unwrap_or(i64::MAX));
             metrics.ring_rebuilds.get_or_create(&label).inc();
-            info!(clusterring = %ring, shards = ?shards, "ring rebuilt");
+            info!(%ring, shards = ?shards, "ring rebuilt");
         }
         for ring in changes.removed {
             metrics.available_shards.remove(&RingLabel::new(&ring));
-            info!(clusterring = %ring, "ring removed");
+            info!(%ring, "ring removed");
         }
     }
 }
@@ -277,22 +320,29 @@ pub async fn run(
 mod tests {
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use kube::api::ObjectMeta;
-    use sharder_common::RingResource;
+    use serde_json::json;
 
     use super::*;
 
-    fn ring(name: &str) -> ClusterRing {
-        ClusterRing::new(
-            name,
-            ClusterRingSpec {
-                resources: vec![RingResource {
-                    group: String::new(),
-                    resource: "secrets".into(),
-                    controlled_resources: vec![],
-                }],
-                namespace_selector: None,
-            },
-        )
+    const CLUSTER: RingKind = RingKind::ClusterRing;
+
+    /// A ring object of `kind` as the watch hands it over.
+    fn ring_of(kind: RingKind, name: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "sharding.timebertt.dev/v1alpha1",
+            "kind": kind.kind(),
+            "metadata": { "name": name },
+            "spec": { "resources": [{ "group": "", "resource": "secrets" }] },
+        }))
+        .expect("a ring object")
+    }
+
+    fn ring(name: &str) -> DynamicObject {
+        ring_of(CLUSTER, name)
+    }
+
+    fn id(name: &str) -> RingId {
+        RingId::cluster_ring(name)
     }
 
     fn lease(name: &str, ring: Option<&str>, holder: Option<&str>) -> Lease {
@@ -300,7 +350,9 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("shards".into()),
-                labels: ring.map(|r| [(RING_LABEL.to_owned(), r.to_owned())].into()),
+                labels: ring.map(|r| {
+                    [(RingKind::ClusterRing.lease_label().to_owned(), r.to_owned())].into()
+                }),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -310,26 +362,28 @@ mod tests {
         }
     }
 
-    fn shards(snapshots: &HashMap<String, Arc<RingSnapshot>>, ring: &str) -> Vec<String> {
-        snapshots[ring].ring.shards().to_vec()
+    fn shards(snapshots: &HashMap<RingId, Arc<RingSnapshot>>, ring: &str) -> Vec<String> {
+        snapshots[&id(ring)].ring.shards().to_vec()
     }
 
     #[test]
     fn only_leases_held_by_their_shard_are_on_the_ring() {
         let mut state = RingState::default();
-        state.apply_ring_event(Event::Apply(ring("example")));
-        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
-        state.apply_lease_event(Event::Apply(lease("b", Some("example"), Some(""))));
-        state.apply_lease_event(Event::Apply(lease(
-            "c",
-            Some("example"),
-            Some("shardlease-controller"),
-        )));
-        state.apply_lease_event(Event::Apply(lease("d", Some("other"), Some("d"))));
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("example")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
+        state.apply_lease_event(CLUSTER, Event::Apply(lease("b", Some("example"), Some(""))));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("c", Some("example"), Some("shardlease-controller"))),
+        );
+        state.apply_lease_event(CLUSTER, Event::Apply(lease("d", Some("other"), Some("d"))));
         let (snapshots, _) = state.snapshots();
         assert_eq!(shards(&snapshots, "example"), ["a"]);
         assert!(
-            !snapshots.contains_key("other"),
+            !snapshots.contains_key(&id("other")),
             "no ClusterRing named other"
         );
     }
@@ -337,31 +391,37 @@ mod tests {
     #[test]
     fn snapshots_are_rebuilt_only_when_their_inputs_change() {
         let mut state = RingState::default();
-        state.apply_ring_event(Event::Apply(ring("example")));
-        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("example")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
         let (first, changes) = state.snapshots();
         assert_eq!(changes.rebuilt.len(), 1);
 
         // A renewal of the same lease changes nothing.
-        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
         let (second, changes) = state.snapshots();
         assert_eq!(changes, Changes::default());
-        assert!(Arc::ptr_eq(&first["example"], &second["example"]));
+        assert!(Arc::ptr_eq(&first[&id("example")], &second[&id("example")]));
 
         // A new shard does.
-        state.apply_lease_event(Event::Apply(lease("b", Some("example"), Some("b"))));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("b", Some("example"), Some("b"))),
+        );
         let (third, changes) = state.snapshots();
         assert_eq!(
             changes.rebuilt,
-            [(
-                "example".to_owned(),
-                ["a".to_owned(), "b".to_owned()].into()
-            )]
+            [(id("example"), ["a".to_owned(), "b".to_owned()].into())]
         );
         assert_eq!(shards(&third, "example"), ["a", "b"]);
 
         // Releasing a lease takes the shard off at once.
-        state.apply_lease_event(Event::Apply(lease("b", Some("example"), None)));
+        state.apply_lease_event(CLUSTER, Event::Apply(lease("b", Some("example"), None)));
         let (fourth, _) = state.snapshots();
         assert_eq!(shards(&fourth, "example"), ["a"]);
     }
@@ -369,62 +429,149 @@ mod tests {
     #[test]
     fn deleted_rings_and_leases_disappear() {
         let mut state = RingState::default();
-        state.apply_ring_event(Event::Apply(ring("example")));
-        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("example")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
         state.snapshots();
-        state.apply_lease_event(Event::Delete(lease("a", Some("example"), Some("a"))));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Delete(lease("a", Some("example"), Some("a"))),
+        );
         let (snapshots, _) = state.snapshots();
-        assert!(snapshots["example"].ring.is_empty());
-        state.apply_ring_event(Event::Delete(ring("example")));
+        assert!(snapshots[&id("example")].ring.is_empty());
+        state.apply_ring_event(CLUSTER, Event::Delete(ring("example")));
         let (snapshots, changes) = state.snapshots();
         assert!(snapshots.is_empty());
-        assert_eq!(changes.removed, ["example"]);
+        assert_eq!(changes.removed, [id("example")]);
     }
 
     #[test]
     fn a_relist_replaces_everything_seen_before() {
         let mut state = RingState::default();
-        state.apply_ring_event(Event::Apply(ring("gone")));
-        state.apply_lease_event(Event::Apply(lease("old", Some("example"), Some("old"))));
-        state.apply_ring_event(Event::Init);
-        state.apply_ring_event(Event::InitApply(ring("example")));
-        state.apply_ring_event(Event::InitDone);
-        state.apply_lease_event(Event::Init);
-        state.apply_lease_event(Event::InitApply(lease("new", Some("example"), Some("new"))));
-        state.apply_lease_event(Event::InitDone);
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("gone")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("old", Some("example"), Some("old"))),
+        );
+        state.apply_ring_event(CLUSTER, Event::Init);
+        state.apply_ring_event(CLUSTER, Event::InitApply(ring("example")));
+        state.apply_ring_event(CLUSTER, Event::InitDone);
+        state.apply_lease_event(CLUSTER, Event::Init);
+        state.apply_lease_event(
+            CLUSTER,
+            Event::InitApply(lease("new", Some("example"), Some("new"))),
+        );
+        state.apply_lease_event(CLUSTER, Event::InitDone);
         let (snapshots, _) = state.snapshots();
-        assert_eq!(snapshots.keys().collect::<Vec<_>>(), ["example"]);
+        assert_eq!(snapshots.keys().collect::<Vec<_>>(), [&id("example")]);
         assert_eq!(shards(&snapshots, "example"), ["new"]);
     }
 
     #[test]
     fn a_lease_losing_its_ring_label_leaves_the_ring() {
         let mut state = RingState::default();
-        state.apply_ring_event(Event::Apply(ring("example")));
-        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
-        state.apply_lease_event(Event::Apply(lease("a", None, Some("a"))));
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("example")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
+        state.apply_lease_event(CLUSTER, Event::Apply(lease("a", None, Some("a"))));
         let (snapshots, _) = state.snapshots();
-        assert!(snapshots["example"].ring.is_empty());
+        assert!(snapshots[&id("example")].ring.is_empty());
     }
 
     #[test]
     fn a_shard_name_held_in_two_namespaces_gets_no_new_objects() {
         let mut state = RingState::default();
-        state.apply_ring_event(Event::Apply(ring("example")));
-        state.apply_lease_event(Event::Apply(lease("a", Some("example"), Some("a"))));
-        state.apply_lease_event(Event::Apply(lease("b", Some("example"), Some("b"))));
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("example")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("b", Some("example"), Some("b"))),
+        );
         let mut twin = lease("a", Some("example"), Some("a"));
         twin.metadata.namespace = Some("elsewhere".into());
-        state.apply_lease_event(Event::Apply(twin.clone()));
+        state.apply_lease_event(CLUSTER, Event::Apply(twin.clone()));
         let (snapshots, _) = state.snapshots();
         assert_eq!(shards(&snapshots, "example"), ["b"]);
         // The same name in another ring's Lease is no conflict.
         let mut other_ring = twin.clone();
-        other_ring
-            .labels_mut()
-            .insert(RING_LABEL.to_owned(), "other".into());
-        state.apply_lease_event(Event::Apply(other_ring));
+        other_ring.labels_mut().insert(
+            RingKind::ClusterRing.lease_label().to_owned(),
+            "other".into(),
+        );
+        state.apply_lease_event(CLUSTER, Event::Apply(other_ring));
         let (snapshots, _) = state.snapshots();
         assert_eq!(shards(&snapshots, "example"), ["a", "b"]);
+    }
+
+    fn controller_lease(name: &str, ring: &str) -> Lease {
+        let mut lease = lease(name, None, Some(name));
+        lease.labels_mut().insert(
+            RingKind::ControllerRing.lease_label().to_owned(),
+            ring.to_owned(),
+        );
+        lease
+    }
+
+    #[test]
+    fn rings_of_the_two_kinds_with_one_name_keep_their_own_shards() {
+        let controller = RingKind::ControllerRing;
+        let mut state = RingState::default();
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("example")));
+        state.apply_ring_event(controller, Event::Apply(ring_of(controller, "example")));
+        state.apply_lease_event(
+            CLUSTER,
+            Event::Apply(lease("a", Some("example"), Some("a"))),
+        );
+        state.apply_lease_event(controller, Event::Apply(controller_lease("b", "example")));
+        let (snapshots, changes) = state.snapshots();
+        assert_eq!(changes.rebuilt.len(), 2);
+        assert_eq!(shards(&snapshots, "example"), ["a"]);
+        let theirs = &snapshots[&RingId::controller_ring("example")];
+        assert_eq!(theirs.ring.shards(), ["b"]);
+        assert_eq!(
+            theirs.labels.shard,
+            "shard.alpha.sharding.timebertt.dev/example"
+        );
+
+        // A relist of one kind replaces only that kind's rings and Leases.
+        state.apply_ring_event(controller, Event::Init);
+        state.apply_ring_event(controller, Event::InitDone);
+        state.apply_lease_event(controller, Event::Init);
+        state.apply_lease_event(controller, Event::InitDone);
+        let (snapshots, changes) = state.snapshots();
+        assert_eq!(changes.removed, [RingId::controller_ring("example")]);
+        assert_eq!(shards(&snapshots, "example"), ["a"]);
+    }
+
+    #[test]
+    fn a_ring_whose_spec_does_not_parse_or_whose_name_is_too_long_assigns_nothing() {
+        let controller = RingKind::ControllerRing;
+        let mut state = RingState::default();
+        let mut broken = ring_of(controller, "broken");
+        broken.data["spec"] = json!({ "resources": "not a list" });
+        state.apply_ring_event(controller, Event::Apply(broken));
+        let long = "l".repeat(64);
+        state.apply_ring_event(controller, Event::Apply(ring_of(controller, &long)));
+        state.apply_lease_event(controller, Event::Apply(controller_lease("a", "broken")));
+        state.apply_lease_event(controller, Event::Apply(controller_lease("b", &long)));
+        let (snapshots, _) = state.snapshots();
+        for ring in [
+            RingId::controller_ring("broken"),
+            RingId::controller_ring(long),
+        ] {
+            assert_eq!(
+                snapshots[&ring].role("", "secrets"),
+                None,
+                "{ring} shards nothing"
+            );
+            assert!(snapshots[&ring].invalid_reason().is_some(), "{ring}");
+        }
     }
 }

@@ -18,8 +18,9 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn};
 
-use sharder_common::endpoint::WEBHOOK_PATH_PREFIX;
-use sharder_runtime::metrics::ResourceLabels;
+use sharder_common::ring_kind::WEBHOOK_PATH_PREFIX;
+use sharder_common::{RingId, RingKind};
+use sharder_runtime::metrics::{ResourceLabels, RingLabel};
 
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
@@ -66,13 +67,11 @@ pub fn router(
     limits: Limits,
 ) -> Router {
     Router::new()
-        .route(&format!("{WEBHOOK_PATH_PREFIX}{{ring}}"), post(handle))
-        .fallback(|| async {
-            (
-                StatusCode::NOT_FOUND,
-                "not found: the webhook serves POST /webhooks/sharder/clusterring/<ring>\n",
-            )
-        })
+        .route(
+            &format!("{WEBHOOK_PATH_PREFIX}{{kind}}/{{ring}}"),
+            post(handle),
+        )
+        .fallback(|| async { not_found() })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(ConcurrencyLimitLayer::new(limits.max_concurrent_requests))
         .layer(TimeoutLayer::with_status_code(
@@ -86,10 +85,19 @@ pub fn router(
         })
 }
 
+fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "not found: the webhook serves POST /webhooks/sharder/clusterring/<ring> and \
+         /webhooks/sharder/controllerring/<ring>\n",
+    )
+        .into_response()
+}
+
 /// Parses and decides; for a controlled object reads its owner and decides again.
 async fn decide(
     state: &AppState,
-    ring: &str,
+    ring: &RingId,
     body: &[u8],
 ) -> Result<(AdmissionRequest<DynamicObject>, Decision), admission::ReviewError> {
     let request = admission::parse(body)?;
@@ -118,7 +126,15 @@ async fn decide(
     Ok((request, decision))
 }
 
-async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: Bytes) -> Response {
+async fn handle(
+    State(state): State<AppState>,
+    Path((kind, ring)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let Ok(kind) = kind.parse::<RingKind>() else {
+        return not_found();
+    };
+    let ring = RingId::new(kind, ring);
     let started = Instant::now();
     let reviewed = match decide(&state, &ring, &body).await {
         Ok((request, decision)) => {
@@ -128,7 +144,7 @@ async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: B
     };
     let (outcome, response) = match reviewed {
         Err(e) => {
-            warn!(clusterring = %ring, error = %e, "bad admission request");
+            warn!(%ring, error = %e, "bad admission request");
             (
                 "bad_request",
                 (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
@@ -153,7 +169,7 @@ async fn handle(State(state): State<AppState>, Path(ring): Path<String>, body: B
 /// Counts and logs a decision; returns the request's outcome label.
 fn record(
     metrics: &Metrics,
-    ring: &str,
+    ring: &RingId,
     request: &AdmissionRequest<DynamicObject>,
     decision: &Decision,
 ) -> &'static str {
@@ -166,13 +182,13 @@ fn record(
                 metrics
                     .assignments
                     .get_or_create(&ResourceLabels {
-                        clusterring: ring.to_owned(),
+                        ring: RingLabel::new(ring),
                         group: group.clone(),
                         resource: resource.clone(),
                     })
                     .inc();
             }
-            debug!(clusterring = %ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
+            debug!(%ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
             "assigned"
         }
         Decision::AlreadyAssigned => "already_assigned",
@@ -182,7 +198,7 @@ fn record(
                 metrics
                     .not_assigned
                     .get_or_create(&SkipLabels {
-                        clusterring: ring.to_owned(),
+                        ring: RingLabel::new(ring),
                         reason: reason.as_str().to_owned(),
                     })
                     .inc();
@@ -194,11 +210,11 @@ fn record(
                 | SkipReason::NoShardAvailable
                 | SkipReason::MalformedOwnerReference
                 | SkipReason::OwnerUnknown => warn!(
-                    clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
+                    %ring, %group, %resource, %namespace, %name, %reason, %detail,
                     "object allowed without a shard"
                 ),
                 _ => debug!(
-                    clusterring = %ring, %group, %resource, %namespace, %name, %reason, %detail,
+                    %ring, %group, %resource, %namespace, %name, %reason, %detail,
                     "object allowed without a shard"
                 ),
             }

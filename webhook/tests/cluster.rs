@@ -67,7 +67,7 @@ async fn setup(prefix: &str, shards: &[&str], released: &[&str]) -> Setup {
             .leases()
             .create(
                 &PostParams::default(),
-                &shard_lease(&world.ns, &world.ring, name, false, 3600),
+                &shard_lease(&world.ns, &world.id(), name, false, 3600),
             )
             .await
             .expect("lease");
@@ -97,7 +97,8 @@ async fn setup(prefix: &str, shards: &[&str], released: &[&str]) -> Setup {
         // The ring selects its namespace; nothing more is needed.
         namespace_selector: LabelSelector::default(),
     };
-    let configuration = webhook_configuration(&ring, &ring.spec.roles().expect("roles"), &settings);
+    let ring = sharder_common::RingObject::cluster_ring(ring);
+    let configuration = webhook_configuration(&ring, &ring.roles().expect("roles"), &settings);
     Api::<MutatingWebhookConfiguration>::all(world.client.clone())
         .create(&PostParams::default(), &configuration)
         .await

@@ -43,7 +43,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* Every (group, resource) the reconciler lists and patches, as "group/resource" strings. */}}
 {{- define "sharder.shardedResources" -}}
 {{- $all := list -}}
-{{- range .Values.clusterRings -}}
+{{- range concat .Values.clusterRings .Values.controllerRings -}}
 {{- range .resources -}}
 {{- $all = append $all (printf "%s/%s" (.group | default "") .resource) -}}
 {{- range .controlledResources -}}

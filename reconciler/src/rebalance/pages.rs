@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn an_object_keeps_what_a_move_needs_and_only_the_sharding_labels() {
-        let ring = RingLabels::new("example");
+        let ring = sharder_common::RingId::cluster_ring("example").labels();
         let body = page(
             vec![
                 item("child", &ring, "shard-1"),
@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn malformed_or_truncated_bodies_are_errors_not_short_pages() {
-        let ring = RingLabels::new("r");
+        let ring = sharder_common::RingId::cluster_ring("r").labels();
         let good = page(vec![item("a", &ring, "s")], "t");
         let truncated = &good[..good.len() - 3];
         for (body, want) in [
@@ -300,7 +300,7 @@ mod tests {
             names in proptest::collection::vec("[a-z0-9.-]{1,20}", 0..8),
             token in "[A-Za-z0-9=]{0,12}",
         ) {
-            let ring = RingLabels::new("prop");
+            let ring = sharder_common::RingId::cluster_ring("prop").labels();
             let body = page(names.iter().map(|n| item(n, &ring, "shard-0")).collect(), &token);
             let (objects, continue_token) = scan(&body).expect("page");
             let got: Vec<_> = objects.iter().map(|m| m.name.clone().unwrap_or_default()).collect();
@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_waiting_object_converts_back_to_the_same_metadata() {
-        let ring = RingLabels::new("ring");
+        let ring = sharder_common::RingId::cluster_ring("ring").labels();
         let child = ObjectMeta {
             name: Some("child".into()),
             namespace: Some("ns".into()),

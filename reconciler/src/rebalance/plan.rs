@@ -213,7 +213,7 @@ mod tests {
     use super::*;
 
     fn labels() -> RingLabels {
-        RingLabels::new("example")
+        sharder_common::RingId::cluster_ring("example").labels()
     }
 
     fn meta(name: &str, shard: Option<&str>, drain: bool) -> ObjectMeta {

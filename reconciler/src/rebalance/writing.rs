@@ -106,9 +106,9 @@ impl Rebalancer {
             reason: Reason::DeadShard,
             ..
         }) = &planned
-            && view.live_now.holds(&self.lists, view.name, from).await
+            && view.live_now.holds(&self.lists, view.id, from).await
         {
-            debug!(ring = view.name, shard = %from, "shard joined after the ring's snapshot; its objects wait");
+            debug!(ring = %view.id, shard = %from, "shard joined after the ring's snapshot; its objects wait");
             return Planned::Stay;
         }
         planned
@@ -250,7 +250,7 @@ impl Rebalancer {
                 slot.answered(Answer::Overloaded);
                 self.metrics
                     .overloaded_writes
-                    .get_or_create(&RingLabel::new(view.name))
+                    .get_or_create(&RingLabel::new(view.id))
                     .inc();
                 let Some(delay) = overloads.next() else {
                     break result;
@@ -293,7 +293,7 @@ impl Rebalancer {
         self.metrics
             .failed_writes
             .get_or_create(&FailedWriteLabels {
-                clusterring: view.name.to_owned(),
+                ring: RingLabel::new(view.id),
                 group: target.resource.group.clone(),
                 resource: target.resource.resource.clone(),
                 reason: reason.to_owned(),
@@ -304,7 +304,7 @@ impl Rebalancer {
     fn log_and_count(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta, mv: &Move) {
         let object = display_name(meta);
         let labels = ResourceLabels {
-            clusterring: view.name.to_owned(),
+            ring: RingLabel::new(view.id),
             group: target.resource.group.clone(),
             resource: target.resource.resource.clone(),
         };

@@ -1,13 +1,12 @@
 //! Reporting on a ring: one summary log line per rebalance, a `Rebalanced` Event on the
-//! ClusterRing when anything moved, a `Warning` Event when a rebalance failed or when shard
+//! ring when anything moved, a `Warning` Event when a rebalance failed or when shard
 //! names are ambiguous.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
-use sharder_common::ClusterRing;
+use sharder_common::RingObject;
 use tracing::{info, warn};
 
 use crate::rebalance::{Outcome, Scope};
@@ -25,7 +24,7 @@ pub(crate) struct WriteStats {
 /// the Event.
 pub(crate) async fn report(
     recorder: &Recorder,
-    ring: &ClusterRing,
+    ring: &RingObject,
     scopes: &BTreeSet<Scope>,
     outcome: &Outcome,
     pending: usize,
@@ -77,7 +76,7 @@ pub(crate) async fn report(
 }
 
 /// Publishes a `Warning` Event `reason` with `note` on `ring`.
-pub(crate) async fn warning(recorder: &Recorder, ring: &ClusterRing, reason: &str, note: String) {
+pub(crate) async fn warning(recorder: &Recorder, ring: &RingObject, reason: &str, note: String) {
     publish(
         recorder,
         ring,
@@ -93,8 +92,8 @@ pub(crate) async fn warning(recorder: &Recorder, ring: &ClusterRing, reason: &st
 }
 
 /// Publishes `event` on `ring` (a failure is logged: Events are best effort).
-async fn publish(recorder: &Recorder, ring: &ClusterRing, event: Event) {
-    let reference = ring.object_ref(&());
+async fn publish(recorder: &Recorder, ring: &RingObject, event: Event) {
+    let reference = ring.object_reference();
     let mut result = recorder.publish(&event, &reference).await;
     if matches!(&result, Err(kube::Error::Api(s)) if s.code == 422) {
         // kube-apiserver < 1.22 rejects an events.k8s.io/v1 Event in `default` about a
@@ -104,6 +103,6 @@ async fn publish(recorder: &Recorder, ring: &ClusterRing, event: Event) {
         result = recorder.publish(&event, &in_default).await;
     }
     if let Err(e) = result {
-        warn!(error = %e, reason = %event.reason, "cannot publish an Event on the ClusterRing");
+        warn!(error = %e, reason = %event.reason, ring = %ring.id, "cannot publish an Event on the ring");
     }
 }

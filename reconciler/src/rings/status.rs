@@ -1,13 +1,13 @@
-//! The ClusterRing's status: shard counts, observed generation and the `Ready` condition,
+//! A ring's status: shard counts, observed generation and the `Ready` condition,
 //! written only when it changed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::{Api, Client, Resource};
 use serde_json::json;
 use sharder_common::cluster_ring::CONDITION_READY;
-use sharder_common::{ClusterRing, ClusterRingStatus};
+use sharder_common::{ClusterRingStatus, RingObject};
 
 use crate::Error;
 
@@ -78,18 +78,18 @@ pub(crate) fn ready_condition(
 
 /// The status the ring should have.
 pub(crate) fn desired_status(
-    ring: &ClusterRing,
+    ring: &RingObject,
     counts: Counts<'_>,
     now: Timestamp,
 ) -> ClusterRingStatus {
-    let generation = ring.meta().generation.unwrap_or_default();
+    let generation = ring.object.meta().generation.unwrap_or_default();
     let count = |n: usize| Some(i32::try_from(n).unwrap_or(i32::MAX));
     ClusterRingStatus {
         observed_generation: Some(generation),
         shards: count(counts.shards),
         available_shards: count(counts.available),
         conditions: vec![ready_condition(
-            ring.status.as_ref(),
+            ring.object.status.as_ref(),
             generation,
             counts,
             now,
@@ -100,16 +100,16 @@ pub(crate) fn desired_status(
 /// Writes the ring's status if it differs from what it should be.
 pub(crate) async fn patch_status(
     client: &Client,
-    ring: &ClusterRing,
+    ring: &RingObject,
     counts: Counts<'_>,
 ) -> Result<(), Error> {
     let status = desired_status(ring, counts, Timestamp::now());
-    if ring.status.as_ref() == Some(&status) {
+    if ring.object.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    Api::<ClusterRing>::all(client.clone())
+    Api::<DynamicObject>::all_with(client.clone(), &ring.id.kind.api_resource())
         .patch_status(
-            &ring.name_any(),
+            &ring.id.name,
             &PatchParams::default(),
             &Patch::Merge(json!({ "status": status })),
         )
@@ -189,8 +189,11 @@ mod tests {
 
     #[test]
     fn the_transition_time_moves_only_when_the_status_changes() {
-        let mut ring = ClusterRing::new("r", ClusterRingSpec::default());
-        ring.status = Some(desired_status(&ring, counts(1, None), at(0)));
+        let mut ring = RingObject::cluster_ring(sharder_common::ClusterRing::new(
+            "r",
+            ClusterRingSpec::default(),
+        ));
+        ring.object.status = Some(desired_status(&ring, counts(1, None), at(0)));
         let same = desired_status(&ring, counts(3, None), at(10));
         assert_eq!(same.conditions[0].last_transition_time, Time(at(0)));
         assert_eq!(same.available_shards, Some(3));

@@ -12,8 +12,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::watcher::{self, Event};
-use sharder_common::is_available;
-use sharder_common::labels::RING_LABEL;
+use sharder_common::{RingKind, is_available};
 
 /// What a ring reads of a Lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,32 +22,43 @@ struct Signature {
 }
 
 impl Signature {
-    fn of(lease: &Lease) -> Self {
+    fn of(kind: RingKind, lease: &Lease) -> Self {
         Self {
-            ring: lease.labels().get(RING_LABEL).cloned(),
+            ring: lease.labels().get(kind.lease_label()).cloned(),
             available: is_available(lease),
         }
     }
 }
 
-/// The Leases seen, by namespace and name, with what the rings read of them.
-#[derive(Debug, Default)]
+/// The Leases of rings of one kind seen, by namespace and name, with what the rings read of
+/// them.
+#[derive(Debug)]
 pub(crate) struct LeaseTriggers {
+    kind: RingKind,
     seen: HashMap<(String, String), Signature>,
 }
 
 impl LeaseTriggers {
+    /// Triggers for the rings of `kind`.
+    pub(crate) fn new(kind: RingKind) -> Self {
+        Self {
+            kind,
+            seen: HashMap::new(),
+        }
+    }
+
     /// The Lease of `event` if it should wake its ring.
     pub(crate) fn admit(&mut self, event: Event<Lease>) -> Option<Lease> {
         let key = |l: &Lease| (l.namespace().unwrap_or_default(), l.name_any());
         match event {
             // A relist wakes every ring once (it may follow missed events).
             Event::InitApply(lease) => {
-                self.seen.insert(key(&lease), Signature::of(&lease));
+                self.seen
+                    .insert(key(&lease), Signature::of(self.kind, &lease));
                 Some(lease)
             }
             Event::Apply(lease) => {
-                let signature = Signature::of(&lease);
+                let signature = Signature::of(self.kind, &lease);
                 let changed = self.seen.get(&key(&lease)) != Some(&signature);
                 self.seen.insert(key(&lease), signature);
                 changed.then_some(lease)
@@ -62,14 +72,16 @@ impl LeaseTriggers {
     }
 }
 
-/// The events of `events` that should wake a ring, as Lease objects (errors pass through).
+/// The events of `events` (Leases of rings of `kind`) that should wake a ring, as Lease objects
+/// (errors pass through).
 pub(crate) fn lease_triggers<S>(
+    kind: RingKind,
     events: S,
 ) -> impl Stream<Item = Result<Lease, watcher::Error>> + Send
 where
     S: Stream<Item = Result<Event<Lease>, watcher::Error>> + Send,
 {
-    let mut triggers = LeaseTriggers::default();
+    let mut triggers = LeaseTriggers::new(kind);
     events.filter_map(move |event| {
         let admitted = match event {
             Ok(event) => triggers.admit(event).map(Ok),
@@ -93,7 +105,13 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
-                labels: Some([(RING_LABEL.to_owned(), ring.to_owned())].into()),
+                labels: Some(
+                    [(
+                        RingKind::ClusterRing.lease_label().to_owned(),
+                        ring.to_owned(),
+                    )]
+                    .into(),
+                ),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -109,7 +127,7 @@ mod tests {
 
     #[test]
     fn renewals_do_not_wake_the_ring_but_changes_of_its_shards_do() {
-        let mut t = LeaseTriggers::default();
+        let mut t = LeaseTriggers::new(RingKind::ClusterRing);
         let name = |l: Option<Lease>| l.map(|l| l.name_any());
         let table = [
             (
@@ -163,7 +181,7 @@ mod tests {
 
     #[test]
     fn a_released_lease_wakes_the_ring() {
-        let mut t = LeaseTriggers::default();
+        let mut t = LeaseTriggers::new(RingKind::ClusterRing);
         assert!(t.admit(Event::Apply(lease("a", "r", "a", 100))).is_some());
         let mut released = lease("a", "r", "a", 100);
         if let Some(spec) = released.spec.as_mut() {
@@ -174,7 +192,7 @@ mod tests {
 
     #[test]
     fn leases_of_the_same_name_in_two_namespaces_are_told_apart() {
-        let mut t = LeaseTriggers::default();
+        let mut t = LeaseTriggers::new(RingKind::ClusterRing);
         let mut other = lease("a", "r", "a", 100);
         other.metadata.namespace = Some("ns-2".into());
         assert!(t.admit(Event::Apply(lease("a", "r", "a", 100))).is_some());

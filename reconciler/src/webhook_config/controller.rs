@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use sharder_common::ClusterRing;
-use sharder_common::labels::RING_LABEL;
+use sharder_common::ring_kind::{API_GROUP, API_VERSION};
+use sharder_common::{RingId, RingKind, RingObject};
+use sharder_runtime::metrics::RingLabel;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -28,8 +29,10 @@ use sharder_common::webhook_configuration::{WebhookSettings, webhook_configurati
 /// When to retry after a failed reconcile.
 pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
 
-/// Context of the webhook configuration controller.
+/// Context of the webhook configuration controller of one ring kind.
 pub(crate) struct Context {
+    /// The kind of the rings.
+    pub kind: RingKind,
     /// Client for the configurations.
     pub client: Client,
     /// Everything but the CA bundle (see `ca`).
@@ -42,26 +45,30 @@ pub(crate) struct Context {
     pub metrics: Metrics,
 }
 
-/// The ring a configuration belongs to: its ring label, else its ClusterRing owner reference.
-pub(crate) fn ring_of(mwc: &MutatingWebhookConfiguration) -> Option<ObjectRef<ClusterRing>> {
-    if let Some(ring) = mwc.labels().get(RING_LABEL) {
-        return Some(ObjectRef::new(ring));
+/// The ring of `kind` a configuration belongs to: its ring label of that kind, else its owner
+/// reference to a ring of that kind.
+pub(crate) fn ring_of(kind: RingKind, mwc: &MutatingWebhookConfiguration) -> Option<RingId> {
+    if let Some(ring) = mwc.labels().get(kind.lease_label()) {
+        return Some(RingId::new(kind, ring.as_str()));
     }
-    let kind = ClusterRing::kind(&());
-    let api_version = ClusterRing::api_version(&());
+    let api_version = format!("{API_GROUP}/{API_VERSION}");
     mwc.owner_references()
         .iter()
-        .find(|o| o.kind == kind && o.api_version == api_version)
-        .map(|o| ObjectRef::new(&o.name))
+        .find(|o| o.kind == kind.kind() && o.api_version == api_version)
+        .map(|o| RingId::new(kind, o.name.as_str()))
 }
 
 /// Reconciles one object (for `crate::run_controller`).
-pub(crate) async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if ring.meta().deletion_timestamp.is_some() {
+pub(crate) async fn reconcile(
+    object: Arc<DynamicObject>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let ring = RingObject::from_dynamic(ctx.kind, &object);
+    if ring.object.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     // An invalid ring gets no configuration; the ring controller reports it in its status.
-    let Ok(roles) = ring.spec.roles() else {
+    let Ok(roles) = ring.roles() else {
         return Ok(Action::await_change());
     };
     let settings = WebhookSettings {
@@ -83,12 +90,12 @@ pub(crate) async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Resu
         ctx.metrics
             .webhook_configuration_writes
             .get_or_create(&ConfigurationWriteLabels {
-                clusterring: ring.name_any(),
+                ring: RingLabel::new(&ring.id),
                 reason: drift.reason().to_owned(),
             })
             .inc();
         info!(
-            clusterring = %ring.name_any(),
+            ring = %ring.id,
             webhook_configuration = %name,
             reason = drift.reason(),
             fields = %drift,
@@ -99,29 +106,38 @@ pub(crate) async fn reconcile(ring: Arc<ClusterRing>, ctx: Arc<Context>) -> Resu
 }
 
 /// What to do after a failed reconcile (for `crate::run_controller`).
-pub(crate) fn error_policy(ring: Arc<ClusterRing>, error: &Error, _: Arc<Context>) -> Action {
-    warn!(clusterring = %ring.name_any(), error = %error, "webhook configuration reconcile failed, retrying");
+pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
+    let ring = RingId::new(ctx.kind, object.name_any());
+    warn!(%ring, error = %error, "webhook configuration reconcile failed, retrying");
     Action::requeue(ERROR_REQUEUE)
 }
 
-/// The controller over the ClusterRings matching `selector` (empty: all), triggered by the
+/// The controller over the rings of `kind` matching `selector` (empty: all), triggered by the
 /// webhook configurations and by every change of `ca`.
 pub(crate) fn controller(
     client: Client,
+    kind: RingKind,
     selector: &str,
     ca: watch::Receiver<Vec<u8>>,
-) -> (Controller<ClusterRing>, sharder_runtime::controller::Listed) {
+) -> (
+    Controller<DynamicObject>,
+    sharder_runtime::controller::Listed,
+) {
     // All configurations are watched (they are few), so one whose ring label was removed is
     // still seen.
     let ca_changes = futures::stream::unfold(ca, |mut ca| async move {
         ca.changed().await.ok().map(|()| ((), ca))
     });
-    let (controller, listed) = crate::ring_controller(client.clone(), selector);
+    let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
+    let resource = kind.api_resource();
     let controller = controller
         .watches(
             Api::<MutatingWebhookConfiguration>::all(client),
             watcher::Config::default(),
-            |mwc| ring_of(&mwc),
+            move |mwc| {
+                ring_of(kind, &mwc)
+                    .map(|ring| ObjectRef::<DynamicObject>::new_with(&ring.name, resource.clone()))
+            },
         )
         .reconcile_all_on(ca_changes);
     (controller, listed)
@@ -146,7 +162,7 @@ mod tests {
                 ),
                 owner_references: owner.map(|(kind, name)| {
                     vec![OwnerReference {
-                        api_version: ClusterRing::api_version(&()).into_owned(),
+                        api_version: format!("{API_GROUP}/{API_VERSION}"),
                         kind: kind.into(),
                         name: name.into(),
                         uid: "uid".into(),
@@ -161,19 +177,46 @@ mod tests {
 
     #[test]
     fn a_configuration_maps_to_its_ring_by_label_then_by_owner() {
-        let ring = |name: &str| Some(ObjectRef::<ClusterRing>::new(name));
+        let ring = |name: &str| Some(RingId::cluster_ring(name));
         let cases = [
-            (mwc(&[(RING_LABEL, "a")], None), ring("a")),
             (
-                mwc(&[(RING_LABEL, "a")], Some(("ClusterRing", "b"))),
+                mwc(&[(RingKind::ClusterRing.lease_label(), "a")], None),
+                ring("a"),
+            ),
+            (
+                mwc(
+                    &[(RingKind::ClusterRing.lease_label(), "a")],
+                    Some(("ClusterRing", "b")),
+                ),
                 ring("a"),
             ),
             (mwc(&[], Some(("ClusterRing", "b"))), ring("b")),
             (mwc(&[("other", "a")], Some(("Deployment", "b"))), None),
             (mwc(&[], None), None),
+            (mwc(&[], Some(("ControllerRing", "b"))), None),
         ];
         for (i, (config, expected)) in cases.into_iter().enumerate() {
-            assert_eq!(ring_of(&config), expected, "case {i}");
+            assert_eq!(
+                ring_of(RingKind::ClusterRing, &config),
+                expected,
+                "case {i}"
+            );
         }
+    }
+
+    #[test]
+    fn a_configuration_of_a_controller_ring_belongs_to_no_cluster_ring() {
+        let controller = RingKind::ControllerRing;
+        let labelled = mwc(&[(controller.lease_label(), "a")], None);
+        assert_eq!(
+            ring_of(controller, &labelled),
+            Some(RingId::controller_ring("a"))
+        );
+        assert_eq!(ring_of(RingKind::ClusterRing, &labelled), None);
+        let owned = mwc(&[], Some(("ControllerRing", "b")));
+        assert_eq!(
+            ring_of(controller, &owned),
+            Some(RingId::controller_ring("b"))
+        );
     }
 }

@@ -168,7 +168,8 @@ mod tests {
             },
         );
         ring.metadata.uid = Some("ring-uid".into());
-        let roles = ring.spec.roles().expect("roles");
+        let ring = sharder_common::RingObject::cluster_ring(ring);
+        let roles = ring.roles().expect("roles");
         webhook_configuration(
             &ring,
             &roles,

@@ -58,7 +58,7 @@ async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
     .await;
     // The next change is handled by the new leader.
     w.create_ring().await;
-    w.configuration_of(&w.ring, "the new leader configures the new ring")
+    w.configuration_of("the new leader configures the new ring")
         .await;
     assert!(w.reconciler_log(1 - index).contains("leading"));
     eventually("the new leader is ready and says so", WAIT, || async {

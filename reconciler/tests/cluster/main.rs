@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
-use sharder_common::webhook_configuration::configuration_name;
+use sharder_common::RingKind;
 use sharder_harness::control_plane::ControlPlane;
 use sharder_harness::launch::{Env, Reconciler, Webhook};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::World;
 
 mod clients;
+mod controller_ring;
 mod leader_election;
 mod lease_states;
 mod rebalancing;
@@ -57,6 +58,11 @@ impl DerefMut for Test {
 impl Test {
     async fn new(prefix: &str) -> Self {
         Self::in_world(World::new(prefix).await).await
+    }
+
+    /// A test whose ring is of `kind`.
+    async fn of_kind(prefix: &str, kind: RingKind) -> Self {
+        Self::in_world(World::new(prefix).await.with_kind(kind)).await
     }
 
     /// The same on control plane `cp` (one the test started for itself).
@@ -137,10 +143,11 @@ impl Test {
         }
     }
 
-    /// Waits until the webhook configuration of ring `ring` exists (`what` names the wait).
-    async fn configuration_of(&self, ring: &str, what: &str) -> MutatingWebhookConfiguration {
+    /// Waits until the webhook configuration of the world's ring exists (`what` names the
+    /// wait).
+    async fn configuration_of(&self, what: &str) -> MutatingWebhookConfiguration {
         let mwcs = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
-        let name = configuration_name(ring);
+        let name = self.id().configuration_name();
         eventually(what, WAIT, || async {
             mwcs.get_opt(&name)
                 .await

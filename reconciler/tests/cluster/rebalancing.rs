@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -183,21 +182,9 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
     for shard in ["shard-a", "shard-b"] {
         w.add_shard_lease(shard, 3600).await;
     }
-    w.add_shard_lease("mortal", 2).await;
     // Keep "mortal" alive from now until the objects are created (however long the
     // components take to start), then let it die.
-    let keep_alive = {
-        let leases = w.leases();
-        tokio::spawn(async move {
-            loop {
-                if let Ok(mut l) = leases.get("mortal").await {
-                    l.spec.as_mut().expect("spec").renew_time = Some(MicroTime(Timestamp::now()));
-                    let _ = leases.replace("mortal", &PostParams::default(), &l).await;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        })
-    };
+    let keep_alive = w.add_mortal_shard_lease("mortal", 2).await;
     w.start_webhook().await;
     w.start_reconciler().await;
     w.wait_until_webhook_assigns().await;
@@ -572,7 +559,7 @@ async fn a_shard_name_in_two_namespaces_stops_rebalancing_until_it_is_resolved()
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(w.client.clone(), &other);
     twin.create(
         &PostParams::default(),
-        &shard_lease(&other, &w.ring, "shard-a", true, 3600),
+        &shard_lease(&other, &w.id(), "shard-a", true, 3600),
     )
     .await
     .expect("twin lease");

@@ -12,8 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use sharder_common::ClusterRing;
-use sharder_common::webhook_configuration::configuration_name;
+use sharder_common::{ClusterRing, RingId};
 use sharder_harness::certs::TestCa;
 use sharder_harness::control_plane::NAMESPACE_LABEL;
 use sharder_harness::fixtures::{secret, secrets_ring};
@@ -30,7 +29,7 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
     w.start_reconciler().await;
     w.create_ring().await;
     let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    let name = configuration_name(&w.ring);
+    let name = RingId::cluster_ring(&w.ring).configuration_name();
     let resources = |mwc: &MutatingWebhookConfiguration| -> BTreeSet<String> {
         mwc.webhooks
             .iter()
@@ -39,9 +38,7 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
             .flat_map(|r| r.resources.clone().unwrap_or_default())
             .collect()
     };
-    let created = w
-        .configuration_of(&w.ring, "webhook configuration created")
-        .await;
+    let created = w.configuration_of("webhook configuration created").await;
     assert_eq!(
         resources(&created),
         ["configmaps".to_owned(), "secrets".to_owned()].into()
@@ -49,7 +46,7 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
     let hook = &created.webhooks.as_ref().expect("webhooks")[0];
     assert_eq!(
         hook.client_config.url.as_deref(),
-        Some(w.webhook.as_ref().expect("webhook").url(&w.ring).as_str())
+        Some(w.webhook.as_ref().expect("webhook").url(&w.id()).as_str())
     );
     // The ring's selector (its namespace) as an expression; the tests' global selector is `{}`
     // (the default is unit-tested in `webhook_config`).
@@ -155,15 +152,13 @@ async fn a_deleted_or_edited_webhook_configuration_is_restored_and_assignment_go
         .await;
     w.create_ring().await;
     let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    let name = configuration_name(&w.ring);
+    let name = RingId::cluster_ring(&w.ring).configuration_name();
     let our_selector = |mwc: &MutatingWebhookConfiguration| {
         mwc.webhooks
             .as_ref()
             .and_then(|h| h[0].object_selector.clone())
     };
-    let created = w
-        .configuration_of(&w.ring, "webhook configuration created")
-        .await;
+    let created = w.configuration_of("webhook configuration created").await;
     let wanted_selector = our_selector(&created);
     w.wait_until_webhook_assigns().await;
 
@@ -260,7 +255,7 @@ async fn a_rotated_ca_reaches_every_configuration_without_a_failed_call() {
     .await;
     w.create_ring().await;
     let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    let name = configuration_name(&w.ring);
+    let name = RingId::cluster_ring(&w.ring).configuration_name();
     let bundle_is = |want: String| {
         let mwcs = mwcs.clone();
         let name = name.clone();
@@ -446,7 +441,7 @@ async fn the_global_namespace_selector_limits_every_ring_and_its_lists() {
 
     // The configuration carries both selectors.
     let mwc = Api::<MutatingWebhookConfiguration>::all(w.client.clone())
-        .get(&configuration_name(&w.ring))
+        .get(&RingId::cluster_ring(&w.ring).configuration_name())
         .await
         .expect("configuration");
     let keys: Vec<(String, String)> = mwc.webhooks.expect("webhooks")[0]
@@ -512,7 +507,7 @@ async fn a_malformed_ring_is_reported_in_its_status_and_the_others_go_on() {
     let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
     assert!(
         configurations
-            .get_opt(&configuration_name(&bad_name))
+            .get_opt(&RingId::cluster_ring(&bad_name).configuration_name())
             .await
             .expect("get")
             .is_none(),
@@ -520,7 +515,7 @@ async fn a_malformed_ring_is_reported_in_its_status_and_the_others_go_on() {
     );
     assert!(
         configurations
-            .get_opt(&configuration_name(&w.ring))
+            .get_opt(&RingId::cluster_ring(&w.ring).configuration_name())
             .await
             .expect("get")
             .is_some()

@@ -1,6 +1,7 @@
-//! The ClusterRing API and shard Leases on a real kube-apiserver: the generated CRD installs and
-//! is served with its status subresource and printer columns; shard Leases are found by the ring
-//! label selector and their states computed by `common` from what the apiserver returns.
+//! The ring APIs and shard Leases on a real kube-apiserver: the generated CRDs install and are
+//! served with their status subresource and printer columns (a ControllerRing's name is at most
+//! 63 characters); shard Leases are found by the ring label selector and their states computed by
+//! `common` from what the apiserver returns.
 
 use std::collections::BTreeMap;
 
@@ -10,16 +11,16 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use sharder_common::labels::RING_LABEL;
+use sharder_common::RingKind;
 use sharder_common::{ClusterRing, ClusterRingStatus, ShardState, shard_state};
 use sharder_harness::ControlPlane;
-use sharder_harness::crd::install_cluster_ring_crd;
+use sharder_harness::crd::install_ring_crds;
 use sharder_harness::fixtures::secrets_ring;
 
 async fn client() -> Client {
     let cp = ControlPlane::shared().await.expect("control plane");
     let client = cp.client().await.expect("client");
-    install_cluster_ring_crd(&client).await.expect("CRD");
+    install_ring_crds(&client).await.expect("CRD");
     client
 }
 
@@ -127,6 +128,51 @@ async fn printer_columns_are_served_as_a_table() {
 }
 
 #[tokio::test]
+async fn a_controller_ring_is_served_like_a_cluster_ring_with_names_up_to_63_characters() {
+    let client = client().await;
+    let api = Api::<kube::api::DynamicObject>::all_with(
+        client.clone(),
+        &RingKind::ControllerRing.api_resource(),
+    );
+    let template = ring("ignored");
+    let ring_named = |name: &str| {
+        sharder_harness::fixtures::ring_object(
+            &sharder_common::RingId::controller_ring(name),
+            &template,
+        )
+    };
+    let exact = "c".repeat(63);
+    let created = api
+        .create(&PostParams::default(), &ring_named(&exact))
+        .await
+        .expect("63 characters");
+    assert_eq!(
+        created.data["spec"],
+        serde_json::to_value(&template.spec).expect("json")
+    );
+    match api
+        .create(&PostParams::default(), &ring_named(&"c".repeat(64)))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status.message.contains("metadata.name") && status.message.contains("63"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("a 64-character ControllerRing was accepted: {other:?}"),
+    }
+    let status = json!({"status": {"shards": 2, "availableShards": 1}});
+    api.patch_status(&exact, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("the status subresource");
+    let read = api.get(&exact).await.expect("get");
+    assert_eq!(read.data["status"]["availableShards"], 1);
+}
+
+#[tokio::test]
 async fn schema_rejects_a_resource_without_a_name() {
     let api = Api::<ClusterRing>::all(client().await);
     let bad: ClusterRing = serde_json::from_value(json!({
@@ -156,7 +202,9 @@ fn shard_lease(namespace: &str, name: &str, ring: Option<&str>, now: Timestamp) 
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
-            labels: ring.map(|r| BTreeMap::from([(RING_LABEL.to_owned(), r.to_owned())])),
+            labels: ring.map(|r| {
+                BTreeMap::from([(RingKind::ClusterRing.lease_label().to_owned(), r.to_owned())])
+            }),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {
@@ -196,7 +244,10 @@ async fn shard_leases_are_listed_by_the_ring_label_selector() {
         names
     };
     let of_example = api
-        .list(&ListParams::default().labels(&format!("{RING_LABEL}=example")))
+        .list(
+            &ListParams::default()
+                .labels(&sharder_common::RingId::cluster_ring("example").lease_selector()),
+        )
         .await
         .expect("list");
     assert_eq!(
@@ -204,7 +255,7 @@ async fn shard_leases_are_listed_by_the_ring_label_selector() {
         ["shard-a", "shard-b", "shard-c"]
     );
     let any_ring = api
-        .list(&ListParams::default().labels(RING_LABEL))
+        .list(&ListParams::default().labels(RingKind::ClusterRing.lease_label()))
         .await
         .expect("list");
     assert_eq!(

@@ -28,7 +28,7 @@ fn spec() -> ClusterRingSpec {
 }
 
 fn snapshot(shards: &[&str]) -> RingSnapshot {
-    RingSnapshot::new(RING, &spec(), shards.iter().copied())
+    RingSnapshot::new(&RingId::cluster_ring(RING), &spec(), shards.iter().copied())
 }
 
 struct Req {
@@ -499,7 +499,7 @@ fn a_ring_listing_a_resource_as_main_and_controlled_assigns_nothing_like_the_rec
         ],
         namespace_selector: None,
     };
-    let ring = RingSnapshot::new(RING, &spec, ["a"]);
+    let ring = RingSnapshot::new(&RingId::cluster_ring(RING), &spec, ["a"]);
     assert_eq!(ring.role("", "configmaps"), None);
     assert_eq!(ring.role("", "secrets"), None);
     for req in [

@@ -6,6 +6,7 @@ use http_body_util::BodyExt;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use sharder_common::{ClusterRingSpec, GroupResource, OwnerState, RingResource};
+use sharder_runtime::metrics::RingLabel;
 use tower::ServiceExt;
 
 use super::*;
@@ -39,11 +40,16 @@ fn app_with_owners(limits: Limits, owners: Result<OwnerState, String>) -> (Route
         namespace_selector: None,
     };
     rings.publish(
-        [(
-            "example".to_owned(),
-            Arc::new(RingSnapshot::new("example", &spec, ["shard-a", "shard-b"])),
-        )]
-        .into(),
+        [
+            RingId::cluster_ring("example"),
+            RingId::controller_ring("example"),
+        ]
+        .into_iter()
+        .map(|ring| {
+            let snapshot = RingSnapshot::new(&ring, &spec, ["shard-a", "shard-b"]);
+            (ring, Arc::new(snapshot))
+        })
+        .collect(),
     );
     let metrics = Metrics::new(&mut Registry::default());
     let owners = Arc::new(FixedOwners(owners));
@@ -89,7 +95,7 @@ async fn a_child_is_labelled_with_the_shard_its_owner_is_held_by() {
     };
     assert_eq!(lookups("draining"), 1);
     let labels = ResourceLabels {
-        clusterring: "example".into(),
+        ring: RingLabel::new(&RingId::cluster_ring("example")),
         group: String::new(),
         resource: "configmaps".into(),
     };
@@ -104,7 +110,7 @@ async fn a_child_whose_owner_cannot_be_read_is_left_to_the_reconciler() {
     assert!(!body.contains("\"patch\""), "{body}");
     assert!(body.contains("\"allowed\":true"), "never denied: {body}");
     let skipped = SkipLabels {
-        clusterring: "example".into(),
+        ring: RingLabel::new(&RingId::cluster_ring("example")),
         reason: "owner_unknown".into(),
     };
     assert_eq!(metrics.not_assigned.get_or_create(&skipped).get(), 1);
@@ -159,7 +165,7 @@ async fn a_review_gets_200_with_a_patch_and_is_counted() {
     assert_eq!(response["response"]["allowed"], true);
     assert_eq!(response["response"]["patchType"], "JSONPatch");
     let labels = ResourceLabels {
-        clusterring: "example".into(),
+        ring: RingLabel::new(&RingId::cluster_ring("example")),
         group: String::new(),
         resource: "secrets".into(),
     };
@@ -173,7 +179,7 @@ async fn dry_run_reviews_are_assigned_but_not_counted() {
     assert_eq!(status, StatusCode::OK);
     assert!(body.contains("\"patch\""), "{body}");
     let labels = ResourceLabels {
-        clusterring: "example".into(),
+        ring: RingLabel::new(&RingId::cluster_ring("example")),
         group: String::new(),
         resource: "secrets".into(),
     };
@@ -195,7 +201,7 @@ async fn an_unknown_ring_is_allowed_without_patch_and_counted_by_reason() {
     assert_eq!(response["response"]["allowed"], true);
     assert!(response["response"].get("patch").is_none());
     let labels = SkipLabels {
-        clusterring: "nope".into(),
+        ring: RingLabel::new(&RingId::cluster_ring("nope")),
         reason: "unknown_ring".into(),
     };
     assert_eq!(metrics.not_assigned.get_or_create(&labels).get(), 1);
@@ -229,17 +235,44 @@ async fn other_methods_get_405_and_other_paths_404() {
         body.contains("/webhooks/sharder/clusterring/<ring>"),
         "{body}"
     );
-    assert_eq!(
-        call(
-            app,
-            Method::POST,
-            "/webhooks/sharder/clusterring/",
-            review(false)
-        )
-        .await
-        .0,
-        StatusCode::NOT_FOUND
+    for path in [
+        "/webhooks/sharder/clusterring/",
+        "/webhooks/sharder/otherring/example",
+    ] {
+        assert_eq!(
+            call(app.clone(), Method::POST, path, review(false)).await.0,
+            StatusCode::NOT_FOUND,
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_controller_ring_gets_its_own_label_key_and_metric_label() {
+    let (app, metrics) = app(Limits::default());
+    let (status, body) = call(
+        app,
+        Method::POST,
+        "/webhooks/sharder/controllerring/example",
+        review(false),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let response: Value = serde_json::from_str(&body).expect("json");
+    // The apiserver reads the patch bytes as kube serializes them (an array of bytes).
+    let patch: Vec<u8> =
+        serde_json::from_value(response["response"]["patch"].clone()).expect("a patch");
+    let patch = String::from_utf8(patch).expect("utf-8");
+    assert!(
+        patch.contains("/metadata/labels/shard.alpha.sharding.timebertt.dev~1example"),
+        "{patch}"
     );
+    let labels = ResourceLabels {
+        ring: RingLabel::new(&RingId::controller_ring("example")),
+        group: String::new(),
+        resource: "secrets".into(),
+    };
+    assert_eq!(metrics.assignments.get_or_create(&labels).get(), 1);
 }
 
 #[tokio::test]
