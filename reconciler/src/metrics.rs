@@ -26,6 +26,18 @@ pub(crate) struct ShardLabels {
     pub state: String,
 }
 
+/// Labels of the shard info gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ShardInfoLabels {
+    /// The ring.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// The shard (Lease name).
+    pub shard: String,
+}
+
 /// Labels of the failed write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct FailedWriteLabels {
@@ -87,6 +99,8 @@ pub(crate) struct Metrics {
     pub available_shards: BTreeMap<RingKind, Family<RingLabel, Gauge>>,
     /// State set per shard Lease: 1 for its current state, 0 for the others.
     pub shard_state: Family<ShardLabels, Gauge>,
+    /// 1 for every shard Lease seen (as the reference's `controller_sharding_shard_info`).
+    pub shard_info: Family<ShardInfoLabels, Gauge>,
     /// Hash rings calculated (one per rebalance).
     pub ring_calculations: Family<RingLabel, Counter>,
     /// Object writes that failed after retries.
@@ -155,6 +169,12 @@ impl Metrics {
                 registry,
                 "status_available_shards",
                 "number of available shards",
+            ),
+            shard_info: register(
+                registry,
+                "controller_sharding_shard_info",
+                "Information about a shard: 1 for each shard Lease",
+                Family::default(),
             ),
             shard_state: register(
                 registry,

@@ -23,7 +23,7 @@ use sharder_runtime::metrics::RingLabel;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
-use crate::metrics::{Metrics, ShardLabels};
+use crate::metrics::{Metrics, ShardInfoLabels, ShardLabels};
 
 /// How long after a state boundary the controller wakes, so the new state is in force.
 pub(crate) const BOUNDARY_MARGIN: Duration = Duration::from_millis(20);
@@ -186,7 +186,8 @@ pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Ac
     .await
 }
 
-/// Sets the state gauge of a shard: 1 for `state`, 0 for the others; `None` removes them.
+/// Sets the state gauge of a shard: 1 for `state`, 0 for the others, and its info gauge to 1;
+/// `None` removes them.
 fn record_state(
     metrics: &Metrics,
     ring: &RingId,
@@ -194,6 +195,16 @@ fn record_state(
     shard: &str,
     state: Option<ShardState>,
 ) {
+    let info = ShardInfoLabels {
+        ring: RingLabel::new(ring),
+        namespace: namespace.to_owned(),
+        shard: shard.to_owned(),
+    };
+    if state.is_some() {
+        metrics.shard_info.get_or_create(&info).set(1);
+    } else {
+        metrics.shard_info.remove(&info);
+    }
     for candidate in ShardState::ALL {
         let labels = ShardLabels {
             ring: RingLabel::new(ring),

@@ -140,6 +140,15 @@ async fn shards_of_the_controller_ring_contract_are_assigned_drained_and_recover
         "controller_sharding_controllerring_status_shards",
         &[("controllerring", &ring)],
     );
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "controller_sharding_shard_info",
+            &[("controllerring", &ring), ("shard", "shard-c")]
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
     for generation in [
         "controller_sharding_controllerring_metadata_generation",
         "controller_sharding_controllerring_observed_generation",
