@@ -15,8 +15,8 @@ use kube::{Api, Client, ResourceExt};
 use sharder_common::Ring;
 use sharder_harness::node::Node;
 use sharder_harness::node::chart::{
-    self, ContainerMemory, Kubectl, RELEASE, RELEASE_NAMESPACE, RING, SHARDS_NAMESPACE,
-    STATEFULSET, Workload,
+    self, ContainerMemory, RELEASE, RELEASE_NAMESPACE, RING, SHARDS_NAMESPACE, STATEFULSET,
+    Workload,
 };
 use sharder_harness::world::World;
 
@@ -185,7 +185,6 @@ pub async fn run(objects: usize) -> Result<NodeResult, Error> {
     let node = Node::shared().await?;
     let cp = node.control_plane();
     let client = cp.client().await?;
-    let kubectl = Kubectl::of(node)?;
 
     let install = node.install_chart(&chart::ring_values(), TIMEOUT).await?;
     eprintln!("[bench]   helm install to all pods Ready: {install:.1?}");
@@ -223,14 +222,7 @@ pub async fn run(objects: usize) -> Result<NodeResult, Error> {
 
     let before = setup.assignment().await?;
     let scaling = Instant::now();
-    kubectl.run(&[
-        "scale",
-        "statefulset",
-        STATEFULSET,
-        "-n",
-        SHARDS_NAMESPACE,
-        "--replicas=4",
-    ])?;
+    node.scale_example(4)?;
     let four = ring_of(4);
     until("rebalanced onto the fourth shard", || {
         converged(&setup, &four)
@@ -282,14 +274,7 @@ pub async fn run(objects: usize) -> Result<NodeResult, Error> {
     pods.sort_by(|a, b| (&a.role, &a.pod).cmp(&(&b.role, &b.pod)));
 
     // Leave the node idle for the sections after this one.
-    kubectl.run(&[
-        "scale",
-        "statefulset",
-        STATEFULSET,
-        "-n",
-        SHARDS_NAMESPACE,
-        "--replicas=0",
-    ])?;
+    node.scale_example(0)?;
     sharder_harness::helm::Helm::get()?
         .run(&[
             "uninstall",

@@ -309,6 +309,32 @@ impl World {
         .await;
     }
 
+    /// Whether every test Secret (`object-*`) is on the shard `ring` picks and not draining, with
+    /// each child (`child-*`) on its owner's shard; else which are not.
+    pub async fn settled(&self, ring: &Ring) -> Result<(), String> {
+        let secrets = self.list_secrets().await;
+        let mut wrong: Vec<String> = secrets
+            .iter()
+            .filter(|(n, s)| {
+                self.shard_of(*s).as_deref() != ring.shard_for(&self.key(n)) || self.draining(*s)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for (name, child) in self.list_configmaps("child-").await {
+            let owner = child
+                .owner_references()
+                .first()
+                .and_then(|o| secrets.get(&o.name));
+            if owner.is_none_or(|owner| self.shard_of(&child) != self.shard_of(owner)) {
+                wrong.push(name);
+            }
+        }
+        wrong
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{} objects not settled: {wrong:?}", wrong.len()))
+    }
+
     /// The shard label of `object`.
     pub fn shard_of<K: Resource>(&self, object: &K) -> Option<String> {
         self.labels.shard_of(object.labels()).map(str::to_owned)

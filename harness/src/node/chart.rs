@@ -246,6 +246,22 @@ impl Node {
     }
 }
 
+impl Node {
+    /// `kubectl scale` of the example's StatefulSet to `replicas` shards.
+    pub fn scale_example(&self, replicas: u32) -> Result<(), Error> {
+        Kubectl::of(self)?
+            .run(&[
+                "scale",
+                "statefulset",
+                STATEFULSET,
+                "-n",
+                SHARDS_NAMESPACE,
+                &format!("--replicas={replicas}"),
+            ])
+            .map(|_| ())
+    }
+}
+
 /// The memory of one running container, as its cgroup and its processes count it, in KiB.
 #[derive(Clone, Debug)]
 pub struct ContainerMemory {

@@ -16,26 +16,6 @@ use sharder_harness::world::World;
 
 use crate::{Test, WAIT};
 
-/// Every test Secret and its child on the shard `ring` picks, nothing draining.
-async fn settled(w: &World, ring: &Ring) -> Result<(), String> {
-    let secrets = w.list_secrets().await;
-    let mut wrong: Vec<String> = secrets
-        .iter()
-        .filter(|(n, s)| w.shard_of(*s).as_deref() != ring.shard_for(&w.key(n)) || w.draining(*s))
-        .map(|(n, _)| n.clone())
-        .collect();
-    for (name, child) in w.list_configmaps("child-").await {
-        let owner = &secrets[&child.owner_references()[0].name];
-        if w.shard_of(&child) != w.shard_of(owner) {
-            wrong.push(name);
-        }
-    }
-    wrong
-        .is_empty()
-        .then_some(())
-        .ok_or(format!("{} not settled: {wrong:?}", wrong.len()))
-}
-
 #[tokio::test]
 async fn shards_of_the_controller_ring_contract_are_assigned_drained_and_recovered() {
     let mut w = Test::of_kind("ctrl", RingKind::ControllerRing).await;
@@ -118,7 +98,7 @@ async fn shards_of_the_controller_ring_contract_are_assigned_drained_and_recover
     w.add_shard_lease("shard-c", 3600).await;
     w.wait_until_drained(&moving).await;
     assert_eq!(w.acknowledge_drains().await, moving.len());
-    eventually("settled on four shards", WAIT, || settled(&w, &four)).await;
+    eventually("settled on four shards", WAIT, || w.settled(&four)).await;
     assert!(
         w.ring_event("Normal", "Rebalanced").await,
         "a Rebalanced Event on the ControllerRing"
@@ -128,7 +108,7 @@ async fn shards_of_the_controller_ring_contract_are_assigned_drained_and_recover
     keep_alive.abort();
     let rest = Ring::new(["shard-a", "shard-b", "shard-c"]);
     eventually("the dead shard's objects reassigned", WAIT, || {
-        settled(&w, &rest)
+        w.settled(&rest)
     })
     .await;
 
@@ -211,8 +191,8 @@ async fn a_cluster_ring_and_a_controller_ring_over_the_same_objects_keep_their_o
     let ours = Ring::new(["shard-a", "shard-b"]);
     let controller = Ring::new(["ctrl-a", "ctrl-b", "ctrl-c"]);
     eventually("both rings assigned every object", WAIT, || async {
-        settled(&w, &ours).await?;
-        settled(&theirs, &controller).await
+        w.settled(&ours).await?;
+        theirs.settled(&controller).await
     })
     .await;
     for (name, secret) in w.list_secrets().await {
@@ -255,8 +235,8 @@ async fn a_cluster_ring_and_a_controller_ring_over_the_same_objects_keep_their_o
         "the ControllerRing settled, the ClusterRing unchanged",
         WAIT,
         || async {
-            settled(&theirs, &grown).await?;
-            settled(&w, &ours).await
+            theirs.settled(&grown).await?;
+            w.settled(&ours).await
         },
     )
     .await;
@@ -357,7 +337,7 @@ async fn switching_from_the_reference_writes_nothing_to_objects_placed_by_it() {
         sharded.is_empty(),
         "the reconciler wrote objects the reference placed: {sharded:?}"
     );
-    settled(&w, &Ring::new(shards))
+    w.settled(&Ring::new(shards))
         .await
         .expect("as the reference placed them");
 }

@@ -96,26 +96,7 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
     eventually(
         "every object and child on its desired shard, no drain label left",
         WAIT,
-        || async {
-            let now = w.list_secrets().await;
-            let mut wrong: Vec<String> = now
-                .iter()
-                .filter(|(n, s)| {
-                    w.shard_of(*s).as_deref() != four.shard_for(&w.key(n)) || w.draining(*s)
-                })
-                .map(|(n, _)| n.clone())
-                .collect();
-            for (name, child) in w.list_configmaps("child-").await {
-                let owner = &now[&child.owner_references()[0].name];
-                if w.shard_of(&child) != w.shard_of(owner) {
-                    wrong.push(name);
-                }
-            }
-            wrong
-                .is_empty()
-                .then_some(())
-                .ok_or(format!("{} objects not settled: {wrong:?}", wrong.len()))
-        },
+        || w.settled(&four),
     )
     .await;
     let used: BTreeSet<String> = w

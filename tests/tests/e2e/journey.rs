@@ -316,16 +316,7 @@ async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
         .filter(|name| ring_of(3).shard_for(&key(name)) != ring_of(4).shard_for(&key(name)))
         .cloned()
         .collect();
-    kubectl
-        .run(&[
-            "scale",
-            "statefulset",
-            STATEFULSET,
-            "-n",
-            SHARDS_NS,
-            "--replicas=4",
-        ])
-        .expect("kubectl");
+    node.scale_example(4).expect("kubectl scale");
     eventually("rebalanced onto the fourth shard", MOVE, || async {
         objects_converged(&world, &ring_of(4)).await
     })
