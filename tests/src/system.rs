@@ -159,6 +159,7 @@ pub struct System {
     history: History,
     reconciler_env: Env,
     shard_env: Env,
+    _machine: tokio::sync::RwLockReadGuard<'static, ()>,
 }
 
 impl Deref for System {
@@ -179,6 +180,7 @@ impl System {
     /// Starts everything: webhooks, the ring, reconcilers, shards; returns once a new object is
     /// assigned by the webhook (with no shard, at once: start shards, then wait for it).
     pub async fn start(prefix: &str, options: Options) -> Self {
+        let machine = crate::MACHINE.read().await;
         let world = match &options.namespace {
             Some(ns) => {
                 let cp = sharder_harness::ControlPlane::shared()
@@ -216,6 +218,7 @@ impl System {
             history,
             reconciler_env,
             shard_env,
+            _machine: machine,
         };
         for i in 0..system.options.webhooks {
             system.webhooks.push(None);

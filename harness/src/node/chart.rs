@@ -28,17 +28,24 @@ pub const SHARDS_NAMESPACE: &str = "my-namespace";
 pub const STATEFULSET: &str = "checksum-controller";
 /// The ClusterRing the example's shards join.
 pub const RING: &str = "checksums";
+/// The label that selects the example's namespace for the ring. Kubernetes 1.20 does not label
+/// namespaces with `kubernetes.io/metadata.name` (1.21 and later do), so the chart's default,
+/// every namespace but `kube-system` and the release's, cannot exclude those there: the ring
+/// selects its namespace by this label instead.
+pub const SHARDED_NAMESPACE_LABEL: (&str, &str) = ("sharding.example.com/sharded", "true");
 
 /// The chart values of the README's install: one ClusterRing [`RING`] sharding Secrets and the
-/// ConfigMaps they control.
+/// ConfigMaps they control, in the namespaces labelled [`SHARDED_NAMESPACE_LABEL`].
 pub fn ring_values() -> Value {
+    let (key, value) = SHARDED_NAMESPACE_LABEL;
     json!({ "clusterRings": [{
         "name": RING,
         "resources": [{
             "group": "",
             "resource": "secrets",
             "controlledResources": [{ "group": "", "resource": "configmaps" }]
-        }]
+        }],
+        "namespaceSelector": { "matchLabels": { key: value } }
     }]})
 }
 
@@ -205,7 +212,8 @@ impl Node {
         Ok(started.elapsed())
     }
 
-    /// Applies `docs/examples/statefulset-shards.yaml` in [`SHARDS_NAMESPACE`] (created first)
+    /// Applies `docs/examples/statefulset-shards.yaml` in [`SHARDS_NAMESPACE`] (created first and
+    /// labelled [`SHARDED_NAMESPACE_LABEL`])
     /// with `replicas` shards and `extra_args` added to the shard's arguments (the example's
     /// only changes).
     pub fn apply_example(&self, replicas: u32, extra_args: &[&str]) -> Result<(), Error> {
@@ -234,6 +242,13 @@ impl Node {
         std::fs::write(&manifest, example).map_err(Error::io("write the example shards"))?;
         let kubectl = Kubectl::of(self)?;
         kubectl.run(&["create", "namespace", SHARDS_NAMESPACE])?;
+        let (key, value) = SHARDED_NAMESPACE_LABEL;
+        kubectl.run(&[
+            "label",
+            "namespace",
+            SHARDS_NAMESPACE,
+            &format!("{key}={value}"),
+        ])?;
         let applied = kubectl.run(&[
             "apply",
             "-n",

@@ -260,6 +260,8 @@ async fn leader(client: &Client) -> Result<String, String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_chart_runs_on_a_real_node_through_the_operators_day() {
+    // The machine to itself: see `sharder_tests::MACHINE`.
+    let _machine = sharder_tests::MACHINE.write().await;
     let node = Node::shared().await.expect("a node");
     let cp = node.control_plane();
     let client = cp.client().await.expect("client");
