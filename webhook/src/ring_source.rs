@@ -19,7 +19,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::lease::conflicting_names;
-use sharder_common::{ClusterRingSpec, RingId, RingKind, is_available};
+use sharder_common::{ClusterRingSpec, RingId, RingKind, RingObject, is_available};
 use sharder_runtime::Readiness;
 use sharder_runtime::metrics::RingLabel;
 use tokio_util::sync::CancellationToken;
@@ -54,12 +54,15 @@ impl Rings {
 /// What the source keeps of one ring: its spec, or why it cannot be read.
 type RingInput = Result<ClusterRingSpec, String>;
 
-/// A ring object of either kind as the source reads it: its name and spec (a spec that does not
-/// parse makes the ring invalid, with the reason).
-fn ring_input(object: &DynamicObject) -> (String, RingInput) {
-    let spec = serde_json::from_value(object.data.get("spec").cloned().unwrap_or_default())
-        .map_err(|e| format!("spec does not parse: {e}"));
-    (object.name_any(), spec)
+/// A ring object of `kind` as the source keeps it: its identity and spec, or why it cannot be
+/// read ([`RingObject::from_dynamic`]; such a ring is invalid).
+fn ring_input(kind: RingKind, object: &DynamicObject) -> (RingId, RingInput) {
+    let ring = RingObject::from_dynamic(kind, object);
+    let input = match ring.unreadable {
+        Some(reason) => Err(reason),
+        None => Ok(ring.object.spec),
+    };
+    (ring.id, input)
 }
 
 /// What the source keeps of one shard Lease.
@@ -118,8 +121,8 @@ impl RingState {
     pub fn apply_ring_event(&mut self, kind: RingKind, event: Event<DynamicObject>) {
         match event {
             Event::Apply(object) => {
-                let (name, input) = ring_input(&object);
-                self.specs.insert(RingId::new(kind, name), input);
+                let (id, input) = ring_input(kind, &object);
+                self.specs.insert(id, input);
             }
             Event::Delete(object) => {
                 self.specs.remove(&RingId::new(kind, object.name_any()));
@@ -128,11 +131,8 @@ impl RingState {
                 self.init_specs.insert(kind, BTreeMap::new());
             }
             Event::InitApply(object) => {
-                let (name, input) = ring_input(&object);
-                self.init_specs
-                    .entry(kind)
-                    .or_default()
-                    .insert(RingId::new(kind, name), input);
+                let (id, input) = ring_input(kind, &object);
+                self.init_specs.entry(kind).or_default().insert(id, input);
             }
             Event::InitDone => {
                 let listed = self.init_specs.remove(&kind).unwrap_or_default();
