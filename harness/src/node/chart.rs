@@ -213,31 +213,19 @@ impl Node {
     }
 
     /// Applies `docs/examples/statefulset-shards.yaml` in [`SHARDS_NAMESPACE`] (created first and
-    /// labelled [`SHARDED_NAMESPACE_LABEL`])
-    /// with `replicas` shards and `extra_args` added to the shard's arguments (the example's
-    /// only changes).
+    /// labelled [`SHARDED_NAMESPACE_LABEL`]) with `replicas` shards and `extra_args` in the
+    /// shard's arguments (see [`example_with`]).
     pub fn apply_example(&self, replicas: u32, extra_args: &[&str]) -> Result<(), Error> {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../docs/examples/statefulset-shards.yaml");
         let example =
             std::fs::read_to_string(&path).map_err(Error::io("read the example shards"))?;
-        let args: String = extra_args
-            .iter()
-            .map(|a| format!("            - {a}\n"))
-            .collect();
-        let anchor = "            - --log-format=json\n";
-        let replicas_line = "  replicas: 3\n";
-        if !example.contains(anchor) || !example.contains(replicas_line) {
-            return Err(Error::Command(format!(
-                "{} no longer has `{}` and `{}`: update harness/src/node/chart.rs",
-                path.display(),
-                anchor.trim(),
-                replicas_line.trim()
-            )));
-        }
-        let example = example
-            .replace(anchor, &format!("{anchor}{args}"))
-            .replace(replicas_line, &format!("  replicas: {replicas}\n"));
+        let example = example_with(&example, replicas, extra_args).map_err(|missing| {
+            Error::Command(format!(
+                "{} no longer has `{missing}`: update harness/src/node/chart.rs",
+                path.display()
+            ))
+        })?;
         let manifest = self.dir.join(format!("{STATEFULSET}.yaml"));
         std::fs::write(&manifest, example).map_err(Error::io("write the example shards"))?;
         let kubectl = Kubectl::of(self)?;
@@ -259,6 +247,34 @@ impl Node {
         let _ = std::fs::remove_file(&manifest);
         applied.map(|_| ())
     }
+}
+
+/// The example's manifest with `replicas` shards and `extra_args` in the shard's arguments (its
+/// only changes): an `--flag=value` replaces the example's own `--flag=...` line, anything else is
+/// added after `--log-format=json`. The error is the line the manifest no longer has.
+fn example_with(example: &str, replicas: u32, extra_args: &[&str]) -> Result<String, &'static str> {
+    const ARG: &str = "            - ";
+    const ANCHOR: &str = "            - --log-format=json\n";
+    const REPLICAS: &str = "  replicas: 3\n";
+    for line in [ANCHOR, REPLICAS] {
+        if !example.contains(line) {
+            return Err(line.trim());
+        }
+    }
+    let mut example = example.replace(REPLICAS, &format!("  replicas: {replicas}\n"));
+    let mut added = String::new();
+    for arg in extra_args {
+        let line = format!("{ARG}{arg}\n");
+        let own = arg.split_once('=').and_then(|(flag, _)| {
+            let start = example.find(&format!("{ARG}{flag}="))?;
+            Some(start..start + example[start..].find('\n')? + 1)
+        });
+        match own {
+            Some(range) => example.replace_range(range, &line),
+            None => added.push_str(&line),
+        }
+    }
+    Ok(example.replace(ANCHOR, &format!("{ANCHOR}{added}")))
 }
 
 impl Node {
@@ -377,4 +393,55 @@ pub async fn pod_memory(client: &Client, ns: &str) -> Result<Vec<ContainerMemory
         }
     }
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = "spec:\n  replicas: 3\n          args:\n            - --clusterring=checksums\n            - --lease-duration=15s\n            - --log-format=json\n          env:\n";
+
+    #[test]
+    fn extra_flags_replace_the_examples_own_and_others_are_added() {
+        let manifest = example_with(
+            EXAMPLE,
+            4,
+            &[
+                "--lease-duration=45s",
+                "--record-file=/dev/stdout",
+                "--stable-name",
+            ],
+        )
+        .expect("manifest");
+        assert_eq!(
+            manifest,
+            "spec:\n  replicas: 4\n          args:\n            - --clusterring=checksums\n            - --lease-duration=45s\n            - --log-format=json\n            - --record-file=/dev/stdout\n            - --stable-name\n          env:\n"
+        );
+    }
+
+    #[test]
+    fn a_manifest_without_its_anchors_names_the_missing_line() {
+        assert_eq!(
+            example_with(&EXAMPLE.replace("replicas: 3", "replicas: 2"), 3, &[]),
+            Err("replicas: 3")
+        );
+        assert_eq!(
+            example_with(
+                &EXAMPLE.replace("--log-format=json", "--log-format=plain"),
+                3,
+                &[]
+            ),
+            Err("- --log-format=json")
+        );
+    }
+
+    #[test]
+    fn the_shipped_example_has_the_lines_the_harness_changes() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/examples/statefulset-shards.yaml");
+        let example = std::fs::read_to_string(path).expect("the example");
+        let manifest = example_with(&example, 3, &["--lease-duration=45s"]).expect("manifest");
+        assert!(manifest.contains("- --lease-duration=45s\n"));
+        assert!(!manifest.contains("--lease-duration=15s"));
+    }
 }
