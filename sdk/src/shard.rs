@@ -139,12 +139,15 @@ pub struct RingArgs {
 
 impl RingArgs {
     /// The ring the flags name.
+    ///
+    /// # Panics
+    /// When neither is set, which clap refuses when it parses them: a value built by hand must
+    /// name a ring.
     pub fn id(&self) -> RingId {
         match (&self.clusterring, &self.controllerring) {
             (_, Some(name)) => RingId::controller_ring(name.as_str()),
             (Some(name), None) => RingId::cluster_ring(name.as_str()),
-            // clap requires one of the two.
-            (None, None) => RingId::cluster_ring(""),
+            (None, None) => panic!("RingArgs names no ring: set clusterring or controllerring"),
         }
     }
 }
