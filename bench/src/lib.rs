@@ -27,6 +27,7 @@ use sharder_harness::world::World;
 
 pub mod create_latency;
 pub mod floor;
+pub mod idle;
 pub mod load;
 pub mod memory;
 pub mod node;
@@ -114,6 +115,21 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_NODE_OBJECTS", default_value_t = 10_000)]
     pub node_objects: usize,
 
+    /// Object counts of the idle cost section, comma-separated.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_IDLE_SIZES",
+        value_delimiter = ',',
+        default_value = "10000,100000"
+    )]
+    pub idle_sizes: Vec<usize>,
+
+    /// Seconds of each window of the idle cost section (the reconciler sweeps 10 times as often
+    /// as by default; the reference's schedule is compressed so that two of its lists come in a
+    /// window).
+    #[arg(long, env = "SHARDER_BENCH_IDLE_WINDOW_SECONDS", default_value_t = 90)]
+    pub idle_window_seconds: u64,
+
     /// How the webhook load section loads each server in-process.
     #[command(flatten)]
     pub load: load::LoadOptions,
@@ -150,7 +166,7 @@ pub struct Args {
         env = "SHARDER_BENCH_SECTIONS",
         value_enum,
         value_delimiter = ',',
-        default_value = "latency,load,memory,rebalance,rolling,ring,node"
+        default_value = "latency,load,memory,rebalance,rolling,ring,node,idle"
     )]
     pub sections: Vec<Section>,
 }
@@ -172,6 +188,8 @@ pub enum Section {
     Ring,
     /// 7. The chart's pods on a real node (needs root: a bridge, iptables, cgroups).
     Node,
+    /// 8. What a quiet ring costs the apiserver and etcd.
+    Idle,
 }
 
 impl Args {
@@ -463,11 +481,11 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let webhooks = webhooks::start(cp, args.webhook_malloc_arena_max).await?;
     let mut report = report::Report::new(&args, cp);
     if args.runs(Section::Latency) {
-        eprintln!("[bench] 1/7 CREATE latency through the apiserver");
+        eprintln!("[bench] 1/8 CREATE latency through the apiserver");
         report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
     }
     if args.runs(Section::Load) {
-        eprintln!("[bench] 2/7 webhook alone under load");
+        eprintln!("[bench] 2/8 webhook alone under load");
         report.load = load_bench(&args);
         let setup = RingSetup::new(cp, "bench-load", false, 3).await?;
         report.load_processes = load::processes_under_load(
@@ -479,19 +497,23 @@ pub async fn run(args: Args) -> Result<(), Error> {
         setup.remove(false).await?;
     }
     if args.runs(Section::Rebalance) {
-        eprintln!("[bench] 4-5/7 rebalancing and a shard crash");
+        eprintln!("[bench] 4-5/8 rebalancing and a shard crash");
         report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
     }
     if args.runs(Section::Rolling) {
-        eprintln!("[bench] 5b/7 rolling updates of the shards, three ways");
+        eprintln!("[bench] 5b/8 rolling updates of the shards, three ways");
         report.rolling = Some(rolling::run(cp, &webhooks, &args).await?);
     }
     if args.runs(Section::Ring) {
-        eprintln!("[bench] 6/7 ring");
+        eprintln!("[bench] 6/8 ring");
         report.ring = Some(ring_balance::run(args.criterion));
     }
+    if args.runs(Section::Idle) {
+        eprintln!("[bench] 8/8 what a quiet ring costs the apiserver and etcd");
+        report.idle = idle::run(cp, &webhooks, &args).await?;
+    }
     if args.runs(Section::Node) {
-        eprintln!("[bench] 7/7 the chart's pods on a real node");
+        eprintln!("[bench] 7/8 the chart's pods on a real node");
         report.node = Some(
             node::run(args.node_objects)
                 .await
@@ -501,7 +523,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     // Last: the largest size's namespace is left to the control plane's end (deleting 300k
     // objects takes the namespace controller longer than measuring them).
     if args.runs(Section::Memory) {
-        eprintln!("[bench] 3/7 reconciler memory");
+        eprintln!("[bench] 3/8 reconciler memory");
         report.memory = memory::run(cp, &webhooks, &args).await?;
     }
     report.duration = started.elapsed();

@@ -36,6 +36,8 @@ pub struct Report {
     pub ring: Option<RingResult>,
     /// Section 7 (or why it could not run).
     pub node: Option<Result<crate::node::NodeResult, String>>,
+    /// Section 8.
+    pub idle: Vec<crate::idle::IdleRow>,
     /// How long the run took.
     pub duration: Duration,
 }
@@ -152,6 +154,7 @@ impl Report {
             rebalance: None,
             ring: None,
             node: None,
+            idle: Vec::new(),
             duration: Duration::ZERO,
         }
     }
@@ -184,6 +187,12 @@ impl Report {
         self.render_rolling(&mut out);
         self.render_ring(&mut out);
         self.render_node(&mut out);
+        let _ = writeln!(out, "## 8. What a quiet ring costs the control plane\n");
+        if self.idle.is_empty() {
+            let _ = writeln!(out, "Not run.\n");
+        } else {
+            out.push_str(&crate::idle::markdown(&self.idle));
+        }
         out
     }
 

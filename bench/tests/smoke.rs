@@ -40,6 +40,10 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "--node-objects",
         // As the smallest memory size: the report sets the two side by side.
         "100",
+        "--idle-sizes",
+        "100,200",
+        "--idle-window-seconds",
+        "2",
     ]);
     sharder_bench::run(args).await.expect("the benchmarks run");
     let report = std::fs::read_to_string(&output).expect("report");
@@ -53,6 +57,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "## 5b. A rolling update of the shards",
         "## 6. Ring",
         "## 7. The chart's pods on a real node",
+        "## 8. What a quiet ring costs the control plane",
     ] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
     }
@@ -88,6 +93,11 @@ async fn a_small_run_writes_every_section_of_the_report() {
         " | reconciler (leader) | ",
         " | webhook | ",
         "the reconciler process of section 3 at ",
+        "| 100 | sharder reconciler | ",
+        "| 200 | reference schedule (full list every 5 min) | ",
+        "| 200 | metadata reflector (after its first list) | ",
+        "The sharder at 200 objects: ",
+        "From 100 to 200 objects (2x) the sharder's idle cost grew ",
     ] {
         assert!(report.contains(row), "{row} missing:\n{report}");
     }

@@ -1,0 +1,476 @@
+//! Section 8, what a quiet ring costs the control plane. For each size, a ring of that many Secrets
+//! (assigned, in a namespace of their own) with 3 shard Leases held for an hour, nothing
+//! changing, and windows of the same length in turn: nothing more running (the control, before
+//! and after the others); the sharder reconciler with its sweeps [`SWEEP_SPEEDUP`] times as
+//! often as by default (its full resync, every 6 hours, does not come in a window: it is counted at the
+//! cost of one of the reference's lists, the same list); the reference implementation's schedule
+//! (a paginated consistent metadata-only list of the ring every 5 minutes, replayed by the bench,
+//! compressed so that two lists fit in a window); a metadata reflector once it holds every object
+//! (what a cache-based design pays at idle). Each design is reported as the apiserver's and
+//! etcd's CPU above the control's, and the lists the apiserver sent to etcd, per hour at the
+//! real schedule.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use sharder_common::Ring;
+use sharder_harness::ControlPlane;
+
+use crate::stats::cpu_seconds;
+use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
+use crate::{Args, Error, RingSetup, each_metadata, start_reconciler, wait_first_rebalance};
+
+/// The reconciler's default `--sweep-interval`.
+pub const SWEEP: Duration = Duration::from_secs(120);
+/// The reconciler's default `--resync-interval`.
+pub const RESYNC: Duration = Duration::from_secs(6 * 3600);
+/// The reference implementation's resync period.
+pub const REFERENCE_RESYNC: Duration = Duration::from_secs(300);
+/// How many times as often as by default the reconciler sweeps in its window (every 3 s).
+pub const SWEEP_SPEEDUP: f64 = 40.0;
+
+/// How many times faster than real a schedule whose longest period is `period` runs so that
+/// two of them fit in `window` (at least 1: never slower).
+pub fn speedup(period: Duration, window: Duration) -> f64 {
+    (2.0 * period.as_secs_f64() / window.as_secs_f64()).max(1.0)
+}
+
+/// The names of the designs, as the report shows them.
+pub const SHARDER: &str = "sharder reconciler";
+/// See [`SHARDER`].
+pub const REFERENCE: &str = "reference schedule (full list every 5 min)";
+/// See [`SHARDER`].
+pub const REFLECTOR: &str = "metadata reflector (after its first list)";
+
+/// The apiserver's and etcd's CPU seconds and the lists the apiserver sent to etcd, over a
+/// window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// CPU seconds of kube-apiserver and etcd together.
+    pub cpu: f64,
+    /// `etcd_request_duration_seconds_count{operation="list"}`, summed over types.
+    pub etcd_lists: f64,
+}
+
+/// One design's window.
+#[derive(Clone, Debug)]
+pub struct Design {
+    /// Which design ([`SHARDER`], [`REFERENCE`], [`REFLECTOR`]).
+    pub name: &'static str,
+    /// What the window used, the control's included.
+    pub usage: Usage,
+    /// How many times faster than real its schedule ran (1: not compressed).
+    pub speedup: f64,
+    /// Usage per hour counted from elsewhere (the sharder's resyncs), added to the window's.
+    pub counted: Usage,
+    /// What ran in the window (lists by kind), for the reader.
+    pub activity: String,
+}
+
+/// One size's windows.
+#[derive(Clone, Debug)]
+pub struct IdleRow {
+    /// Objects in the ring.
+    pub objects: usize,
+    /// The length of every window.
+    pub window: Duration,
+    /// The control windows (before and after the designs).
+    pub control: [Usage; 2],
+    /// The designs.
+    pub designs: Vec<Design>,
+}
+
+impl IdleRow {
+    /// The control's usage per window: the mean of the two.
+    pub fn control(&self) -> Usage {
+        mean(self.control[0], self.control[1])
+    }
+
+    /// `design`'s CPU seconds and etcd lists per hour above the control, at its real schedule.
+    pub fn per_hour(&self, design: &Design) -> Usage {
+        let control = self.control();
+        let scale = 3600.0 / self.window.as_secs_f64() / design.speedup;
+        Usage {
+            cpu: (design.usage.cpu - control.cpu).max(0.0) * scale + design.counted.cpu,
+            etcd_lists: (design.usage.etcd_lists - control.etcd_lists).max(0.0) * scale
+                + design.counted.etcd_lists,
+        }
+    }
+
+    /// The design named `name`.
+    pub fn design(&self, name: &str) -> Option<&Design> {
+        self.designs.iter().find(|d| d.name == name)
+    }
+}
+
+/// The mean of two usages.
+fn mean(a: Usage, b: Usage) -> Usage {
+    Usage {
+        cpu: (a.cpu + b.cpu) / 2.0,
+        etcd_lists: (a.etcd_lists + b.etcd_lists) / 2.0,
+    }
+}
+
+/// Measures every size of `args.idle_sizes`.
+pub async fn run(
+    cp: &'static ControlPlane,
+    webhooks: &Webhooks,
+    args: &Args,
+) -> Result<Vec<IdleRow>, Error> {
+    let client = cp.client().await?;
+    let window = Duration::from_secs(args.idle_window_seconds);
+    let mut rows = Vec::new();
+    for &n in &args.idle_sizes {
+        let setup = RingSetup::new(cp, &format!("bench-idle-{n}"), false, 3).await?;
+        let ring = Ring::new((0..3).map(|i| format!("shard-{i}")));
+        let rate = setup.create_assigned(0..n, &ring).await?;
+        eprintln!("[bench]   {n} objects created ({rate:.0}/s); waiting for a quiet apiserver");
+        quiet(&client).await?;
+        let first_control = measure(cp, &client, window, async {}).await?;
+
+        let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
+        let sweep = format!("{}ms", SWEEP.div_f64(SWEEP_SPEEDUP).as_millis());
+        let resync = format!("{}s", RESYNC.as_secs());
+        let mut reconciler = start_reconciler(
+            &setup,
+            dir.path(),
+            cp.kubeconfig(),
+            webhooks,
+            &["--sweep-interval", &sweep, "--resync-interval", &resync],
+            args.reconciler_malloc_arena_max,
+        )
+        .await?;
+        wait_first_rebalance(&mut reconciler, n).await?;
+        let skip = reconciler.process.lines().len();
+        let sharder = measure(cp, &client, window, async {}).await?;
+        let activity = rebalances(&reconciler.process.lines()[skip..]);
+        drop(reconciler);
+
+        let api = Api::<Secret>::namespaced(client.clone(), &setup.ns);
+        let mut lists = 0;
+        let reference_fast = speedup(REFERENCE_RESYNC, window);
+        let reference = measure(cp, &client, window, async {
+            let started = Instant::now();
+            loop {
+                if each_metadata(&api, None, |_| {}).await.is_ok() {
+                    lists += 1;
+                }
+                let next = REFERENCE_RESYNC.div_f64(reference_fast) * lists;
+                tokio::time::sleep(next.saturating_sub(started.elapsed())).await;
+            }
+        })
+        .await?;
+
+        let mut command = std::process::Command::new(bench_binary("metadata-cache")?);
+        command
+            .env("KUBECONFIG", cp.kubeconfig())
+            .args([setup.ns.as_str(), &n.to_string()]);
+        let (mut cache, _) = spawn_until_line("metadata-cache", command, "synced").await?;
+        let reflector = measure(cp, &client, window, async {}).await?;
+        cache.kill();
+
+        let last_control = measure(cp, &client, window, async {}).await?;
+        // The sharder's full resyncs, at the cost of the reference's lists (the same list).
+        let control = mean(first_control, last_control);
+        let per_list = |value: fn(&Usage) -> f64| {
+            (value(&reference) - value(&control)).max(0.0) / f64::from(lists.max(1))
+        };
+        let resyncs = 3600.0 / RESYNC.as_secs_f64();
+        let counted = Usage {
+            cpu: resyncs * per_list(|u| u.cpu),
+            etcd_lists: resyncs * per_list(|u| u.etcd_lists),
+        };
+        let row = IdleRow {
+            objects: n,
+            window,
+            control: [first_control, last_control],
+            designs: vec![
+                Design {
+                    name: SHARDER,
+                    usage: sharder,
+                    speedup: SWEEP_SPEEDUP,
+                    counted,
+                    activity: format!(
+                        "{activity}; its full resyncs ({resyncs:.2} an hour) at a reference list's cost"
+                    ),
+                },
+                Design {
+                    name: REFERENCE,
+                    usage: reference,
+                    speedup: reference_fast,
+                    counted: Usage::default(),
+                    activity: format!("{lists} full lists"),
+                },
+                Design {
+                    name: REFLECTOR,
+                    usage: reflector,
+                    speedup: 1.0,
+                    counted: Usage::default(),
+                    activity: "one watch".into(),
+                },
+            ],
+        };
+        for design in &row.designs {
+            let hour = row.per_hour(design);
+            eprintln!(
+                "[bench]   {n}: {}: {:.1} CPU-s/h, {:.0} etcd lists/h ({})",
+                design.name, hour.cpu, hour.etcd_lists, design.activity
+            );
+        }
+        rows.push(row);
+        // The next size waits for a quiet apiserver anyway; after the last nothing is measured.
+        setup.remove(false).await?;
+    }
+    Ok(rows)
+}
+
+/// The section's text: how it was measured, a row per size and design, and the goals.
+pub fn markdown(rows: &[IdleRow]) -> String {
+    let window = rows.first().map_or(0, |r| r.window.as_secs());
+    let mut out = format!(
+        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing. Windows of {window} s in turn: nothing more running (the control, before and after the others), the sharder reconciler with `--sweep-interval` {}s ({SWEEP_SPEEDUP}x its default of {}s; its full resync, every {}s by default, does not come in a window and is counted at the cost of one of the reference window's lists, the same list), the reference implementation's schedule replayed by the bench (a consistent metadata-only list of the ring, 500 to a page, every {}s, shortened so that two come in a window) and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count{{operation=\"list\"}}`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression.\n\n",
+        SWEEP.as_secs_f64() / SWEEP_SPEEDUP,
+        SWEEP.as_secs(),
+        RESYNC.as_secs(),
+        REFERENCE_RESYNC.as_secs()
+    );
+    out.push_str(&crate::report::table(
+        &[
+            "objects",
+            "design",
+            "CPU-s in the window (control)",
+            "etcd lists in the window (control)",
+            "what ran",
+            "compressed",
+            "apiserver + etcd CPU-s per hour",
+            "etcd lists per hour",
+            "vs the reference schedule",
+        ],
+        rows.iter().flat_map(|row| {
+            let control = row.control();
+            let reference = row.design(REFERENCE).map(|d| row.per_hour(d).cpu);
+            row.designs.iter().map(move |d| {
+                let hour = row.per_hour(d);
+                vec![
+                    row.objects.to_string(),
+                    d.name.to_owned(),
+                    format!("{:.2} ({:.2})", d.usage.cpu, control.cpu),
+                    format!("{:.0} ({:.0})", d.usage.etcd_lists, control.etcd_lists),
+                    d.activity.clone(),
+                    format!("{:.0}x", d.speedup),
+                    format!("{:.1}", hour.cpu),
+                    format!("{:.0}", hour.etcd_lists),
+                    reference
+                        .filter(|r| *r > 0.0)
+                        .map_or("-".into(), |r| format!("{:.2}x", hour.cpu / r)),
+                ]
+            })
+        }),
+    ));
+    let sharder = |row: &IdleRow| row.design(SHARDER).map(|d| row.per_hour(d).cpu);
+    let reference = |row: &IdleRow| row.design(REFERENCE).map(|d| row.per_hour(d).cpu);
+    if let (Some(small), Some(large)) = (rows.first(), rows.last()) {
+        if let (Some(s), Some(r)) = (sharder(large), reference(large)) {
+            let ratio = s / r.max(f64::EPSILON);
+            out.push_str(&format!(
+                "\nThe sharder at {} objects: {s:.1} CPU-s per hour, {ratio:.2}x the reference schedule's {r:.1} (goal <= 0.1x): {}.\n",
+                large.objects,
+                if ratio <= 0.1 { "met" } else { "missed" }
+            ));
+        }
+        if let (true, Some(a), Some(b)) = (
+            large.objects > small.objects,
+            sharder(small),
+            sharder(large),
+        ) {
+            let objects = large.objects as f64 / small.objects as f64;
+            let growth = b / a.max(f64::EPSILON);
+            out.push_str(&format!(
+                "From {} to {} objects ({objects:.0}x) the sharder's idle cost grew {growth:.1}x (goal: less than {objects:.0}x): {}.\n",
+                small.objects,
+                large.objects,
+                if growth < objects { "met" } else { "missed" }
+            ));
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// What the apiserver and etcd used over `window` while `during` ran (it is dropped at the
+/// window's end).
+async fn measure(
+    cp: &ControlPlane,
+    client: &Client,
+    window: Duration,
+    during: impl Future<Output = ()>,
+) -> Result<Usage, Error> {
+    let before = usage(cp, client).await?;
+    tokio::select! {
+        () = tokio::time::sleep(window) => {}
+        () = during => tokio::time::sleep(window).await,
+    }
+    let after = usage(cp, client).await?;
+    Ok(Usage {
+        cpu: after.cpu - before.cpu,
+        etcd_lists: after.etcd_lists - before.etcd_lists,
+    })
+}
+
+/// The apiserver's and etcd's CPU seconds and etcd lists so far.
+async fn usage(cp: &ControlPlane, client: &Client) -> Result<Usage, Error> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| Error::Setup(format!("a /metrics request: {e}")))?;
+    let metrics = client.request_text(request).await?;
+    Ok(Usage {
+        cpu: cp.pids().iter().filter_map(|p| cpu_seconds(*p)).sum(),
+        etcd_lists: etcd_lists(&metrics),
+    })
+}
+
+/// The lists the apiserver sent to etcd so far, from its metrics.
+fn etcd_lists(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("etcd_request_duration_seconds_count{")
+                && l.contains("operation=\"list\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// The reconciler's rebalances in `lines`, by what they listed.
+fn rebalances(lines: &[serde_json::Value]) -> String {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for line in lines.iter().filter(|l| l["message"] == "rebalance") {
+        *counts
+            .entry(line["scopes"].as_str().unwrap_or("?").to_owned())
+            .or_default() += 1;
+    }
+    if counts.is_empty() {
+        return "no rebalance".into();
+    }
+    counts
+        .iter()
+        .map(|(scopes, n)| format!("{n} x {scopes}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Waits (up to 10 minutes) until no namespace is being deleted: an earlier section's deletion
+/// must not run through the windows.
+async fn quiet(client: &Client) -> Result<(), Error> {
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let started = Instant::now();
+    loop {
+        let terminating = namespaces
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|ns| ns.metadata.deletion_timestamp.is_some())
+            .count();
+        if terminating == 0 || started.elapsed() > Duration::from_secs(600) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_lists_sum_every_type_of_list_and_nothing_else() {
+        let metrics = "# HELP etcd_request_duration_seconds ...\n\
+etcd_request_duration_seconds_count{operation=\"list\",type=\"*core.Secret\"} 12\n\
+etcd_request_duration_seconds_count{operation=\"list\",type=\"*core.Namespace\"} 3\n\
+etcd_request_duration_seconds_count{operation=\"get\",type=\"*core.Secret\"} 40\n\
+etcd_request_duration_seconds_sum{operation=\"list\",type=\"*core.Secret\"} 0.5\n";
+        assert_eq!(etcd_lists(metrics), 15.0);
+    }
+
+    #[test]
+    fn per_hour_is_above_the_mean_control_at_the_real_schedule() {
+        let design = |name, cpu, speedup| Design {
+            name,
+            usage: Usage {
+                cpu,
+                etcd_lists: 13.0,
+            },
+            speedup,
+            counted: Usage {
+                cpu: 0.5,
+                etcd_lists: 1.0,
+            },
+            activity: String::new(),
+        };
+        let row = IdleRow {
+            objects: 10,
+            window: Duration::from_secs(90),
+            control: [
+                Usage {
+                    cpu: 1.0,
+                    etcd_lists: 1.0,
+                },
+                Usage {
+                    cpu: 3.0,
+                    etcd_lists: 3.0,
+                },
+            ],
+            designs: vec![design(SHARDER, 4.0, 10.0), design(REFLECTOR, 1.0, 1.0)],
+        };
+        let sharder = row.per_hour(row.design(SHARDER).expect("design"));
+        // (4 - 2) CPU-s in 90 s, 40 windows an hour, 10 times compressed, plus what is counted.
+        assert!((sharder.cpu - 8.5).abs() < 1e-9, "{sharder:?}");
+        assert!((sharder.etcd_lists - 45.0).abs() < 1e-9, "{sharder:?}");
+        // Below the control counts as nothing.
+        let reflector = row.per_hour(row.design(REFLECTOR).expect("design"));
+        assert_eq!(reflector.cpu, 0.5);
+    }
+
+    #[test]
+    fn two_of_the_longest_period_fit_in_a_window_and_nothing_runs_slower() {
+        let window = Duration::from_secs(90);
+        assert_eq!(
+            speedup(Duration::from_secs(300), window),
+            300.0 * 2.0 / 90.0
+        );
+        assert_eq!(speedup(Duration::from_secs(3600), window), 80.0);
+        assert_eq!(speedup(Duration::from_secs(10), window), 1.0);
+    }
+
+    #[test]
+    fn the_schedule_replayed_is_the_reconcilers_default() {
+        use clap::CommandFactory as _;
+        let command = sharder_reconciler::Args::command();
+        let default = |id: &str| {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .unwrap_or_else(|| panic!("no {id}"));
+            let value = arg.get_default_values()[0].to_string_lossy().into_owned();
+            sharder_runtime::duration::parse_duration(&value).expect("a duration")
+        };
+        assert_eq!(default("sweep_interval"), SWEEP);
+        assert_eq!(default("resync_interval"), RESYNC);
+    }
+
+    #[test]
+    fn rebalances_are_counted_by_what_they_listed() {
+        let line = |scopes: &str| serde_json::json!({"message": "rebalance", "scopes": scopes});
+        let lines = [
+            line("[\"All\"]"),
+            line("[\"Unassigned\"]"),
+            line("[\"Unassigned\"]"),
+            serde_json::json!({"message": "moved"}),
+        ];
+        assert_eq!(rebalances(&lines), "1 x [\"All\"], 2 x [\"Unassigned\"]");
+        assert_eq!(rebalances(&[]), "no rebalance");
+    }
+}
