@@ -102,15 +102,32 @@ pub(crate) enum Scope {
     /// Objects without a shard (`!<shard label>`): new objects the webhook missed, objects
     /// whose drain was acknowledged, `generateName` objects.
     Unassigned,
+    /// Objects without a shard or on a shard that is not available (`<shard label> notin
+    /// (<available shards>)`), read from the apiserver's watch cache: the sweep of a quiet ring.
+    Stray,
 }
 
 impl Scope {
-    fn selector(&self, labels: &RingLabels) -> Option<String> {
+    /// The label selector of the list (`None`: every object).
+    fn selector(&self, labels: &RingLabels, available: &BTreeSet<String>) -> Option<String> {
         match self {
             Self::All => None,
             Self::OnShard(shard) => Some(format!("{}={shard}", labels.shard)),
             Self::Unassigned => Some(format!("!{}", labels.shard)),
+            Self::Stray => Some(format!(
+                "{} notin ({})",
+                labels.shard,
+                available.iter().cloned().collect::<Vec<_>>().join(",")
+            )),
         }
+    }
+
+    /// Whether the list is answered from the apiserver's watch cache (`resourceVersion=0`: no
+    /// etcd read, in one answer however many objects match) instead of page by page from etcd.
+    /// Only the sweep of a quiet ring is: what it selects is what needs work, none or a few
+    /// objects, and a slightly stale answer is caught by the next sweep.
+    fn cached(&self) -> bool {
+        matches!(self, Self::Stray)
     }
 }
 

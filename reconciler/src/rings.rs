@@ -200,10 +200,16 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let awaiting = schedule::same_ring(previous.as_ref(), &observed)
         .map(|p| p.awaiting.clone())
         .unwrap_or_default();
+    let draining = schedule::same_ring(previous.as_ref(), &observed).is_some_and(|p| p.draining);
     let ran = if available.is_empty() || (scopes.is_empty() && awaiting.is_empty()) {
         None
     } else {
-        Some(rebalance(ctx, ring, &roles, &available, &scopes, awaiting).await?)
+        let work = Work {
+            scopes: &scopes,
+            awaiting,
+            draining,
+        };
+        Some(rebalance(ctx, ring, &roles, &available, work).await?)
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
@@ -230,17 +236,32 @@ fn describe_conflicts(conflicts: &BTreeMap<String, BTreeSet<String>>) -> String 
         .join(", ")
 }
 
-/// Lists and moves what `scopes` select, looks again at the controlled objects `awaiting`
-/// their owners (unless everything was listed), then counts the drains still pending and
-/// reports.
+/// What one rebalance is to do.
+struct Work<'a> {
+    /// The lists.
+    scopes: &'a BTreeSet<Scope>,
+    /// Controlled objects waiting for their owners, to look at again.
+    awaiting: Vec<ObjectId>,
+    /// Whether drains were pending after the last rebalance.
+    draining: bool,
+}
+
+/// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
+/// their owners (unless everything was listed), then counts the drains still pending (only
+/// where there can be some: drains were pending, this rebalance drained, or it listed
+/// everything, as after a change of leader) and reports.
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
     roles: &Roles,
     available: &BTreeSet<String>,
-    scopes: &BTreeSet<Scope>,
-    awaiting: Vec<ObjectId>,
+    work: Work<'_>,
 ) -> Result<Ran, Error> {
+    let Work {
+        scopes,
+        awaiting,
+        draining,
+    } = work;
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
     let targets = discovery::targets(&ctx.client, roles).await;
@@ -273,7 +294,11 @@ async fn rebalance(
         outcome.add(ctx.rebalancer.recheck(&view, &targets, rest).await);
     }
     let mut pending = 0;
-    for target in targets.iter().filter(|t| t.role == Role::Main) {
+    let drains_possible = draining || outcome.drained > 0 || scopes.contains(&Scope::All);
+    for target in targets
+        .iter()
+        .filter(|t| t.role == Role::Main && drains_possible)
+    {
         // A failed count is taken as pending, so the drain check comes again soon.
         pending += ctx
             .rebalancer

@@ -96,8 +96,12 @@ impl Rebalancer {
         tx: UnboundedSender<Queued>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
-        let mut first = ListParams::default().limit(self.settings.page_size);
-        if let Some(selector) = scope.selector(view.labels) {
+        let mut first = if scope.cached() {
+            ListParams::default().match_any()
+        } else {
+            ListParams::default().limit(self.settings.page_size)
+        };
+        if let Some(selector) = scope.selector(view.labels, view.available) {
             first = first.labels(&selector);
         }
         for namespace in view.namespaces.list_ranges(target) {

@@ -11,8 +11,8 @@ use tracing::warn;
 use crate::rebalance::Target;
 
 /// The ring's resources as the apiserver serves them. Resources (or groups) it does not serve
-/// are skipped with a warning: they may be installed later, and the periodic resync picks them
-/// up.
+/// are skipped with a warning: they may be installed later, and the next sweep picks them up
+/// (discovery runs at every rebalance).
 pub(crate) async fn targets(client: &Client, roles: &Roles) -> Vec<Target> {
     let mut groups: HashMap<String, Option<ApiGroup>> = HashMap::new();
     let mut targets = Vec::new();

@@ -5,9 +5,11 @@
 //! - A full list ([`Scope::All`]) when the ring is new to this leader, was recreated (new uid),
 //!   its spec changed (generation), a shard was added, or the resync interval passed.
 //! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
-//! - The unassigned sweep ([`Scope::Unassigned`]) every sweep interval, and at every reconcile
-//!   while drains are pending (their acknowledgements leave objects unassigned when the webhook
-//!   missed them).
+//! - While drains are pending, the unassigned objects ([`Scope::Unassigned`], from etcd) at
+//!   every reconcile: acknowledged drains leave their objects unassigned.
+//! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
+//!   left the ring ([`Scope::Stray`]), from the apiserver's watch cache, so a quiet ring reads
+//!   nothing from etcd between resyncs.
 //!
 //! A full list covers everything the others would, so it replaces them.
 
@@ -112,8 +114,10 @@ pub(crate) fn scopes(
         .difference(observed.available)
         .map(|dead| Scope::OnShard(dead.clone()))
         .collect();
-    if p.draining || now.saturating_duration_since(p.last_sweep) >= intervals.sweep {
+    if p.draining {
         scopes.insert(Scope::Unassigned);
+    } else if now.saturating_duration_since(p.last_sweep) >= intervals.sweep {
+        scopes.insert(Scope::Stray);
     }
     scopes
 }
@@ -234,7 +238,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn resyncs_and_sweeps_come_when_their_intervals_pass() {
+    async fn resyncs_and_sweeps_of_strays_from_the_cache_come_when_their_intervals_pass() {
         let t0 = Instant::now();
         let ab = set(&["a", "b"]);
         let known = progress(&["a", "b"], t0);
@@ -242,7 +246,16 @@ mod tests {
         assert!(scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(29)).is_empty());
         assert_eq!(
             scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(30)),
-            [Scope::Unassigned].into()
+            [Scope::Stray].into()
+        );
+        let draining = Progress {
+            draining: true,
+            ..known.clone()
+        };
+        assert_eq!(
+            scopes(Some(&draining), &observed(&ab, 1), &INTERVALS, at(30)),
+            [Scope::Unassigned].into(),
+            "while drains are pending, the unassigned objects are read from etcd"
         );
         assert_eq!(
             scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(300)),

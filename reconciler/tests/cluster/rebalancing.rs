@@ -2,7 +2,8 @@
 //! with the acknowledgement, none for the rest), a dead shard's objects and their children move
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
-//! the cluster with the other namespaces' objects left out.
+//! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
+//! apiserver's watch cache.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -1024,4 +1025,89 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
             "{name}: one write"
         );
     }
+}
+
+/// The lists of Secrets the apiserver has sent to etcd so far (its own metric).
+async fn etcd_secret_lists(w: &Test) -> f64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let metrics = w.client.request_text(request).await.expect("metrics");
+    sharder_harness::wait::metric_value(
+        &metrics,
+        "etcd_request_duration_seconds_count",
+        &[("operation", "list"), ("type", "*[]core.Secret")],
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_shard() {
+    // An apiserver of its own: no other test's lists in its etcd counts.
+    let cp = ControlPlane::dedicated(Options::default())
+        .await
+        .expect("a control plane");
+    let mut w = Test::on(cp, "quiet").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    w.wait_until_webhook_assigns().await;
+    w.create_objects(20).await;
+    let two = Ring::new(["shard-a", "shard-b"]);
+    eventually("settled", WAIT, || w.settled(&two)).await;
+
+    // Quiet: sweeps every second read nothing from etcd.
+    w.wait_for_rebalances(0, 1).await;
+    let lists = etcd_secret_lists(&w).await;
+    let seen = w.reconcilers[0].process.lines().len();
+    w.wait_for_rebalances(0, 3).await;
+    let sweeps: Vec<String> = w.reconcilers[0].process.lines()[seen..]
+        .iter()
+        .filter(|l| l["message"] == "rebalance")
+        .map(|l| l["scopes"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        sweeps.iter().all(|s| s == r#"["Stray"]"#),
+        "quiet sweeps list strays only: {sweeps:?}"
+    );
+    assert_eq!(
+        etcd_secret_lists(&w).await,
+        lists,
+        "sweeps of a quiet ring are answered from the watch cache"
+    );
+
+    // What the webhook missed, and an object labelled with a shard that is not in the ring
+    // (no Lease, so no shard death lists it), are moved by the next sweeps.
+    w.stop_webhook();
+    let pp = PostParams::default();
+    let missed = w
+        .secrets()
+        .create(&pp, &secret("object-missed"))
+        .await
+        .expect("create while the webhook is down");
+    assert_eq!(w.shard_of(&missed), None);
+    let mut stray = secret("object-stray");
+    stray.metadata.labels = Some([(w.id().labels().shard, "shard-gone".to_owned())].into());
+    w.secrets().create(&pp, &stray).await.expect("create");
+    let seen = w.reconcilers[0].process.lines().len();
+    for name in ["object-missed", "object-stray"] {
+        let object = format!("{}/{name}", w.ns);
+        w.reconcilers[0]
+            .process
+            .wait_for("the stray moved", seen, WAIT, |l| {
+                l["message"] == "moved" && l["object"] == object.as_str()
+            })
+            .await
+            .expect("moved");
+    }
+    // Counted before this test lists anything again.
+    assert_eq!(
+        etcd_secret_lists(&w).await,
+        lists,
+        "the strays were found in the watch cache, not by listing etcd"
+    );
+    eventually("the strays are on their shards", WAIT, || w.settled(&two)).await;
 }
