@@ -772,6 +772,28 @@ async fn refused_writes_are_counted_reported_and_retried() {
         .await;
 
     // What an operator reads: moves, shard states (a state set), ring status, calculations.
+    // A move is counted once its write is answered, which can come after the apiserver shows
+    // the object assigned: wait until every move is counted (a counter only grows, so a double
+    // count still shows below).
+    let moves = |metrics: &str| {
+        metric_value(
+            metrics,
+            "controller_sharding_movements_total",
+            &[
+                ("clusterring", ring.as_str()),
+                ("group", ""),
+                ("resource", "secrets"),
+            ],
+        )
+        .unwrap_or(0.0)
+    };
+    eventually("every move counted", WAIT, || async {
+        let counted = moves(&reconciler.metrics().await);
+        (counted >= 10.0)
+            .then_some(())
+            .ok_or(format!("{counted} moves counted"))
+    })
+    .await;
     let metrics = reconciler.metrics().await;
     let value = |name: &str, labels: &[(&str, &str)]| metric_value(&metrics, name, labels);
     assert_eq!(
