@@ -17,6 +17,7 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use sharder_common::Ring;
 use sharder_harness::ControlPlane;
+use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
 use crate::stats::cpu_seconds;
 use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
@@ -321,26 +322,15 @@ async fn measure(
 
 /// The apiserver's and etcd's CPU seconds and etcd lists so far.
 async fn usage(cp: &ControlPlane, client: &Client) -> Result<Usage, Error> {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .map_err(|e| Error::Setup(format!("a /metrics request: {e}")))?;
-    let metrics = client.request_text(request).await?;
+    let metrics = apiserver_metrics(client).await?;
     Ok(Usage {
         cpu: cp.pids().iter().filter_map(|p| cpu_seconds(*p)).sum(),
-        etcd_lists: etcd_lists(&metrics),
+        etcd_lists: metric_sum(
+            &metrics,
+            "etcd_request_duration_seconds_count",
+            &[("operation", "list")],
+        ),
     })
-}
-
-/// The lists the apiserver sent to etcd so far, from its metrics.
-fn etcd_lists(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("etcd_request_duration_seconds_count{")
-                && l.contains("operation=\"list\"")
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }
 
 /// The reconciler's rebalances in `lines`, by what they listed.
@@ -384,16 +374,6 @@ async fn quiet(client: &Client) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn etcd_lists_sum_every_type_of_list_and_nothing_else() {
-        let metrics = "# HELP etcd_request_duration_seconds ...\n\
-etcd_request_duration_seconds_count{operation=\"list\",type=\"*core.Secret\"} 12\n\
-etcd_request_duration_seconds_count{operation=\"list\",type=\"*core.Namespace\"} 3\n\
-etcd_request_duration_seconds_count{operation=\"get\",type=\"*core.Secret\"} 40\n\
-etcd_request_duration_seconds_sum{operation=\"list\",type=\"*core.Secret\"} 0.5\n";
-        assert_eq!(etcd_lists(metrics), 15.0);
-    }
 
     #[test]
     fn per_hour_is_above_the_mean_control_at_the_real_schedule() {

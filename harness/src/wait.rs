@@ -47,13 +47,17 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Str
     Ok((status, body))
 }
 
-/// The value of the first sample of `metric` whose label set contains every `labels` pair, from
-/// a Prometheus text exposition.
-pub fn metric_value(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+/// The values of the samples of `metric` whose label set contains every `labels` pair, from a
+/// Prometheus text exposition.
+fn samples<'a>(
+    exposition: &'a str,
+    metric: &'a str,
+    labels: &'a [(&'a str, &'a str)],
+) -> impl Iterator<Item = f64> + 'a {
     exposition
         .lines()
         .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
+        .filter_map(move |line| {
             let (name_and_labels, value) = line.rsplit_once(' ')?;
             let (name, label_text) = match name_and_labels.split_once('{') {
                 Some((name, rest)) => (name, rest.trim_end_matches('}')),
@@ -66,22 +70,26 @@ pub fn metric_value(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> 
             .then(|| value.parse().ok())
             .flatten()
         })
-        .next()
 }
 
-/// The sum of every sample of `metric`, whatever its labels.
-pub fn metric_sum(exposition: &str, metric: &str) -> f64 {
-    exposition
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (name_and_labels, value) = line.rsplit_once(' ')?;
-            let name = name_and_labels.split('{').next()?;
-            (name == metric)
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
+/// The value of the first sample of `metric` whose label set contains every `labels` pair, from
+/// a Prometheus text exposition.
+pub fn metric_value(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples(exposition, metric, labels).next()
+}
+
+/// The sum of the samples of `metric` whose label set contains every `labels` pair (`&[]`:
+/// every sample).
+pub fn metric_sum(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    samples(exposition, metric, labels).sum()
+}
+
+/// The apiserver's own metrics (`GET /metrics` with `client`'s credentials).
+pub async fn apiserver_metrics(client: &kube::Client) -> Result<String, kube::Error> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    client.request_text(request).await
 }
 
 #[cfg(test)]
@@ -104,6 +112,10 @@ mod tests {
             metric_value(EXPOSITION, "x_total", &[("clusterring", "c")]),
             None
         );
-        assert_eq!(metric_sum(EXPOSITION, "x_total"), 7.0);
+        assert_eq!(metric_sum(EXPOSITION, "x_total", &[]), 7.0);
+        assert_eq!(
+            metric_sum(EXPOSITION, "x_total", &[("clusterring", "b")]),
+            5.0
+        );
     }
 }

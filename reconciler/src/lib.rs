@@ -134,8 +134,8 @@ pub struct Args {
 
     /// Sweep for objects without a shard or on a shard not in the ring (missed by the webhook,
     /// created with generateName, labelled by hand), answered from the apiserver's watch cache:
-    /// a quiet ring reads nothing from etcd between resyncs. Each sweep costs the apiserver about
-    /// a microsecond per object of the resource it holds (`docs/benchmarks.md` section 8).
+    /// a quiet ring reads nothing from etcd between resyncs (its cost: `docs/benchmarks.md`
+    /// section 8).
     #[arg(long, env = "SHARDER_SWEEP_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub sweep_interval: Duration,
 

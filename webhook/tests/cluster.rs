@@ -112,6 +112,7 @@ impl Setup {
         metric_sum(
             &self.webhook.metrics().await,
             "sharder_webhook_request_duration_seconds_count",
+            &[],
         )
     }
 

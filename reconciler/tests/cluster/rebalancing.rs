@@ -1051,10 +1051,9 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
 
 /// The lists of Secrets the apiserver has sent to etcd so far (its own metric).
 async fn etcd_secret_lists(w: &Test) -> f64 {
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
-        .expect("request");
-    let metrics = w.client.request_text(request).await.expect("metrics");
+    let metrics = sharder_harness::wait::apiserver_metrics(&w.client)
+        .await
+        .expect("metrics");
     sharder_harness::wait::metric_value(
         &metrics,
         "etcd_request_duration_seconds_count",

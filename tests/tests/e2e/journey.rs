@@ -40,9 +40,8 @@ const OBJECTS: usize = 200;
 const START: Duration = Duration::from_secs(240);
 /// The shards' `--lease-duration`. A shard is dead, and its objects move, twice this after its
 /// last renewal. Kubelet 1.20 sometimes leaves a deleted pod's sandbox to its next container GC
-/// (every minute) and so keeps the pod, and the StatefulSet's replacement, that long: seen for 1 of
-/// 4 shard pods in a rolling restart, each time with the container removed within 0.1 s of its
-/// exit. A restarted shard is then back within about 75 s, before 2 x 45 s.
+/// (every minute), then finalizes the pod at its next status sync (every 10 s): a restarted shard
+/// must come back before 2 x 45 s even then.
 const LEASE: &str = "45s";
 /// A rebalance or a reassignment: twice the lease duration plus a sweep and the writes.
 const MOVE: Duration = Duration::from_secs(150);
