@@ -2,12 +2,19 @@
 //! connection goes to the next backend that accepts it (TLS passes through untouched). Backends
 //! can be replaced while it runs (a restarted replica binds a new port, as a new pod gets a new
 //! IP behind the same Service).
+//!
+//! It also stands for the network between a component and the apiserver: [`Proxy::blackhole`]
+//! stops every byte in both directions (connections stay open, new ones are accepted and hang,
+//! as behind a partition) until it is lifted; what was sent meanwhile is delivered then, as TCP
+//! retransmission would once a partition heals.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 type Backends = Arc<RwLock<Vec<Option<SocketAddr>>>>;
@@ -16,6 +23,7 @@ type Backends = Arc<RwLock<Vec<Option<SocketAddr>>>>;
 pub struct Proxy {
     addr: SocketAddr,
     backends: Backends,
+    open: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
@@ -29,8 +37,9 @@ impl Proxy {
         let backends: Backends = Arc::new(RwLock::new(vec![None; slots]));
         let shared = Arc::clone(&backends);
         let next = Arc::new(AtomicUsize::new(0));
+        let (open, passing) = watch::channel(true);
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
+            while let Ok((inbound, _)) = listener.accept().await {
                 let candidates: Vec<SocketAddr> = shared
                     .read()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -39,12 +48,20 @@ impl Proxy {
                     .copied()
                     .collect();
                 let start = next.fetch_add(1, Ordering::Relaxed);
+                let mut passing = passing.clone();
                 tokio::spawn(async move {
+                    if passing.wait_for(|open| *open).await.is_err() {
+                        return;
+                    }
                     for i in 0..candidates.len() {
                         let backend = candidates[(start + i) % candidates.len()];
-                        if let Ok(mut outbound) = TcpStream::connect(backend).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        if let Ok(outbound) = TcpStream::connect(backend).await {
+                            let (in_read, in_write) = inbound.into_split();
+                            let (out_read, out_write) = outbound.into_split();
+                            tokio::join!(
+                                pipe(in_read, out_write, passing.clone()),
+                                pipe(out_read, in_write, passing),
+                            );
                             return;
                         }
                     }
@@ -54,8 +71,22 @@ impl Proxy {
         Ok(Self {
             addr,
             backends,
+            open,
             task,
         })
+    }
+
+    /// A proxy with one backend (the apiserver, for a component whose network is to fail).
+    pub async fn to(backend: SocketAddr) -> std::io::Result<Self> {
+        let proxy = Self::start(1).await?;
+        proxy.set_backend(0, Some(backend));
+        Ok(proxy)
+    }
+
+    /// Blackholes the proxy (`true`): no byte passes in either direction and new connections
+    /// hang; `false` heals it and delivers what waited.
+    pub fn blackhole(&self, on: bool) {
+        self.open.send_replace(!on);
     }
 
     /// Points slot `i` at `backend` (`None`: no backend in that slot).
@@ -79,5 +110,95 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Copies `from` to `to` while the proxy lets bytes pass (holding them, and the end of the
+/// stream, while it is blackholed).
+async fn pipe(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    mut passing: watch::Receiver<bool>,
+) {
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let read = from.read(&mut buffer).await;
+        if passing.wait_for(|open| *open).await.is_err() {
+            return;
+        }
+        match read {
+            Ok(n) if n > 0 => {
+                if to.write_all(&buffer[..n]).await.is_err() {
+                    return;
+                }
+            }
+            _ => {
+                let _ = to.shutdown().await;
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An echo server on loopback.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut read, mut write) = stream.into_split();
+                    let _ = tokio::io::copy(&mut read, &mut write).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(stream: &mut TcpStream, message: &[u8]) -> Vec<u8> {
+        stream.write_all(message).await.expect("write");
+        let mut answer = vec![0; message.len()];
+        stream.read_exact(&mut answer).await.expect("read");
+        answer
+    }
+
+    #[tokio::test]
+    async fn a_blackholed_proxy_holds_every_byte_until_it_heals() {
+        let proxy = Proxy::to(echo().await).await.expect("proxy");
+        let mut before = TcpStream::connect(proxy.addr()).await.expect("connect");
+        assert_eq!(round_trip(&mut before, b"one").await, b"one");
+
+        proxy.blackhole(true);
+        before.write_all(b"two").await.expect("write");
+        let mut during = TcpStream::connect(proxy.addr()).await.expect("accepted");
+        during.write_all(b"three").await.expect("write");
+        let (mut a, mut b) = ([0; 1], [0; 1]);
+        let held = tokio::time::timeout(Duration::from_millis(300), async {
+            tokio::select! {
+                r = before.read(&mut a) => r,
+                r = during.read(&mut b) => r,
+            }
+        })
+        .await;
+        assert!(held.is_err(), "a byte passed the blackhole: {held:?}");
+
+        proxy.blackhole(false);
+        let mut answer = [0; 3];
+        before.read_exact(&mut answer).await.expect("held bytes");
+        assert_eq!(&answer, b"two");
+        let mut answer = [0; 5];
+        during
+            .read_exact(&mut answer)
+            .await
+            .expect("held connection");
+        assert_eq!(&answer, b"three");
     }
 }

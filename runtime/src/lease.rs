@@ -5,11 +5,11 @@
 //! own Lease, named after the shard, labelled with its ring). Every write carries the Lease's
 //! resourceVersion, so two candidates never both win.
 //!
-//! What an attempt writes is a pure function of the Lease as found ([`plan`]); so is what the
-//! renewal loop does after an attempt ([`after_attempt`]). A held Lease is renewed every
-//! `renew_interval`. When no renewal has succeeded for [`renewal_deadline`] (before the Lease
-//! can expire and someone else take it over), or someone else holds the Lease, the keeper
-//! cancels [`Held::lost`]: whatever runs under the Lease must stop at once.
+//! What an attempt writes is a pure function of the Lease as found ([`plan`]). A held Lease is
+//! renewed every `renew_interval`. When no renewal has succeeded within [`renewal_deadline`]
+//! (before the Lease can expire and someone else take it over; a timer, so a renewal that hangs
+//! does not delay it), or someone else holds the Lease, the keeper cancels [`Held::lost`]:
+//! whatever runs under the Lease must stop at once.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -22,6 +22,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -96,7 +97,7 @@ pub fn plan(
     duration: Duration,
     now: Timestamp,
 ) -> Plan {
-    let seconds = i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let seconds = lease_seconds(duration);
     let Some(current) = existing else {
         return Plan::Create(LeaseSpec {
             holder_identity: Some(identity.to_owned()),
@@ -134,34 +135,16 @@ pub fn plan(
 
 /// How long renewals may fail before the Lease counts as lost: `duration - renew_interval`
 /// (at least one interval), so whatever runs under it stops before anyone else can take it.
+/// The deadline runs from the start of the last successful renewal (its renewTime is no earlier)
+/// and is kept by a timer, whatever an attempt in flight is doing: a request that hangs (a
+/// partitioned network) does not hold the verdict back.
 pub fn renewal_deadline(duration: Duration, renew_interval: Duration) -> Duration {
     duration.saturating_sub(renew_interval).max(renew_interval)
 }
 
-/// What the renewal loop does after one attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Renewal {
-    /// Renewed: the deadline starts again.
-    Renewed,
-    /// The attempt failed, but the deadline has not passed: try again next interval.
-    Retry,
-    /// Someone else holds the Lease, or no renewal succeeded within the deadline: lost.
-    Lost,
-}
-
-/// The renewal loop's verdict on an attempt (`None`: the request failed) made
-/// `since_renewal` after the last successful renewal.
-pub fn after_attempt(
-    attempt: Option<Attempt>,
-    since_renewal: Duration,
-    deadline: Duration,
-) -> Renewal {
-    match attempt {
-        Some(Attempt::Held) => Renewal::Renewed,
-        Some(Attempt::HeldByOther) => Renewal::Lost,
-        None if since_renewal >= deadline => Renewal::Lost,
-        None => Renewal::Retry,
-    }
+/// `leaseDurationSeconds` for `duration`: whole seconds, at least one.
+fn lease_seconds(duration: Duration) -> i32 {
+    i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX)
 }
 
 /// Keeps one Lease.
@@ -256,9 +239,10 @@ impl LeaseKeeper {
     /// Waits until the Lease is held (retrying every `renew_interval`), then keeps renewing it
     /// in the background.
     pub async fn acquire(self, shutdown: &CancellationToken) -> Result<Held, LeaseError> {
-        loop {
+        let renewed_at = loop {
+            let started = Instant::now();
             match self.try_acquire_or_renew().await {
-                Ok(Attempt::Held) => break,
+                Ok(Attempt::Held) => break started,
                 Ok(Attempt::HeldByOther) => {}
                 Err(e) => warn!(error = %e, "cannot acquire the lease yet"),
             }
@@ -266,11 +250,11 @@ impl LeaseKeeper {
                 () = shutdown.cancelled() => return Err(LeaseError::Cancelled),
                 () = tokio::time::sleep(self.config.renew_interval) => {}
             }
-        }
+        };
         info!(lease = %self.config.name, namespace = %self.config.namespace, identity = %self.config.identity, "lease acquired");
         let lost = CancellationToken::new();
         let stop = CancellationToken::new();
-        let task = tokio::spawn(renew(self.clone(), lost.clone(), stop.clone()));
+        let task = tokio::spawn(renew(self.clone(), renewed_at, lost.clone(), stop.clone()));
         Ok(Held {
             keeper: self,
             lost,
@@ -308,27 +292,43 @@ impl LeaseKeeper {
     }
 }
 
-async fn renew(keeper: LeaseKeeper, lost: CancellationToken, stop: CancellationToken) {
+/// Renews the Lease every `renew_interval` until `stop`; cancels `lost` (and returns) when
+/// someone else holds it, or when no renewal started within [`renewal_deadline`] of the one
+/// started at `renewed_at` has succeeded, an attempt in flight included.
+async fn renew(
+    keeper: LeaseKeeper,
+    mut renewed_at: Instant,
+    lost: CancellationToken,
+    stop: CancellationToken,
+) {
     let config = &keeper.config;
-    let deadline = renewal_deadline(config.duration, config.renew_interval);
-    let mut last_renewal = tokio::time::Instant::now();
+    let deadline = renewal_deadline(
+        Duration::from_secs(u64::from(lease_seconds(config.duration).unsigned_abs())),
+        config.renew_interval,
+    );
+    let lose = |why: &str| {
+        warn!(lease = %config.name, deadline = ?deadline, "lease lost: {why}");
+        lost.cancel();
+    };
     loop {
+        let lost_at = renewed_at + deadline;
         tokio::select! {
             () = stop.cancelled() => return,
+            () = sleep_until(lost_at) => return lose("not renewed within the deadline"),
             () = tokio::time::sleep(config.renew_interval) => {}
         }
-        let attempt = keeper.try_acquire_or_renew().await;
-        if let Err(e) = &attempt {
-            warn!(lease = %config.name, error = %e, "lease renewal failed");
-        }
-        match after_attempt(attempt.ok(), last_renewal.elapsed(), deadline) {
-            Renewal::Renewed => last_renewal = tokio::time::Instant::now(),
-            Renewal::Retry => {}
-            Renewal::Lost => {
-                warn!(lease = %config.name, "lease lost (taken by someone else, or not renewed within the deadline)");
-                lost.cancel();
-                return;
+        let started = Instant::now();
+        let attempt = tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep_until(lost_at) => {
+                return lose("not renewed within the deadline (a renewal is still unanswered)");
             }
+            attempt = keeper.try_acquire_or_renew() => attempt,
+        };
+        match attempt {
+            Ok(Attempt::Held) => renewed_at = started,
+            Ok(Attempt::HeldByOther) => return lose("held by someone else"),
+            Err(e) => warn!(lease = %config.name, error = %e, "lease renewal failed"),
         }
     }
 }
@@ -570,23 +570,5 @@ mod tests {
             Duration::from_millis(2500)
         );
         assert_eq!(renewal_deadline(s(2), s(2)), s(2), "at least one interval");
-    }
-
-    #[test]
-    fn renewal_verdicts() {
-        let s = Duration::from_secs;
-        let table = [
-            (Some(Attempt::Held), s(100), Renewal::Renewed),
-            (Some(Attempt::HeldByOther), s(0), Renewal::Lost),
-            (None, s(9), Renewal::Retry),
-            (None, s(10), Renewal::Lost),
-        ];
-        for (attempt, since, want) in table {
-            assert_eq!(
-                after_attempt(attempt, since, s(10)),
-                want,
-                "{attempt:?} {since:?}"
-            );
-        }
     }
 }

@@ -1,7 +1,8 @@
 //! The Lease keeper against a real kube-apiserver: one holder at a time, renewals keep the Lease
 //! ready, a release hands it over at once, an abandoned Lease is taken after it expires, and a
-//! holder whose Lease is taken learns it has lost it, and one whose Lease's labels are written
-//! beside it (the shard lease controller's state label) keeps it.
+//! holder whose Lease is taken learns it has lost it (as does one whose renewals hang, before its
+//! Lease can expire), and one whose Lease's labels are written beside it (the shard lease
+//! controller's state label) keeps it.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use sharder_common::{ShardState, shard_state};
 use sharder_harness::ControlPlane;
+use sharder_harness::proxy::Proxy;
 use sharder_runtime::lease::{Attempt, HoldError, LeaseConfig, LeaseKeeper, OnStop, hold};
 use tokio_util::sync::CancellationToken;
 
@@ -253,4 +255,58 @@ async fn a_kept_lease_is_taken_back_at_once_by_the_same_identity_and_by_others_o
         kept.spec.and_then(|s| s.lease_transitions),
         "no transition: the same holder"
     );
+}
+
+#[tokio::test]
+async fn a_holder_whose_renewals_hang_loses_its_lease_before_it_can_expire() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let ns = cp.namespace("lease").await.expect("namespace");
+    let apiserver = cp.url().trim_start_matches("https://");
+    let proxy = Proxy::to(apiserver.parse().expect("the apiserver's address"))
+        .await
+        .expect("proxy");
+    let mut config = cp.config().await.expect("config");
+    config.cluster_url = format!("https://{}", proxy.addr()).parse().expect("url");
+    let through_proxy = kube::Client::try_from(config).expect("client");
+    let duration = Duration::from_secs(3);
+    let keeper = LeaseKeeper::new(
+        through_proxy,
+        LeaseConfig {
+            namespace: ns.clone(),
+            name: "partitioned".into(),
+            identity: "partitioned".into(),
+            duration,
+            renew_interval: Duration::from_millis(500),
+            labels: [("app".to_owned(), "test".to_owned())].into(),
+        },
+    );
+    let held = keeper
+        .acquire(&CancellationToken::new())
+        .await
+        .expect("acquire");
+    let api: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), &ns);
+
+    // Every renewal from now on hangs: no answer, no error.
+    proxy.blackhole(true);
+    let cut = std::time::Instant::now();
+    tokio::time::timeout(2 * duration, held.lost().cancelled())
+        .await
+        .expect("the holder gives its lease up although its renewal never returns");
+    let gave_up = Timestamp::now();
+    let spec = api
+        .get("partitioned")
+        .await
+        .expect("get")
+        .spec
+        .expect("spec");
+    let expires = spec.renew_time.expect("renewTime").0
+        + k8s_openapi::jiff::SignedDuration::from_secs(i64::from(
+            spec.lease_duration_seconds.expect("duration"),
+        ));
+    assert!(
+        gave_up < expires,
+        "gave up at {gave_up}, after the lease expired at {expires} ({:?} after the cut)",
+        cut.elapsed()
+    );
+    proxy.blackhole(false);
 }
