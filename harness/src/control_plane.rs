@@ -401,6 +401,19 @@ impl ControlPlane {
     /// The audit events of successful writes (create, update, patch, delete; not Leases or
     /// Events) after `mark` (`AuditMark::default()`: all), one JSON object each.
     pub fn audited_writes_since(&self, mark: AuditMark) -> Vec<serde_json::Value> {
+        self.audited_requests_since(mark)
+            .into_iter()
+            .filter(|event| {
+                event["responseStatus"]["code"]
+                    .as_u64()
+                    .is_some_and(|c| c < 300)
+            })
+            .collect()
+    }
+
+    /// The audit events of answered write requests (as [`Self::audited_writes_since`], refused
+    /// ones included) after `mark`.
+    pub fn audited_requests_since(&self, mark: AuditMark) -> Vec<serde_json::Value> {
         use std::io::{Read as _, Seek as _};
         let mut text = String::new();
         if let Ok(mut file) = std::fs::File::open(self.dir.join("audit.log")) {
@@ -411,12 +424,7 @@ impl ControlPlane {
         }
         text.lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter(|event| {
-                event["stage"] == "ResponseComplete"
-                    && event["responseStatus"]["code"]
-                        .as_u64()
-                        .is_some_and(|c| c < 300)
-            })
+            .filter(|event| event["stage"] == "ResponseComplete")
             .collect()
     }
 

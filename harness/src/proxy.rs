@@ -23,6 +23,7 @@ type Backends = Arc<RwLock<Vec<Option<SocketAddr>>>>;
 pub struct Proxy {
     addr: SocketAddr,
     backends: Backends,
+    connections: Arc<AtomicUsize>,
     open: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -38,6 +39,8 @@ impl Proxy {
         let shared = Arc::clone(&backends);
         let next = Arc::new(AtomicUsize::new(0));
         let (open, passing) = watch::channel(true);
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let candidates: Vec<SocketAddr> = shared
@@ -49,28 +52,31 @@ impl Proxy {
                     .collect();
                 let start = next.fetch_add(1, Ordering::Relaxed);
                 let mut passing = passing.clone();
+                let counted = Arc::clone(&counted);
+                counted.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
-                    if passing.wait_for(|open| *open).await.is_err() {
-                        return;
-                    }
-                    for i in 0..candidates.len() {
-                        let backend = candidates[(start + i) % candidates.len()];
-                        if let Ok(outbound) = TcpStream::connect(backend).await {
-                            let (in_read, in_write) = inbound.into_split();
-                            let (out_read, out_write) = outbound.into_split();
-                            tokio::join!(
-                                pipe(in_read, out_write, passing.clone()),
-                                pipe(out_read, in_write, passing),
-                            );
-                            return;
+                    if passing.wait_for(|open| *open).await.is_ok() {
+                        for i in 0..candidates.len() {
+                            let backend = candidates[(start + i) % candidates.len()];
+                            if let Ok(outbound) = TcpStream::connect(backend).await {
+                                let (in_read, in_write) = inbound.into_split();
+                                let (out_read, out_write) = outbound.into_split();
+                                tokio::join!(
+                                    pipe(in_read, out_write, passing.clone()),
+                                    pipe(out_read, in_write, passing),
+                                );
+                                break;
+                            }
                         }
                     }
+                    counted.fetch_sub(1, Ordering::Relaxed);
                 });
             }
         });
         Ok(Self {
             addr,
             backends,
+            connections,
             open,
             task,
         })
@@ -99,6 +105,11 @@ impl Proxy {
             backends.resize(i + 1, None);
         }
         backends[i] = backend;
+    }
+
+    /// Connections accepted and not yet ended in both directions.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// The address clients connect to.

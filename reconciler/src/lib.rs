@@ -102,8 +102,15 @@ pub struct Args {
     #[arg(long, env = "SHARDER_WEBHOOK_SERVICE_PORT", default_value_t = 443)]
     pub webhook_service_port: i32,
 
-    /// `timeoutSeconds` of the webhook calls.
-    #[arg(long, env = "SHARDER_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 5)]
+    /// `timeoutSeconds` of the webhook calls (1-30). What the apiserver waits for a webhook that
+    /// accepts connections and never answers, on every CREATE of a ring's objects; then it
+    /// creates the object unassigned (failurePolicy Ignore) and the next sweep assigns it.
+    #[arg(
+        long,
+        env = "SHARDER_WEBHOOK_TIMEOUT_SECONDS",
+        default_value_t = 2,
+        value_parser = clap::value_parser!(i32).range(1..=30)
+    )]
     pub webhook_timeout_seconds: i32,
 
     /// The namespaces every ring is limited to, as a JSON LabelSelector (`matchLabels`,
@@ -557,6 +564,32 @@ mod tests {
         let err = parse("0").expect_err("0 is no page").to_string();
         assert!(err.contains("--list-page-size"), "{err}");
         assert_eq!(parse("1").expect("1 object a page").list_page_size, 1);
+    }
+
+    #[test]
+    fn a_webhook_timeout_the_api_would_refuse_is_refused_with_the_flag_named() {
+        let base = [
+            "sharder-reconciler",
+            "--webhook-url",
+            "https://webhook",
+            "--webhook-ca-file",
+            "/ca.crt",
+        ];
+        let parse = |seconds: &str| {
+            let flag = format!("--webhook-timeout-seconds={seconds}");
+            Args::try_parse_from(base.iter().copied().chain([flag.as_str()]))
+        };
+        for refused in ["0", "31", "-1"] {
+            let err = parse(refused).expect_err(refused).to_string();
+            assert!(err.contains("--webhook-timeout-seconds"), "{err}");
+        }
+        assert_eq!(parse("30").expect("30 s").webhook_timeout_seconds, 30);
+        assert_eq!(
+            Args::try_parse_from(base)
+                .expect("defaults")
+                .webhook_timeout_seconds,
+            2
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
+use std::process::ExitStatus;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
@@ -58,6 +59,8 @@ pub struct Options {
     /// cluster-admin), so the audit log tells their writes apart:
     /// [`RECONCILER_ACCOUNT`] and [`SHARD_ACCOUNT`].
     pub service_accounts: bool,
+    /// More flags for the reconciler replicas.
+    pub reconciler_extra: Vec<String>,
 }
 
 /// The reconciler's ServiceAccount with [`Options::service_accounts`].
@@ -81,6 +84,7 @@ impl Default for Options {
             reconciler_kubeconfig: None,
             reconciler_namespace: None,
             service_accounts: false,
+            reconciler_extra: Vec::new(),
         }
     }
 }
@@ -266,6 +270,12 @@ impl System {
         }
     }
 
+    /// Blackholes the webhook Service (`true`: the apiserver's calls are accepted and never
+    /// answered, a hung webhook) or heals it.
+    pub fn blackhole_webhooks(&self, on: bool) {
+        self.proxy.blackhole(on);
+    }
+
     /// Whether webhook replica `i` runs.
     pub fn webhook_running(&self, i: usize) -> bool {
         self.webhooks[i].is_some()
@@ -274,12 +284,15 @@ impl System {
     /// Starts (or restarts) reconciler replica `i` (identity `replica-<i>`).
     pub async fn start_reconciler(&mut self, i: usize) {
         let env = self.reconciler_env.clone();
-        let flags = self.world.reconciler_flags(
+        let mut flags = self.world.reconciler_flags(
             &format!("replica-{i}"),
             self.reconciler_namespace(),
             &format!("https://{}", self.proxy.addr()),
             Duration::from_secs(self.options.sweep_seconds),
         );
+        flags
+            .extra
+            .extend(self.options.reconciler_extra.iter().cloned());
         let reconciler = self
             .world
             .start_reconciler(&format!("reconciler-{i}"), &env, &flags)
@@ -353,8 +366,15 @@ impl System {
 
     /// Starts an example shard with `flags` and waits until it holds its Lease.
     pub async fn start_shard_with(&mut self, flags: ShardFlags) {
+        let env = self.shard_env.clone();
+        self.start_shard_as(flags, &env).await;
+    }
+
+    /// Starts an example shard with `flags` in `env` (its own credentials or network) and waits
+    /// until it holds its Lease.
+    pub async fn start_shard_as(&mut self, flags: ShardFlags, env: &Env) {
         let name = flags.name.clone();
-        let mut shard = Shard::start(&self.shard_env, &flags).await.expect("shard");
+        let mut shard = Shard::start(env, &flags).await.expect("shard");
         shard
             .process
             .wait_ready(shard.admin)
@@ -382,6 +402,19 @@ impl System {
             shard.process.kill();
             self.ended.insert(name.to_owned(), unix_nanos());
         }
+    }
+
+    /// Waits until shard `name` exits by itself (its Lease lost), at most `timeout`; records the
+    /// moment it was seen gone as its end and returns its exit status.
+    pub async fn wait_shard_exit(&mut self, name: &str, timeout: Duration) -> ExitStatus {
+        let shard = self.shards.get_mut(name).expect("a running shard");
+        let status = eventually(&format!("{name} exits"), timeout, || {
+            std::future::ready(shard.process.try_wait().ok_or("still running"))
+        })
+        .await;
+        self.shards.remove(name);
+        self.ended.insert(name.to_owned(), unix_nanos());
+        status
     }
 
     /// The names of the running shards.

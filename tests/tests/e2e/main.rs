@@ -6,5 +6,6 @@
 mod chaos;
 mod chart;
 mod cluster_ring_api;
+mod faults;
 mod journey;
 mod scenarios;

@@ -1,0 +1,466 @@
+//! Faults real clusters have, with the ownership and handover checkers running: a zombie shard
+//! (alive, its Lease renewals refused), a shard cut off from the apiserver by a partition that
+//! heals, and a webhook that accepts connections and never answers.
+//!
+//! What each case showed (the margin a lost shard stops before its Lease expires, how late its
+//! Lease is taken over, the cost of a hung webhook per CREATE) is printed for the notes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use sharder_harness::control_plane::AuditMark;
+use sharder_harness::launch::Env;
+use sharder_harness::proxy::Proxy;
+use sharder_harness::wait::eventually;
+use sharder_tests::system::{Objects, Options, System, WAIT};
+
+/// The lost shard's Lease: its duration and renew interval are the SDK's defaults scaled down
+/// (15 s / 2 s), keeping the default margin of one renew interval between the renewal deadline
+/// and the Lease's expiry.
+const LEASE: Duration = Duration::from_secs(6);
+const RENEW: Duration = Duration::from_secs(2);
+
+/// Updates every Secret of `names` in turn until stopped, so the shards keep reconciling.
+fn churn(objects: Objects, names: Vec<String>) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::clone(&stop);
+    let task = tokio::spawn(async move {
+        let mut version = 0;
+        while !stopped.load(Ordering::Relaxed) {
+            for name in &names {
+                version += 1;
+                let _ = objects.update_secret(name, &format!("v{version}")).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (stop, task)
+}
+
+/// Polls Lease `name` every 50 ms until stopped; every spec seen, in order.
+fn watch_lease(
+    system: &System,
+    name: &str,
+) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<LeaseSpec>>) {
+    let leases = system.leases();
+    let name = name.to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::clone(&stop);
+    let task = tokio::spawn(async move {
+        let mut seen: Vec<LeaseSpec> = Vec::new();
+        while !stopped.load(Ordering::Relaxed) {
+            if let Ok(lease) = leases.get(&name).await {
+                let spec = lease.spec.unwrap_or_default();
+                if seen.last() != Some(&spec) {
+                    seen.push(spec);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        seen
+    });
+    (stop, task)
+}
+
+/// When the last renewal by `holder` among `specs` expires.
+fn expiry_of_last_renewal(specs: &[LeaseSpec], holder: &str) -> Timestamp {
+    let last = specs
+        .iter()
+        .rev()
+        .find(|s| s.holder_identity.as_deref() == Some(holder))
+        .expect("a renewal by the holder was seen");
+    last.renew_time.as_ref().expect("renewTime").0
+        + SignedDuration::from_secs(i64::from(last.lease_duration_seconds.expect("duration")))
+}
+
+/// Successful writes by `user` to objects of the test namespace after `mark`: when the apiserver
+/// received each, the resource and name.
+fn writes_of(system: &System, user: &str, mark: AuditMark) -> Vec<(Timestamp, String)> {
+    system
+        .cp
+        .audited_writes_since(mark)
+        .into_iter()
+        .filter(|e| e["user"]["username"] == user && e["objectRef"]["namespace"] == *system.ns)
+        .map(|e| {
+            let at = e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+                .expect("an audit timestamp");
+            let object = format!(
+                "{}/{}",
+                e["objectRef"]["resource"].as_str().unwrap_or_default(),
+                e["objectRef"]["name"].as_str().unwrap_or_default()
+            );
+            (at, object)
+        })
+        .collect()
+}
+
+/// Seconds from `a` to `b` (negative if `b` is earlier).
+fn seconds(a: Timestamp, b: Timestamp) -> f64 {
+    b.duration_since(a).as_secs_f64()
+}
+
+/// Starts a system with two ordinary shards.
+async fn two_shards(prefix: &str) -> System {
+    System::start(
+        prefix,
+        Options {
+            shards: 2,
+            ..Options::default()
+        },
+    )
+    .await
+}
+
+/// Starts `lost` in `env` with the case's Lease (again, when it rejoins: as its pod would be
+/// restarted).
+async fn start_lost(system: &mut System, lost: &str, env: &Env) {
+    let mut flags = system.shard_flags(lost);
+    flags.lease_duration = LEASE;
+    flags.lease_renew = RENEW;
+    system.start_shard_as(flags, env).await;
+}
+
+/// The shard `lost` is cut off by `cut` while objects change: it must give its Lease up before
+/// the Lease expires (and exit, to be restarted), write nothing after that, and its objects
+/// must move to the others; `heal` undoes the fault. Returns the audit mark taken before the
+/// cut and when its last Lease renewal expired.
+async fn lose<Cut, Heal>(
+    system: &mut System,
+    lost: &str,
+    user: &str,
+    cut: Cut,
+    heal: Heal,
+) -> (AuditMark, Timestamp)
+where
+    Cut: AsyncFnOnce(),
+    Heal: AsyncFnOnce(),
+{
+    let names: Vec<String> = (0..30).map(|i| format!("object-{i}")).collect();
+    system.create_secrets(0..30).await;
+    system
+        .wait_converged("objects spread over three shards")
+        .await;
+    let held = system
+        .holdings()
+        .await
+        .get(lost)
+        .copied()
+        .unwrap_or_default();
+    assert!(held > 0, "{lost} holds no object to lose");
+
+    let (stop_churn, churning) = churn(system.objects(), names);
+    let (stop_watch, watching) = watch_lease(system, lost);
+    tokio::time::sleep(RENEW).await; // Reconciles by the shard are under way.
+    let mark = system.audit_mark();
+    let cut_at = Timestamp::now();
+    cut().await;
+    let status = system.wait_shard_exit(lost, 3 * LEASE).await;
+    let gone = Timestamp::now();
+    assert!(
+        !status.success(),
+        "{lost} exited {status} after losing its Lease"
+    );
+    eventually("the lost shard leaves the ring", WAIT, || async {
+        let ring = system.desired_ring().await;
+        match ring.shards().iter().any(|s| s == lost) {
+            true => Err(ring.shards().to_vec()),
+            false => Ok(()),
+        }
+    })
+    .await;
+    stop_churn.store(true, Ordering::Relaxed);
+    churning.await.expect("churn");
+    system
+        .wait_converged("the lost shard's objects moved")
+        .await;
+    stop_watch.store(true, Ordering::Relaxed);
+    let specs = watching.await.expect("lease watch");
+    let expired = expiry_of_last_renewal(&specs, lost);
+    let taken = specs
+        .iter()
+        .rev()
+        .find(|s| s.holder_identity.as_deref() != Some(lost))
+        .and_then(|s| s.acquire_time.as_ref().map(|t| t.0));
+    heal().await;
+
+    assert!(
+        gone < expired,
+        "{lost} was still running {:.2} s after its Lease expired",
+        seconds(expired, gone)
+    );
+    let late: Vec<_> = writes_of(system, user, mark)
+        .into_iter()
+        .filter(|(at, _)| *at >= expired)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{lost} wrote after its Lease expired: {late:?}"
+    );
+    let last_write = writes_of(system, user, mark).last().map(|(at, _)| *at);
+    let report = system.assert_single_ownership();
+    eprintln!(
+        "{lost}: held {held} objects; cut at {cut_at}; gone {:.2} s before its Lease expired \
+         ({:.2} s after the cut); last write {} s before expiry; Lease taken over {} s after \
+         expiry; {} reconciles, 0 overlaps",
+        seconds(gone, expired),
+        seconds(cut_at, gone),
+        last_write.map_or("(none)".to_owned(), |w| format!(
+            "{:.2}",
+            seconds(w, expired)
+        )),
+        taken.map_or("(not seen)".to_owned(), |t| format!(
+            "{:.2}",
+            seconds(expired, t)
+        )),
+        report.total()
+    );
+    (mark, expired)
+}
+
+/// Restarts `lost` in `env` and checks it rejoins: objects come back to it through drains and
+/// the ownership invariant holds over the whole run.
+async fn rejoin(system: &mut System, lost: &str, env: &Env) {
+    start_lost(system, lost, env).await;
+    system.wait_converged("the shard rejoined").await;
+    let back = system
+        .holdings()
+        .await
+        .get(lost)
+        .copied()
+        .unwrap_or_default();
+    assert!(back > 0, "no object came back to {lost}");
+    system.assert_single_ownership();
+    eprintln!("{lost} rejoined: {back} objects back");
+}
+
+/// A Role of `rules` in `namespace` bound to ServiceAccount `account`, both named `name`.
+async fn grant(system: &System, name: &str, account: &str, rules: Vec<PolicyRule>) {
+    let roles: Api<Role> = Api::namespaced(system.client.clone(), &system.ns);
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules),
+    };
+    match roles.create(&PostParams::default(), &role).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("role {name}: {e}"),
+    }
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: name.to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: account.into(),
+            namespace: Some(system.ns.clone()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(system.client.clone(), &system.ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("role binding");
+}
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+#[tokio::test]
+async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away_and_back() {
+    const ZOMBIE: &str = "zombie";
+    const RENEWALS: &str = "zombie-renewals";
+    let mut system = two_shards("zombie").await;
+    // Everything the shard needs on the namespace's objects and Leases, with Lease updates (its
+    // renewals) in a binding of their own that the test takes away.
+    let all = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    grant(
+        &system,
+        "zombie-objects",
+        ZOMBIE,
+        vec![
+            rule("", &["secrets", "configmaps"], &all),
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "list", "watch", "create"],
+            ),
+        ],
+    )
+    .await;
+    let renewals = vec![rule(
+        "coordination.k8s.io",
+        &["leases"],
+        &["update", "patch"],
+    )];
+    grant(&system, RENEWALS, ZOMBIE, renewals.clone()).await;
+    let cp = system.cp;
+    let token = cp
+        .service_account_token(&system.ns, ZOMBIE)
+        .await
+        .expect("token");
+    let kubeconfig = cp
+        .write_kubeconfig(&format!("{ZOMBIE}-{}", system.ns), &token)
+        .expect("kubeconfig");
+    let env = Env::new(system.dir(), &kubeconfig);
+    start_lost(&mut system, ZOMBIE, &env).await;
+
+    let user = system.service_account(ZOMBIE);
+    let bindings: Api<RoleBinding> = Api::namespaced(system.client.clone(), &system.ns);
+    lose(
+        &mut system,
+        ZOMBIE,
+        &user,
+        async || {
+            bindings
+                .delete(RENEWALS, &DeleteParams::default())
+                .await
+                .expect("revoke renewals");
+        },
+        async || {},
+    )
+    .await;
+
+    let refused = system.log(ZOMBIE).matches("lease renewal failed").count();
+    assert!(refused > 0, "the zombie's renewals were not refused");
+    grant(&system, RENEWALS, ZOMBIE, renewals).await;
+    rejoin(&mut system, ZOMBIE, &env).await;
+}
+
+#[tokio::test]
+async fn a_partitioned_shard_stops_in_time_and_nothing_it_sent_lands_stale_after_the_heal() {
+    const CUT_OFF: &str = "cut-off";
+    let mut system = two_shards("partition").await;
+    let cp = system.cp;
+    let apiserver = cp.url().trim_start_matches("https://");
+    let network = Proxy::to(apiserver.parse().expect("the apiserver's address"))
+        .await
+        .expect("proxy");
+    let token = cp
+        .cluster_admin_token(&system.ns, CUT_OFF)
+        .await
+        .expect("token");
+    let kubeconfig = system.dir().join("kubeconfig-cut-off");
+    std::fs::write(
+        &kubeconfig,
+        cp.kubeconfig_yaml(&token)
+            .replace(cp.url(), &format!("https://{}", network.addr())),
+    )
+    .expect("kubeconfig");
+    let env = Env::new(system.dir(), &kubeconfig);
+    start_lost(&mut system, CUT_OFF, &env).await;
+
+    let user = system.service_account(CUT_OFF);
+    let partitioned = Instant::now();
+    let (mark, expired) = lose(
+        &mut system,
+        CUT_OFF,
+        &user,
+        async || network.blackhole(true),
+        // Longer than twice the Lease, then heal: what the shard sent meanwhile arrives now.
+        async || {
+            let heal_at = partitioned + 2 * LEASE + RENEW;
+            tokio::time::sleep_until(heal_at.into()).await;
+            network.blackhole(false);
+        },
+    )
+    .await;
+
+    // Whatever arrives after the heal came from a process whose Lease expired: optimistic
+    // locking must refuse every write of it.
+    eventually("the cut-off shard's connections end", WAIT, || async {
+        match network.connections() {
+            0 => Ok(()),
+            open => Err(open),
+        }
+    })
+    .await;
+    let late: Vec<(u64, String)> = cp
+        .audited_requests_since(mark)
+        .iter()
+        .filter(|e| e["user"]["username"] == *user)
+        .filter(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+                .is_some_and(|at| at >= expired)
+        })
+        .map(|e| {
+            let code = e["responseStatus"]["code"].as_u64().unwrap_or_default();
+            (code, format!("{} {}", e["verb"], e["objectRef"]["name"]))
+        })
+        .collect();
+    assert!(
+        late.iter().all(|(code, _)| *code >= 400),
+        "a write sent before the partition landed after the Lease expired: {late:?}"
+    );
+    eprintln!("{CUT_OFF}: writes that arrived after its Lease expired (refused): {late:?}");
+    rejoin(&mut system, CUT_OFF, &env).await;
+}
+
+#[tokio::test]
+async fn a_hung_webhook_costs_each_create_its_timeout_and_the_sweep_assigns_what_it_missed() {
+    let system = two_shards("hung-webhook").await;
+    let created = |name: String| {
+        let objects = system.objects();
+        async move {
+            let started = Instant::now();
+            let secret = objects.create_secret(&name, "0").await.expect("create");
+            (started.elapsed(), secret)
+        }
+    };
+    let mut answered = Vec::new();
+    for i in 0..5 {
+        let (took, secret) = created(format!("answered-{i}")).await;
+        assert!(system.shard_of(&secret).is_some(), "the webhook assigns");
+        answered.push(took);
+    }
+
+    // The webhook's Service accepts the apiserver's connections and never answers.
+    system.blackhole_webhooks(true);
+    let hung = futures::future::join_all((0..3).map(|i| created(format!("hung-{i}")))).await;
+    for (_, secret) in &hung {
+        assert_eq!(
+            system.shard_of(secret),
+            None,
+            "created without the webhook's answer (failurePolicy Ignore)"
+        );
+    }
+    system
+        .wait_until_all_assigned("the sweep assigns what the webhook missed")
+        .await;
+    system.blackhole_webhooks(false);
+    let (_, secret) = created("after".to_owned()).await;
+    assert!(
+        system.shard_of(&secret).is_some(),
+        "the healed webhook assigns again"
+    );
+    system.wait_converged("every object reconciled").await;
+    system.assert_single_ownership();
+    let hung: Vec<Duration> = hung.into_iter().map(|(took, _)| took).collect();
+    eprintln!("CREATE took {answered:?} with the webhook answering, {hung:?} with it hung");
+}
