@@ -549,17 +549,19 @@ mod tests {
 
     use super::*;
 
+    /// The flags every reconciler needs.
+    const BASE: [&str; 5] = [
+        "sharder-reconciler",
+        "--webhook-url",
+        "https://webhook",
+        "--webhook-ca-file",
+        "/ca.crt",
+    ];
+
     #[test]
     fn a_list_page_of_no_objects_is_refused_with_the_flag_named() {
-        let base = [
-            "sharder-reconciler",
-            "--webhook-url",
-            "https://webhook",
-            "--webhook-ca-file",
-            "/ca.crt",
-        ];
         let parse = |size: &str| {
-            Args::try_parse_from(base.iter().copied().chain(["--list-page-size", size]))
+            Args::try_parse_from(BASE.iter().copied().chain(["--list-page-size", size]))
         };
         let err = parse("0").expect_err("0 is no page").to_string();
         assert!(err.contains("--list-page-size"), "{err}");
@@ -568,16 +570,9 @@ mod tests {
 
     #[test]
     fn a_webhook_timeout_the_api_would_refuse_is_refused_with_the_flag_named() {
-        let base = [
-            "sharder-reconciler",
-            "--webhook-url",
-            "https://webhook",
-            "--webhook-ca-file",
-            "/ca.crt",
-        ];
         let parse = |seconds: &str| {
             let flag = format!("--webhook-timeout-seconds={seconds}");
-            Args::try_parse_from(base.iter().copied().chain([flag.as_str()]))
+            Args::try_parse_from(BASE.iter().copied().chain([flag.as_str()]))
         };
         for refused in ["0", "31", "-1"] {
             let err = parse(refused).expect_err(refused).to_string();
@@ -585,7 +580,7 @@ mod tests {
         }
         assert_eq!(parse("30").expect("30 s").webhook_timeout_seconds, 30);
         assert_eq!(
-            Args::try_parse_from(base)
+            Args::try_parse_from(BASE)
                 .expect("defaults")
                 .webhook_timeout_seconds,
             2
