@@ -22,6 +22,34 @@ pub fn is_sharding_label(key: &str) -> bool {
 /// Longest name part of a qualified label key (after the `/`).
 pub const MAX_LABEL_NAME_LEN: usize = 63;
 
+/// Longest label value.
+pub const MAX_LABEL_VALUE_LEN: usize = 63;
+
+/// Why `name` cannot be a shard's name, or `None` if it can. A shard's name is the value of the
+/// shard label on every object it holds, so it must be a label value: at most 63 characters of
+/// letters, digits, `-`, `_` and `.`, beginning and ending with a letter or digit. (A Lease
+/// name may be up to 253 characters long: such a shard could never be assigned anything.)
+pub fn shard_name_problem(name: &str) -> Option<String> {
+    let alphanumeric = |c: char| c.is_ascii_alphanumeric();
+    if name.is_empty() {
+        Some("is empty".to_owned())
+    } else if name.len() > MAX_LABEL_VALUE_LEN {
+        Some(format!(
+            "is {} characters long; a label value may have {MAX_LABEL_VALUE_LEN}",
+            name.len()
+        ))
+    } else if !name
+        .chars()
+        .all(|c| alphanumeric(c) || matches!(c, '-' | '_' | '.'))
+    {
+        Some("may hold only letters, digits, '-', '_' and '.'".to_owned())
+    } else if !name.starts_with(alphanumeric) || !name.ends_with(alphanumeric) {
+        Some("must begin and end with a letter or digit".to_owned())
+    } else {
+        None
+    }
+}
+
 /// Both label keys of one ring, computed once and kept with the ring.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RingLabels {
@@ -88,6 +116,32 @@ mod tests {
             "",
         ] {
             assert!(!is_sharding_label(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_shard_name_must_be_a_label_value() {
+        for fine in [
+            "shard-0",
+            "a",
+            "checksum-controller-1",
+            "s_1.b",
+            &"s".repeat(63),
+        ] {
+            assert_eq!(shard_name_problem(fine), None, "{fine}");
+        }
+        let table = [
+            ("", "is empty"),
+            (
+                &*"s".repeat(64),
+                "is 64 characters long; a label value may have 63",
+            ),
+            ("shard/0", "may hold only letters, digits, '-', '_' and '.'"),
+            ("-shard", "must begin and end with a letter or digit"),
+            ("shard.", "must begin and end with a letter or digit"),
+        ];
+        for (name, problem) in table {
+            assert_eq!(shard_name_problem(name).as_deref(), Some(problem), "{name}");
         }
     }
 }

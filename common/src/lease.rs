@@ -25,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::Error;
+use crate::labels::shard_name_problem;
 
 /// Holder identity the reconciler writes when it takes over an `uncertain` lease.
 pub const LEASE_CONTROLLER_HOLDER: &str = "shardlease-controller";
@@ -101,7 +102,9 @@ pub struct LeaseStatus {
     pub next_change: Option<Timestamp>,
 }
 
-/// Whether the lease is held by its own shard: `holderIdentity` equals the Lease name.
+/// Whether the lease is held by its own shard: `holderIdentity` equals the Lease name, and that
+/// name can be a shard's (a label value, see [`shard_name_problem`]; a longer Lease name is
+/// never a shard on the ring).
 pub fn is_held_by_shard(lease: &Lease) -> bool {
     let name = lease.metadata.name.as_deref().unwrap_or_default();
     let holder = lease
@@ -109,7 +112,7 @@ pub fn is_held_by_shard(lease: &Lease) -> bool {
         .as_ref()
         .and_then(|spec| spec.holder_identity.as_deref())
         .unwrap_or_default();
-    !name.is_empty() && holder == name
+    holder == name && shard_name_problem(name).is_none()
 }
 
 /// Whether the shard of this Lease is on the ring (ready, expired or uncertain): the one
@@ -240,6 +243,21 @@ mod tests {
     /// A lease held by its shard, renewed at T0 with a 10 s duration: expires at T0+10.
     fn held() -> Lease {
         lease("shard-a", Some("shard-a"), Some(0), Some(10))
+    }
+
+    #[test]
+    fn a_lease_whose_name_cannot_be_a_label_value_is_never_a_shard_on_the_ring() {
+        let long = "s".repeat(64);
+        let lease = lease(&long, Some(&long), Some(0), Some(10));
+        assert!(!is_available(&lease));
+        assert_eq!(shard_state(&lease, at(5)).state, ShardState::Dead);
+        let fits = "s".repeat(63);
+        assert!(is_available(&super::tests::lease(
+            &fits,
+            Some(&fits),
+            Some(0),
+            Some(10)
+        )));
     }
 
     #[test]
@@ -379,6 +397,12 @@ mod tests {
             now in -2_000i64..2_000,
         ) {
             let lease = lease("shard-a", holder, renew, duration);
+            proptest::prop_assert_eq!(
+                shard_state(&lease, at(now)).state.is_available(),
+                is_available(&lease)
+            );
+            let long = "s".repeat(64);
+            let lease = super::tests::lease(&long, holder.map(|_| long.as_str()), renew, duration);
             proptest::prop_assert_eq!(
                 shard_state(&lease, at(now)).state.is_available(),
                 is_available(&lease)

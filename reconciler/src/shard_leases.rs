@@ -17,6 +17,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::labels::STATE_LABEL;
+use sharder_common::labels::shard_name_problem;
 use sharder_common::lease::takeover_spec;
 use sharder_common::{LeaseStatus, RingId, RingKind, ShardState, shard_state};
 use sharder_runtime::metrics::RingLabel;
@@ -96,6 +97,19 @@ pub(crate) fn decide(lease: &Lease, now: Timestamp) -> (LeaseStatus, LeaseAction
     (status, action)
 }
 
+/// What is wrong with the name of a Lease its own shard holds, if that name cannot be a shard's
+/// (see [`shard_name_problem`]).
+fn refused_name(lease: &Lease) -> Option<String> {
+    let name = lease.name_any();
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref());
+    (holder == Some(name.as_str()))
+        .then(|| shard_name_problem(&name))
+        .flatten()
+}
+
 fn requeue(wake: Option<Duration>) -> Action {
     wake.map_or_else(Action::await_change, Action::requeue)
 }
@@ -173,7 +187,12 @@ pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Ac
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                 {
-                    Ok(_) => info!(state = %state, "shard state"),
+                    Ok(_) => {
+                        info!(state = %state, "shard state");
+                        if let Some(problem) = refused_name(&lease) {
+                            warn!(%problem, "shard lease held under a name that cannot be a label value: the shard is not on the ring");
+                        }
+                    }
                     Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
                     Err(e) => return Err(Error::Kube(e)),
                 }

@@ -69,6 +69,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use sharder_common::key::display_name;
+use sharder_common::labels::shard_name_problem;
 use sharder_common::{RingId, RingLabels};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span};
@@ -78,6 +79,17 @@ use crate::lease::{HoldError, Holding, LeaseConfig, LeaseError, LeaseKeeper, OnS
 /// Why a shard stopped other than by a requested shutdown.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
+    /// The shard's name cannot be the value of the shard label, so no object could ever be
+    /// assigned to it: refused before the Lease is touched.
+    #[error(
+        "shard name {name:?} {problem}: it is the value of the shard label on every object of the shard"
+    )]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The shard Lease could not be acquired or released.
     #[error(transparent)]
     Lease(#[from] LeaseError),
@@ -359,6 +371,12 @@ impl Shard {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
     {
+        if let Some(problem) = shard_name_problem(&self.name) {
+            return Err(ShardError::InvalidName {
+                name: self.name.clone(),
+                problem,
+            });
+        }
         let result = hold(lease, shutdown, self.on_stop, |holding: Holding| {
             info!(shard = %self.name, ring = %self.ring, "shard lease held, starting controllers");
             let running = controllers(holding.stop);
@@ -422,6 +440,23 @@ mod tests {
             },
             ..Secret::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_name_that_cannot_be_a_label_value_is_refused_before_the_lease_is_touched() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let client = Client::try_from(config).expect("client");
+        let name = "s".repeat(64);
+        let shard = Shard::new(client, RingId::cluster_ring("example"), &name);
+        let lease = shard.lease("ns", Duration::from_secs(15), Duration::from_secs(2));
+        let err = shard
+            .run(lease, &CancellationToken::new(), |_| async {
+                panic!("no controller runs under a refused name")
+            })
+            .await
+            .expect_err("refused");
+        assert!(matches!(err, ShardError::InvalidName { .. }), "{err}");
+        assert!(err.to_string().contains("64 characters long"), "{err}");
     }
 
     #[tokio::test]

@@ -1,6 +1,9 @@
 //! Shard lease states: labelled as they change, a silent shard's Lease taken over once
-//! uncertain, a released Lease dead at once, a renewed one ready again, an orphaned one deleted.
+//! uncertain, a released Lease dead at once, a renewed one ready again, an orphaned one deleted;
+//! hostile Leases (a name no label value can hold, another holder, no renewTime) kept off the
+//! ring while everything else moves.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -9,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use sharder_common::labels::STATE_LABEL;
+use sharder_harness::fixtures::shard_lease;
 use sharder_harness::wait::eventually;
 
 use crate::{Test, WAIT};
@@ -165,4 +169,75 @@ async fn lease_states_are_labelled_and_a_silent_shard_is_taken_over_then_deleted
             .ok_or("not logged yet")
     })
     .await;
+}
+
+#[tokio::test]
+async fn hostile_shard_leases_stay_off_the_ring_and_everything_else_keeps_moving() {
+    let mut w = Test::new("hostile").await;
+    w.create_ring().await;
+    w.add_shard_lease("good", 3600).await;
+    let ring = w.id();
+    // Held by itself, but 65 characters: a Lease name may be, a label value may not.
+    let long = format!("long-{}", "x".repeat(60));
+    let mut imposter = shard_lease(&w.ns, &ring, "imposter", true, 3600);
+    imposter.spec.as_mut().expect("spec").holder_identity = Some("someone-else".into());
+    let mut unrenewed = shard_lease(&w.ns, &ring, "unrenewed", true, 3600);
+    unrenewed.spec.as_mut().expect("spec").renew_time = None;
+    for lease in [
+        shard_lease(&w.ns, &ring, &long, true, 3600),
+        imposter,
+        unrenewed,
+    ] {
+        w.leases()
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("the apiserver accepts it");
+    }
+    // What the apiserver refuses never reaches the reconciler.
+    for seconds in [0, -5] {
+        let refused = w
+            .leases()
+            .create(
+                &PostParams::default(),
+                &shard_lease(&w.ns, &ring, "no-duration", true, seconds),
+            )
+            .await
+            .expect_err("a Lease of no duration");
+        assert!(
+            matches!(&refused, kube::Error::Api(s) if s.code == 422),
+            "{refused}"
+        );
+    }
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    w.wait_until_webhook_assigns().await;
+    w.create_objects(30).await;
+
+    eventually("every object on the one good shard", WAIT, || async {
+        let shards: BTreeSet<Option<String>> = w
+            .list_secrets()
+            .await
+            .values()
+            .map(|s| w.shard_of(s))
+            .chain(
+                w.list_configmaps("child-")
+                    .await
+                    .values()
+                    .map(|c| w.shard_of(c)),
+            )
+            .collect();
+        (shards == BTreeSet::from([Some("good".to_owned())]))
+            .then_some(())
+            .ok_or(format!("{shards:?}"))
+    })
+    .await;
+    assert_eq!(w.desired_ring().await.shards(), ["good"]);
+    let log = w.reconciler_log(0);
+    let reported = log.matches("cannot be a label value").count();
+    assert_eq!(reported, 1, "the long name is reported once:\n{log}");
+    assert!(log.contains(&long), "the report names the Lease");
+    assert!(
+        w.reconcilers[0].process.try_wait().is_none(),
+        "the reconciler keeps running"
+    );
 }
