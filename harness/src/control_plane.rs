@@ -7,11 +7,13 @@
 //! `harness/control-plane/provision.sh` (which builds kube-apiserver once per machine and caches it
 //! outside the repository).
 
+use std::ffi::OsString;
 use std::io::Write as _;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -181,7 +183,9 @@ pub struct Options {
 pub struct ControlPlane {
     dir: PathBuf,
     etcd_pid: u32,
-    apiserver_pid: u32,
+    apiserver_pid: AtomicU32,
+    /// The program and arguments kube-apiserver was started with (to start it again).
+    apiserver_command: (OsString, Vec<OsString>),
     url: String,
     token: String,
     ca_file: PathBuf,
@@ -285,9 +289,14 @@ impl ControlPlane {
                     apiserver.arg(format!("--request-timeout={}s", timeout.as_secs().max(1)));
                 }
                 let serving = format!("Serving securely on {address}:{secure_port}");
-                (apiserver, serving, secure_port)
+                let again = (
+                    apiserver.get_program().to_owned(),
+                    apiserver.get_args().map(ToOwned::to_owned).collect(),
+                );
+                (apiserver, serving, (secure_port, again))
             })
             .await?;
+        let (secure_port, apiserver_command) = secure_port;
 
         let url = format!("https://{address}:{secure_port}");
         let ca_file = certs.join("apiserver.crt");
@@ -295,7 +304,8 @@ impl ControlPlane {
         let control_plane = Self {
             dir,
             etcd_pid,
-            apiserver_pid,
+            apiserver_pid: AtomicU32::new(apiserver_pid),
+            apiserver_command,
             url,
             token,
             ca_file,
@@ -341,11 +351,50 @@ impl ControlPlane {
         Ok(control_plane)
     }
 
+    /// Stops kube-apiserver (SIGKILL: at once; on SIGTERM 1.20 waits up to its request timeout
+    /// for open requests), leaves it down for `down`, and starts it again with the same flags on
+    /// the same address; returns once it is ready. For a [`Self::dedicated`] control plane:
+    /// every client of it sees the outage.
+    pub async fn restart_apiserver(&self, down: Duration) -> Result<(), Error> {
+        let pid = self.apiserver_pid.load(Ordering::Relaxed);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX)),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let stopping = Instant::now();
+        while lifetime_child_status(pid).is_none() {
+            if stopping.elapsed() > READY_TIMEOUT {
+                return Err(Error::NotReady(format!(
+                    "kube-apiserver (pid {pid}) did not stop within {READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!(
+            "[control-plane] kube-apiserver stopped in {:.1} s",
+            stopping.elapsed().as_secs_f64()
+        );
+        tokio::time::sleep(down.saturating_sub(stopping.elapsed())).await;
+        let starting = Instant::now();
+        let (program, args) = &self.apiserver_command;
+        let mut command = Command::new(program);
+        command.args(args);
+        let pid = spawn_logged(command, &self.dir.join("kube-apiserver.log"))?;
+        self.apiserver_pid.store(pid, Ordering::Relaxed);
+        self.wait_ready().await?;
+        eprintln!(
+            "[control-plane] kube-apiserver ready again {:.1} s after its start",
+            starting.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
     async fn wait_ready(&self) -> Result<(), Error> {
         let started = Instant::now();
         let mut last = String::from("not started");
         while started.elapsed() < READY_TIMEOUT {
-            if let Some(status) = lifetime_child_status(self.apiserver_pid) {
+            if let Some(status) = lifetime_child_status(self.apiserver_pid.load(Ordering::Relaxed))
+            {
                 return Err(Error::NotReady(format!(
                     "kube-apiserver exited with {status}; its log:\n{}",
                     self.log_tail("kube-apiserver.log", 30)
@@ -385,7 +434,7 @@ impl ControlPlane {
 
     /// Process ids of etcd and kube-apiserver.
     pub fn pids(&self) -> [u32; 2] {
-        [self.etcd_pid, self.apiserver_pid]
+        [self.etcd_pid, self.apiserver_pid.load(Ordering::Relaxed)]
     }
 
     /// Where the audit log ends now: [`audited_writes_since`](Self::audited_writes_since) this

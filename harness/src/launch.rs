@@ -312,6 +312,16 @@ pub struct ReconcilerFlags {
     pub extra: Vec<String>,
 }
 
+impl ReconcilerFlags {
+    /// Sets `flag` (`--name`) to `value` among the extra flags, replacing a value given before.
+    pub fn set(&mut self, flag: &str, value: &str) {
+        match self.extra.iter().position(|f| f == flag) {
+            Some(i) if i + 1 < self.extra.len() => self.extra[i + 1] = value.to_owned(),
+            _ => self.extra.extend([flag.to_owned(), value.to_owned()]),
+        }
+    }
+}
+
 /// A running `sharder-reconciler`.
 #[derive(Debug)]
 pub struct Reconciler {

@@ -13,6 +13,15 @@
 //! The listed state comes from the watch stream itself ([`listed_controller`]):
 //! kube-runtime's `Store::wait_until_ready` wakes one waiter only, and the runner is already
 //! one, so nothing else may wait on (or poll) a controller's store readiness.
+//!
+//! A relist (after the watch fell too far behind, as every watch does when the apiserver
+//! restarts: 410 Gone) is different in kube-runtime 5: the relisted objects trigger reconciles
+//! as they arrive, but the store takes the new list only at its end, so those reconciles read
+//! the objects as they were before the watch broke (or miss them: "not found in local store"),
+//! and nothing triggers them again once the store is current. Objects drained while the watch
+//! was down were never acknowledged (found by the apiserver-restart fault test). So relisted
+//! objects trigger nothing as they arrive; every object of the store is reconciled once the
+//! relist is complete.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -20,7 +29,7 @@ use std::future::Future;
 use futures::StreamExt as _;
 use kube::Api;
 use kube::runtime::controller::Controller;
-use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use kube::runtime::{reflector, watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -53,9 +62,14 @@ impl Listed {
 }
 
 impl ListedSender {
-    /// Marks the watch listed.
-    pub fn listed(&self) {
-        self.0.send_replace(true);
+    /// Whether the watch has listed.
+    pub fn is_listed(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Marks the watch listed; whether it had listed before (this is a relist).
+    pub fn listed(&self) -> bool {
+        self.0.send_replace(true)
     }
 }
 
@@ -82,15 +96,28 @@ where
     let writer = reflector::store::Writer::new(dyntype.clone());
     let store = writer.as_reader();
     let (sender, listed) = Listed::channel();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config))
-        .inspect(move |event| {
-            if matches!(event, Ok(watcher::Event::InitDone)) {
-                sender.listed();
-            }
-        })
-        .applied_objects();
+    let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
+    let stream =
+        reflector::reflector(writer, watcher::watcher(api, config)).filter_map(move |event| {
+            let object = match event {
+                Ok(watcher::Event::Apply(object)) => Some(Ok(object)),
+                // The first list: the runner waits for the store, so these read it current.
+                Ok(watcher::Event::InitApply(object)) if !sender.is_listed() => Some(Ok(object)),
+                Ok(watcher::Event::InitDone) => {
+                    if sender.listed() {
+                        let _ = relisted_tx.unbounded_send(());
+                    }
+                    None
+                }
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(object)
+        });
     (
-        kube_runtime::Controller::for_stream_with(stream, store, dyntype),
+        kube_runtime::Controller::for_stream_with(stream, store, dyntype)
+            // After a relist, every object again, now that the store holds the new list.
+            .reconcile_all_on(relisted_rx),
         listed,
     )
 }

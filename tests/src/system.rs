@@ -59,8 +59,10 @@ pub struct Options {
     /// cluster-admin), so the audit log tells their writes apart:
     /// [`RECONCILER_ACCOUNT`] and [`SHARD_ACCOUNT`].
     pub service_accounts: bool,
-    /// More flags for the reconciler replicas.
-    pub reconciler_extra: Vec<String>,
+    /// More flags for the reconciler replicas (replacing the harness's own value of a flag).
+    pub reconciler_extra: Vec<(String, String)>,
+    /// Run on this control plane instead of the shared one (for a test that disturbs it).
+    pub control_plane: Option<&'static sharder_harness::ControlPlane>,
 }
 
 /// The reconciler's ServiceAccount with [`Options::service_accounts`].
@@ -85,6 +87,7 @@ impl Default for Options {
             reconciler_namespace: None,
             service_accounts: false,
             reconciler_extra: Vec::new(),
+            control_plane: None,
         }
     }
 }
@@ -185,15 +188,17 @@ impl System {
     /// assigned by the webhook (with no shard, at once: start shards, then wait for it).
     pub async fn start(prefix: &str, options: Options) -> Self {
         let machine = crate::MACHINE.read().await;
-        let world = match &options.namespace {
-            Some(ns) => {
-                let cp = sharder_harness::ControlPlane::shared()
-                    .await
-                    .expect("control plane");
-                World::in_namespace(cp, ns.clone()).await
-            }
-            None => World::new(prefix).await,
+        let cp = match options.control_plane {
+            Some(cp) => cp,
+            None => sharder_harness::ControlPlane::shared()
+                .await
+                .expect("control plane"),
         };
+        let ns = match &options.namespace {
+            Some(ns) => ns.clone(),
+            None => cp.namespace(prefix).await.expect("namespace"),
+        };
+        let world = World::in_namespace(cp, ns).await;
         let proxy = Proxy::start(options.webhooks).await.expect("proxy");
         let history = History::start(&world.client, &world.ns, &world.labels);
         let (reconciler_env, shard_env) = if options.service_accounts {
@@ -290,9 +295,9 @@ impl System {
             &format!("https://{}", self.proxy.addr()),
             Duration::from_secs(self.options.sweep_seconds),
         );
-        flags
-            .extra
-            .extend(self.options.reconciler_extra.iter().cloned());
+        for (flag, value) in &self.options.reconciler_extra {
+            flags.set(flag, value);
+        }
         let reconciler = self
             .world
             .start_reconciler(&format!("reconciler-{i}"), &env, &flags)
@@ -415,6 +420,37 @@ impl System {
         self.shards.remove(name);
         self.ended.insert(name.to_owned(), unix_nanos());
         status
+    }
+
+    /// The processes of the system that exited by themselves (a component that had to be
+    /// restarted), with their exit status.
+    pub fn exited(&mut self) -> Vec<String> {
+        let mut exited = Vec::new();
+        let processes = self
+            .webhooks
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, w)| w.as_mut().map(|w| (format!("webhook-{i}"), &mut w.process)))
+            .chain(
+                self.reconcilers
+                    .iter_mut()
+                    .enumerate()
+                    .filter_map(|(i, r)| {
+                        r.as_mut()
+                            .map(|r| (format!("reconciler-{i}"), &mut r.process))
+                    }),
+            )
+            .chain(
+                self.shards
+                    .iter_mut()
+                    .map(|(n, s)| (n.clone(), &mut s.process)),
+            );
+        for (name, process) in processes {
+            if let Some(status) = process.try_wait() {
+                exited.push(format!("{name}: {status}"));
+            }
+        }
+        exited
     }
 
     /// The names of the running shards.
