@@ -108,7 +108,7 @@ pub struct Args {
     #[arg(
         long,
         env = "SHARDER_WEBHOOK_TIMEOUT_SECONDS",
-        default_value_t = 2,
+        default_value_t = 5,
         value_parser = clap::value_parser!(i32).range(1..=30)
     )]
     pub webhook_timeout_seconds: i32,
@@ -583,7 +583,7 @@ mod tests {
             Args::try_parse_from(BASE)
                 .expect("defaults")
                 .webhook_timeout_seconds,
-            2
+            5
         );
     }
 

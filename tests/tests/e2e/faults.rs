@@ -482,9 +482,10 @@ async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_r
         Options {
             shards: 2,
             lease_seconds: lease.as_secs(),
-            // Nothing moves while the apiserver is away (about 15 s): the bound on how long a
-            // child may stay behind its owner must cover that.
-            sweep_seconds: 10,
+            // Nothing moves while the apiserver is away (about 15 s), and the watches come back
+            // through kube-runtime's backoff (up to 30 s a step): the bound on how long a child
+            // may stay behind its owner (the sweep interval + 10 s) must cover that.
+            sweep_seconds: 60,
             control_plane: Some(cp),
             reconciler_extra: vec![
                 ("--leader-election-duration".into(), "30s".into()),
