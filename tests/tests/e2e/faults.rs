@@ -81,25 +81,35 @@ fn expiry_of_last_renewal(specs: &[LeaseSpec], holder: &str) -> Timestamp {
         + SignedDuration::from_secs(i64::from(last.lease_duration_seconds.expect("duration")))
 }
 
-/// Successful writes by `user` to objects of the test namespace after `mark`: when the apiserver
-/// received each, the resource and name.
-fn writes_of(system: &System, user: &str, mark: AuditMark) -> Vec<(Timestamp, String)> {
+/// A write request by one user, as the audit log shows it.
+struct Request {
+    /// When the apiserver received it.
+    at: Timestamp,
+    /// The answer's status code.
+    code: u64,
+    /// Verb, resource and name.
+    what: String,
+}
+
+/// The write requests `user` made after `mark` (answered, refused ones included).
+fn requests_of(system: &System, user: &str, mark: AuditMark) -> Vec<Request> {
     system
         .cp
-        .audited_writes_since(mark)
+        .audited_requests_since(mark)
         .into_iter()
-        .filter(|e| e["user"]["username"] == user && e["objectRef"]["namespace"] == *system.ns)
-        .map(|e| {
-            let at = e["requestReceivedTimestamp"]
+        .filter(|e| e["user"]["username"] == user)
+        .map(|e| Request {
+            at: e["requestReceivedTimestamp"]
                 .as_str()
                 .and_then(|t| t.parse::<Timestamp>().ok())
-                .expect("an audit timestamp");
-            let object = format!(
-                "{}/{}",
+                .expect("an audit timestamp"),
+            code: e["responseStatus"]["code"].as_u64().unwrap_or_default(),
+            what: format!(
+                "{} {}/{}",
+                e["verb"].as_str().unwrap_or_default(),
                 e["objectRef"]["resource"].as_str().unwrap_or_default(),
                 e["objectRef"]["name"].as_str().unwrap_or_default()
-            );
-            (at, object)
+            ),
         })
         .collect()
 }
@@ -198,15 +208,17 @@ where
         "{lost} was still running {:.2} s after its Lease expired",
         seconds(expired, gone)
     );
-    let late: Vec<_> = writes_of(system, user, mark)
+    let writes: Vec<Request> = requests_of(system, user, mark)
         .into_iter()
-        .filter(|(at, _)| *at >= expired)
+        .filter(|r| r.code < 300)
         .collect();
+    let late: Vec<&Request> = writes.iter().filter(|r| r.at >= expired).collect();
     assert!(
         late.is_empty(),
-        "{lost} wrote after its Lease expired: {late:?}"
+        "{lost} wrote after its Lease expired: {:?}",
+        late.iter().map(|r| &r.what).collect::<Vec<_>>()
     );
-    let last_write = writes_of(system, user, mark).last().map(|(at, _)| *at);
+    let last_write = writes.last().map(|r| r.at);
     let report = system.assert_single_ownership();
     eprintln!(
         "{lost}: held {held} objects; cut at {cut_at}; gone {:.2} s before its Lease expired \
@@ -401,26 +413,19 @@ async fn a_partitioned_shard_stops_in_time_and_nothing_it_sent_lands_stale_after
         }
     })
     .await;
-    let late: Vec<(u64, String)> = cp
-        .audited_requests_since(mark)
+    let late: Vec<Request> = requests_of(&system, &user, mark)
+        .into_iter()
+        .filter(|r| r.at >= expired)
+        .collect();
+    let described: Vec<String> = late
         .iter()
-        .filter(|e| e["user"]["username"] == *user)
-        .filter(|e| {
-            e["requestReceivedTimestamp"]
-                .as_str()
-                .and_then(|t| t.parse::<Timestamp>().ok())
-                .is_some_and(|at| at >= expired)
-        })
-        .map(|e| {
-            let code = e["responseStatus"]["code"].as_u64().unwrap_or_default();
-            (code, format!("{} {}", e["verb"], e["objectRef"]["name"]))
-        })
+        .map(|r| format!("{} {}", r.what, r.code))
         .collect();
     assert!(
-        late.iter().all(|(code, _)| *code >= 400),
-        "a write sent before the partition landed after the Lease expired: {late:?}"
+        late.iter().all(|r| r.code >= 400),
+        "a write sent before the partition landed after the Lease expired: {described:?}"
     );
-    eprintln!("{CUT_OFF}: writes that arrived after its Lease expired (refused): {late:?}");
+    eprintln!("{CUT_OFF}: writes that arrived after its Lease expired (refused): {described:?}");
     rejoin(&mut system, CUT_OFF, &env).await;
 }
 
