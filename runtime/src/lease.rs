@@ -302,8 +302,9 @@ async fn renew(
     stop: CancellationToken,
 ) {
     let config = &keeper.config;
+    // The whole seconds the Lease says (see `lease_seconds`), not the configured fraction.
     let deadline = renewal_deadline(
-        Duration::from_secs(u64::from(lease_seconds(config.duration).unsigned_abs())),
+        Duration::from_secs(config.duration.as_secs().max(1)),
         config.renew_interval,
     );
     let lose = |why: &str| {
