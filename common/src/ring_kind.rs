@@ -13,7 +13,9 @@ use kube::ResourceExt;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use sha2::{Digest, Sha256};
 
-use crate::labels::{DRAIN_LABEL_PREFIX, MAX_LABEL_NAME_LEN, RingLabels, SHARD_LABEL_PREFIX};
+use crate::labels::{
+    DRAIN_LABEL_PREFIX, MAX_LABEL_NAME_LEN, MAX_LABEL_VALUE_LEN, RingLabels, SHARD_LABEL_PREFIX,
+};
 use crate::{ClusterRing, Error, Roles};
 
 /// API group of both ring kinds.
@@ -149,21 +151,29 @@ impl RingId {
         Self::new(RingKind::ControllerRing, name)
     }
 
-    /// Checks what a ring's name must satisfy for its label keys to be valid and its own: a
-    /// ControllerRing's name is at most 63 characters (its CRD says so too, from Kubernetes 1.25
-    /// on) and is not the label name of a ClusterRing (`clusterring-<8 hex digits>-…`), whose
-    /// objects it would share.
+    /// Checks what a ring's name must satisfy for its Leases and label keys to be valid and its
+    /// own: it is at most 63 characters (its shards' Leases carry it as a label value; a
+    /// ControllerRing's name is also the name part of its label keys; the ControllerRing CRD
+    /// says so too), and a ControllerRing's is not the label name of a ClusterRing
+    /// (`clusterring-<8 hex digits>-…`), whose objects it would share.
     pub fn validate(&self) -> Result<(), Error> {
+        if self.name.len() > MAX_LABEL_VALUE_LEN {
+            let keys = match self.kind {
+                RingKind::ClusterRing => "",
+                RingKind::ControllerRing => " and the name part of the ring's label keys",
+            };
+            return Err(Error::InvalidRing(format!(
+                "{} name must not be longer than {MAX_LABEL_VALUE_LEN} characters \
+                 (metadata.name {:?} has {}): it is the value of label {} on the ring's shard \
+                 Leases{keys}",
+                self.kind.kind(),
+                self.name,
+                self.name.len(),
+                self.kind.lease_label(),
+            )));
+        }
         if self.kind != RingKind::ControllerRing {
             return Ok(());
-        }
-        if self.name.len() > MAX_LABEL_NAME_LEN {
-            return Err(Error::InvalidRing(format!(
-                "ControllerRing name must not be longer than {MAX_LABEL_NAME_LEN} characters \
-                 (metadata.name {:?} has {}): it is the name part of the ring's label keys",
-                self.name,
-                self.name.len()
-            )));
         }
         let hashed = self
             .name
@@ -394,23 +404,27 @@ mod tests {
     }
 
     #[test]
-    fn a_controller_ring_name_of_63_characters_is_valid_and_64_is_not() {
+    fn a_ring_name_of_63_characters_is_valid_and_64_is_not() {
         let exact = RingId::controller_ring("c".repeat(63));
         assert!(exact.validate().is_ok());
         assert_eq!(
             exact.labels().shard,
             format!("shard.alpha.sharding.timebertt.dev/{}", "c".repeat(63))
         );
-        let long = RingId::controller_ring("c".repeat(64));
-        let error = long.validate().expect_err("64 characters").to_string();
-        assert!(
-            error.contains("must not be longer than 63") && error.contains("metadata.name"),
-            "{error}"
-        );
-        assert!(
-            RingId::cluster_ring("c".repeat(300)).validate().is_ok(),
-            "any ClusterRing name fits"
-        );
+        assert!(RingId::cluster_ring("c".repeat(63)).validate().is_ok());
+        for (ring, names) in [
+            (RingId::controller_ring("c".repeat(64)), "label keys"),
+            (RingId::cluster_ring("c".repeat(64)), "Leases"),
+        ] {
+            let error = ring.validate().expect_err("64 characters").to_string();
+            assert!(
+                error.contains("must not be longer than 63")
+                    && error.contains("metadata.name")
+                    && error.contains(ring.kind.lease_label())
+                    && error.contains(names),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -492,6 +492,7 @@ async fn lead(
         let ring_ctx = Arc::new(rings::Context::new(
             kind,
             client.clone(),
+            ring_controller.store(),
             lease_store,
             webhook.namespace_selector.clone(),
             rebalancer.clone(),

@@ -156,6 +156,8 @@ pub(crate) struct Outcome {
     /// Controlled objects waiting on a live shard for their owner to settle on its new shard
     /// (looked at again at every drain check until they followed it).
     pub awaiting: Vec<ObjectId>,
+    /// Objects that needed a write but were left because the ring was gone by then.
+    pub abandoned: usize,
 }
 
 /// One object of a ring's resource: enough to read it again.
@@ -181,6 +183,7 @@ impl Outcome {
         self.drained += other.drained;
         self.errors += other.errors;
         self.failed_lists += other.failed_lists;
+        self.abandoned += other.abandoned;
         for (reason, n) in other.assigned {
             *self.assigned.entry(reason).or_default() += n;
         }
@@ -196,6 +199,7 @@ impl Outcome {
             Written::Awaiting(object) => self.awaiting.push(object),
             Written::Stayed => {}
             Written::Failed => self.errors += 1,
+            Written::Abandoned => self.abandoned += 1,
         }
     }
 }
@@ -214,6 +218,16 @@ pub(crate) struct RingView<'a> {
     pub namespaces: &'a Namespaces,
     /// The shards holding their Leases now, read once when first needed.
     pub live_now: &'a LiveNow,
+    /// Whether the ring is still the one this rebalance is for (not deleted, not replaced by a
+    /// ring of the same name): once it is not, nothing more is listed or written.
+    pub current: &'a (dyn Fn() -> bool + Send + Sync),
+}
+
+impl RingView<'_> {
+    /// Whether the ring is still the one this rebalance is for.
+    pub(crate) fn is_current(&self) -> bool {
+        (self.current)()
+    }
 }
 
 /// The ring's shards whose Leases are held now, read from the apiserver (not the snapshot the

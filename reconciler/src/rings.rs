@@ -26,7 +26,7 @@ use sharder_common::lease::{conflicting_names, namespace_and_name};
 use sharder_common::{Ring, RingId, RingKind, RingObject, Role, Roles, is_available};
 use sharder_runtime::metrics::RingLabel;
 use tokio::time::Instant;
-use tracing::{Instrument as _, info_span, warn};
+use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
 use crate::metrics::{FailedRebalanceLabels, Metrics};
@@ -61,6 +61,9 @@ pub(crate) struct Context {
     pub kind: RingKind,
     /// Client for discovery, lists and status.
     pub client: Client,
+    /// The rings of the kind (from this controller's own watch), to tell whether a ring is
+    /// still there during its rebalance.
+    pub rings: Store<DynamicObject>,
     /// Shard Leases of rings of the kind (from its shard lease controller).
     pub leases: Store<Lease>,
     /// The global namespace selector (see `sharder_common::webhook_configuration::global_namespace_selector`).
@@ -82,6 +85,7 @@ impl Context {
     pub(crate) fn new(
         kind: RingKind,
         client: Client,
+        rings: Store<DynamicObject>,
         leases: Store<Lease>,
         namespace_selector: LabelSelector,
         rebalancer: Rebalancer,
@@ -92,6 +96,7 @@ impl Context {
         Self {
             kind,
             client,
+            rings,
             leases,
             namespace_selector,
             rebalancer,
@@ -159,9 +164,13 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         Ok(roles) => roles,
         Err(e) => {
             let reason = e.to_string();
+            let reported = reports(ring, status::REASON_INVALID_SPEC, &reason);
             counts.invalid = Some(&reason);
             status::patch_status(&ctx.client, ring, counts).await?;
-            warn!(error = %e, "invalid ring");
+            if !reported {
+                warn!(error = %e, "invalid ring: nothing is assigned or moved until it is fixed");
+                report::warning(&ctx.recorder, ring, status::REASON_INVALID_SPEC, reason).await;
+            }
             return Ok(Action::await_change());
         }
     };
@@ -170,14 +179,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     if !conflicts.is_empty() {
         let described = describe_conflicts(&conflicts);
         counts.conflicting = Some(&described);
-        let reported = ring
-            .object
-            .status
-            .iter()
-            .flat_map(|s| &s.conditions)
-            .any(|c| {
-                c.type_ == CONDITION_READY && c.reason == status::REASON_CONFLICTING_SHARD_NAMES
-            });
+        let reported = reports(ring, status::REASON_CONFLICTING_SHARD_NAMES, &described);
         status::patch_status(&ctx.client, ring, counts).await?;
         if !reported {
             warn!(conflicts = %described, "shard names in more than one namespace: nothing is moved until each name is in one namespace");
@@ -209,7 +211,14 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
             awaiting,
             draining,
         };
-        Some(rebalance(ctx, ring, &roles, &available, work).await?)
+        match rebalance(ctx, ring, &roles, &available, work).await? {
+            Some(ran) => Some(ran),
+            None => {
+                // Deleted or replaced during its rebalance: nothing of it is kept.
+                ctx.progress().remove(name);
+                return Ok(Action::await_change());
+            }
+        }
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
@@ -220,6 +229,16 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         family.get_or_create(&label).set(generation);
     }
     Ok(Action::requeue(wait))
+}
+
+/// Whether `ring`'s `Ready` condition already reports `reason` with a message holding `what`
+/// (then the log and the Event said it already).
+fn reports(ring: &RingObject, reason: &str, what: &str) -> bool {
+    ring.object
+        .status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .any(|c| c.type_ == CONDITION_READY && c.reason == reason && c.message.contains(what))
 }
 
 /// `shard-a (ns-1, ns-2), shard-b (...)`.
@@ -249,14 +268,15 @@ struct Work<'a> {
 /// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
 /// their owners (unless everything was listed), then counts the drains still pending (only
 /// where there can be some: drains were pending, this rebalance drained, or it listed
-/// everything, as after a change of leader) and reports.
+/// everything, as after a change of leader) and reports. `None`: the ring was deleted or
+/// replaced meanwhile, and the rest of the rebalance was left (logged once).
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
     roles: &Roles,
     available: &BTreeSet<String>,
     work: Work<'_>,
-) -> Result<Ran, Error> {
+) -> Result<Option<Ran>, Error> {
     let Work {
         scopes,
         awaiting,
@@ -270,6 +290,9 @@ async fn rebalance(
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
     let live_now = LiveNow::default();
+    let this = ObjectRef::new_with(&ring.id.name, ctx.kind.api_resource());
+    let uid = ring.object.uid();
+    let current = || ctx.rings.get(&this).is_some_and(|r| r.uid() == uid);
     let view = RingView {
         id: &ring.id,
         labels: &ring_labels,
@@ -277,6 +300,7 @@ async fn rebalance(
         available,
         namespaces: &namespaces,
         live_now: &live_now,
+        current: &current,
     };
     ctx.metrics
         .ring_calculations
@@ -284,6 +308,16 @@ async fn rebalance(
         .inc();
     let scope_list: Vec<_> = scopes.iter().cloned().collect();
     let mut outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
+    if !view.is_current() {
+        info!(
+            listed = outcome.listed,
+            drained = outcome.drained,
+            assigned = outcome.assigned.values().sum::<usize>(),
+            left = outcome.abandoned,
+            "the ring was deleted or replaced during its rebalance: the rest of it is left"
+        );
+        return Ok(None);
+    }
     if !scopes.contains(&Scope::All) && !awaiting.is_empty() {
         // A full list planned every child again; otherwise look at the waiting ones.
         let mut seen: BTreeSet<ObjectId> = outcome.awaiting.iter().cloned().collect();
@@ -349,12 +383,12 @@ async fn rebalance(
         )
         .await;
     }
-    Ok(Ran {
+    Ok(Some(Ran {
         full: scopes.contains(&Scope::All),
         draining: pending > 0,
         failed: outcome.errors > 0,
         awaiting: outcome.awaiting,
-    })
+    }))
 }
 
 /// What to do after a failed reconcile (for `crate::run_controller`).

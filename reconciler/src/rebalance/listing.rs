@@ -121,6 +121,9 @@ impl Rebalancer {
             };
             let mut opening = self.open_page(&range, None);
             loop {
+                if !view.is_current() {
+                    return outcome;
+                }
                 let listing = std::time::Instant::now();
                 let mut objects = 0;
                 let page = self

@@ -66,6 +66,8 @@ pub(super) enum Written {
     Awaiting(ObjectId),
     Stayed,
     Failed,
+    /// Not written: the ring was deleted or replaced.
+    Abandoned,
 }
 
 /// What one object needs.
@@ -212,6 +214,9 @@ impl Rebalancer {
         let mut conflicts = backoff().with_max_times(CONFLICT_RETRIES).build();
         let mut overloads = backoff().with_max_times(OVERLOAD_RETRIES).build();
         loop {
+            if !view.is_current() {
+                return Written::Abandoned;
+            }
             let mv = match self.plan(view, targets, target, &meta).await {
                 Planned::Move(mv) => mv,
                 Planned::Stay => return Written::Stayed,
@@ -231,6 +236,11 @@ impl Rebalancer {
             let result = loop {
                 let slot = self.slots.acquire().await;
                 self.limiter.wait().await;
+                // Checked again just before sending: a ring deleted while its writes waited
+                // for a slot or the rate limit gets none of them.
+                if !view.is_current() {
+                    return Written::Abandoned;
+                }
                 let result = tokio::time::timeout(
                     WRITE_TIMEOUT,
                     merge_patch(

@@ -11,6 +11,9 @@ use sharder_common::{ClusterRingStatus, RingObject};
 
 use crate::Error;
 
+/// Reason of the `Ready` condition when the ring cannot be used as it is.
+pub(crate) const REASON_INVALID_SPEC: &str = "InvalidSpec";
+
 /// Reason of the `Ready` condition when shard names are ambiguous.
 pub(crate) const REASON_CONFLICTING_SHARD_NAMES: &str = "ConflictingShardNames";
 
@@ -42,7 +45,7 @@ pub(crate) fn ready_condition(
         conflicting,
     } = counts;
     let (status, reason, message) = match (invalid, conflicting) {
-        (Some(reason), _) => ("False", "InvalidSpec", reason.to_owned()),
+        (Some(reason), _) => ("False", REASON_INVALID_SPEC, reason.to_owned()),
         (None, Some(names)) => (
             "False",
             REASON_CONFLICTING_SHARD_NAMES,

@@ -2,8 +2,8 @@
 //! running beside it, both started through the shared launchers. One test binary (one control
 //! plane), one module per topic: lease states and takeover, one webhook configuration per ring,
 //! rebalancing (drains on scale-out that touch exactly the objects that move, direct moves off
-//! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), and leader
-//! election.
+//! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), hostile rings
+//! and owner references, and leader election.
 
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
@@ -18,6 +18,7 @@ use sharder_harness::world::World;
 
 mod clients;
 mod controller_ring;
+mod hostile_rings;
 mod leader_election;
 mod lease_states;
 mod rebalancing;
