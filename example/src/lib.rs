@@ -71,6 +71,13 @@ pub struct Args {
     #[arg(long, env = "RECONCILE_DELAY", default_value = "0s", value_parser = parse_duration)]
     pub reconcile_delay: Duration,
 
+    /// Reconciles running at once (at least 1). Bounded, so that a burst of work (a shard
+    /// joining, a relist) cannot flood the apiserver with this shard's writes: an overloaded
+    /// apiserver refuses requests at random, the shard's Lease renewals among them.
+    #[arg(long, env = "MAX_CONCURRENT_RECONCILES", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
+
     /// Append a JSON line per reconcile start and end to this file.
     #[arg(long, env = "RECORD_FILE")]
     pub record_file: Option<PathBuf>,
@@ -219,6 +226,10 @@ pub async fn run_with_client(
             let (controller, listed) = listed_controller(secrets, config.clone());
             let running = controller
                 .owns(configmaps, config)
+                .with_config(
+                    kube::runtime::controller::Config::default()
+                        .concurrency(args.max_concurrent_reconciles),
+                )
                 .graceful_shutdown_on(stop.clone().cancelled_owned())
                 .run(reconciler, error_policy, context)
                 .for_each(|result| async move {
