@@ -176,6 +176,10 @@ pub struct Options {
     /// tokens, ReplicaSets, StatefulSets, endpoints) instead of only garbage collection and
     /// namespaces.
     pub node_address: Option<std::net::Ipv4Addr>,
+    /// `--max-mutating-requests-inflight`, with API Priority and Fairness off so that the
+    /// limit answers 429 at once instead of queueing (requests of `system:masters`, such as the
+    /// test's own, are never refused).
+    pub max_mutating_in_flight: Option<u32>,
 }
 
 /// A running etcd + kube-apiserver pair.
@@ -284,6 +288,10 @@ impl ControlPlane {
                 if options.node_address.is_some() {
                     // The node's name resolves nowhere: logs, exec and port-forward go to its IP.
                     apiserver.args(["--kubelet-preferred-address-types", "InternalIP"]);
+                }
+                if let Some(limit) = options.max_mutating_in_flight {
+                    apiserver.arg(format!("--max-mutating-requests-inflight={limit}"));
+                    apiserver.arg("--enable-priority-and-fairness=false");
                 }
                 if let Some(timeout) = options.request_timeout {
                     apiserver.arg(format!("--request-timeout={}s", timeout.as_secs().max(1)));

@@ -305,6 +305,15 @@ impl System {
         self.reconcilers[i] = Some(reconciler);
     }
 
+    /// The metrics (Prometheus text) of reconciler replica `i`; empty when it does not run or
+    /// answer.
+    pub async fn reconciler_metrics(&self, i: usize) -> String {
+        match &self.reconcilers[i] {
+            Some(reconciler) => reconciler.metrics().await,
+            None => String::new(),
+        }
+    }
+
     /// Kills reconciler replica `i` (SIGKILL).
     pub fn kill_reconciler(&mut self, i: usize) {
         if let Some(mut reconciler) = self.reconcilers[i].take() {

@@ -1,7 +1,8 @@
 //! Faults real clusters have, with the ownership and handover checkers running: a zombie shard
 //! (alive, its Lease renewals refused), a shard cut off from the apiserver by a partition that
-//! heals, a webhook that accepts connections and never answers, and the apiserver killed and
-//! started again in the middle of a rebalance.
+//! heals, a webhook that accepts connections and never answers, the apiserver killed and
+//! started again in the middle of a rebalance, and an apiserver refusing writes (429) through a
+//! scale-out.
 //!
 //! What each case showed (the margin a lost shard stops before its Lease expires, how late its
 //! Lease is taken over, the cost of a hung webhook per CREATE) is printed for the notes.
@@ -19,14 +20,17 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
-use sharder_harness::wait::eventually;
-use sharder_tests::system::{Objects, Options, System, WAIT};
+use sharder_harness::wait::{eventually, metric_sum, metric_value};
+use sharder_tests::system::{Objects, Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
 
 /// The lost shard's Lease: its duration and renew interval are the SDK's defaults scaled down
 /// (15 s / 2 s), keeping the default margin of one renew interval between the renewal deadline
 /// and the Lease's expiry.
 const LEASE: Duration = Duration::from_secs(6);
 const RENEW: Duration = Duration::from_secs(2);
+
+/// The overloaded apiserver's `--max-mutating-requests-inflight` (its default is 200).
+const MUTATING_IN_FLIGHT: u32 = 8;
 
 /// Updates every Secret of `names` in turn until stopped, so the shards keep reconciling.
 fn churn(objects: Objects, names: Vec<String>) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
@@ -546,5 +550,117 @@ async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_r
          {holdings:?}; leader replica-{leader} before, replica-{leader_after} after",
         back.duration_since(cut).as_secs_f64(),
         completed.as_secs_f64(),
+    );
+}
+
+#[tokio::test]
+async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with_nothing_lost() {
+    const OBJECTS: usize = 3000;
+    const RECOVERY: Duration = Duration::from_secs(180);
+    let cp = sharder_harness::ControlPlane::dedicated(sharder_harness::control_plane::Options {
+        max_mutating_in_flight: Some(MUTATING_IN_FLIGHT),
+        ..Default::default()
+    })
+    .await
+    .expect("a control plane of its own");
+    let mut system = System::start(
+        "overload",
+        Options {
+            shards: 2,
+            // The SDK's default: renewals refused now and then must not cost the Leases.
+            lease_seconds: 15,
+            // A child follows its owner with one write, which may be refused too (each refusal
+            // costs the Retry-After, 1 s): the handover bound (the sweep interval + 10 s) is
+            // widened with it.
+            sweep_seconds: 20,
+            // Refusals are told apart by user in the audit log; the admin (system:masters) is
+            // never refused, so the test's own writes always land.
+            service_accounts: true,
+            control_plane: Some(cp),
+            // The reconciler's defaults (the harness's are short, for failover tests).
+            reconciler_extra: vec![
+                ("--leader-election-duration".into(), "15s".into()),
+                ("--leader-election-renew".into(), "2s".into()),
+            ],
+            ..Options::default()
+        },
+    )
+    .await;
+    let objects = system.objects();
+    futures::stream::iter(0..OBJECTS)
+        .map(|i| {
+            let objects = objects.clone();
+            async move {
+                objects
+                    .create_secret(&format!("object-{i}"), &format!("{i}-0"))
+                    .await
+                    .expect("create");
+            }
+        })
+        // The admin is never refused, but its requests take free places: a few at once leave
+        // places for the shards' Lease renewals.
+        .buffer_unordered(4)
+        .collect::<Vec<()>>()
+        .await;
+    // The shards' first reconcile of each object is a write too, refused as often.
+    let first = Instant::now();
+    eventually("objects on two shards", RECOVERY, || system.converged()).await;
+    let settled = first.elapsed();
+
+    let mark = system.audit_mark();
+    let started = Instant::now();
+    system.start_shard("shard-2").await;
+    // The write limit is read while the scale-out runs: its lowest value shows the backoff.
+    let mut lowest_limit = f64::INFINITY;
+    let deadline = started + RECOVERY;
+    while let Err(why) = system.converged().await {
+        assert!(
+            Instant::now() < deadline,
+            "the scale-out did not complete in {RECOVERY:?}: {why}"
+        );
+        let metrics = system.reconciler_metrics(0).await;
+        if let Some(limit) =
+            metric_value(&metrics, "sharder_reconciler_write_concurrency_limit", &[])
+        {
+            lowest_limit = lowest_limit.min(limit);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let completed = started.elapsed();
+    let exited = system.exited();
+    assert!(exited.is_empty(), "components exited: {exited:?}");
+    let holdings = system.holdings().await;
+    assert_eq!(
+        holdings.values().sum::<usize>(),
+        OBJECTS,
+        "every object held once: {holdings:?}"
+    );
+    system.assert_single_ownership();
+
+    let refused = |account: &str| {
+        let requests = requests_of(&system, &system.service_account(account), mark);
+        let refused = requests.iter().filter(|r| r.code == 429).count();
+        (refused, requests.len())
+    };
+    let (reconciler_refused, reconciler_requests) = refused(RECONCILER_ACCOUNT);
+    let (shards_refused, shards_requests) = refused(SHARD_ACCOUNT);
+    let metrics = system.reconciler_metrics(0).await;
+    let counted = metric_sum(&metrics, "sharder_reconciler_overloaded_writes_total", &[]);
+    eprintln!(
+        "overload (--max-mutating-requests-inflight={MUTATING_IN_FLIGHT}): {OBJECTS} objects \
+         settled on two shards {:.1} s after their creation; scale-out of them to a third shard complete in {:.1} s; reconciler {reconciler_refused} \
+         of {reconciler_requests} writes refused (429), its metric counts {counted}, its write \
+         limit went down to {lowest_limit}; shards {shards_refused} of {shards_requests} refused; \
+         holdings {holdings:?}",
+        settled.as_secs_f64(),
+        completed.as_secs_f64()
+    );
+    assert!(
+        reconciler_refused > 0,
+        "the reconciler met no 429: the case does not test overload (lower the limit)"
+    );
+    assert!(
+        counted >= 1.0 && counted <= reconciler_refused as f64,
+        "the reconciler's metric counts its refused writes: {counted} of {reconciler_refused}"
     );
 }
