@@ -123,6 +123,24 @@ fn seconds(a: Timestamp, b: Timestamp) -> f64 {
     b.duration_since(a).as_secs_f64()
 }
 
+/// Creates Secrets `object-0` .. `object-<n-1>`, `at_once` at a time.
+async fn create_at_once(system: &System, n: usize, at_once: usize) {
+    let objects = system.objects();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let objects = objects.clone();
+            async move {
+                objects
+                    .create_secret(&format!("object-{i}"), &format!("{i}-0"))
+                    .await
+                    .expect("create");
+            }
+        })
+        .buffer_unordered(at_once)
+        .collect::<Vec<()>>()
+        .await;
+}
+
 /// Starts a system with two ordinary shards.
 async fn two_shards(prefix: &str) -> System {
     System::start(
@@ -504,20 +522,7 @@ async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_r
         },
     )
     .await;
-    let objects = system.objects();
-    futures::stream::iter(0..OBJECTS)
-        .map(|i| {
-            let objects = objects.clone();
-            async move {
-                objects
-                    .create_secret(&format!("object-{i}"), &format!("{i}-0"))
-                    .await
-                    .expect("create");
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<()>>()
-        .await;
+    create_at_once(&system, OBJECTS, 16).await;
     system.wait_converged("objects on two shards").await;
     let leader = system.leader().await;
 
@@ -586,22 +591,9 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
         },
     )
     .await;
-    let objects = system.objects();
-    futures::stream::iter(0..OBJECTS)
-        .map(|i| {
-            let objects = objects.clone();
-            async move {
-                objects
-                    .create_secret(&format!("object-{i}"), &format!("{i}-0"))
-                    .await
-                    .expect("create");
-            }
-        })
-        // The admin is never refused, but its requests take free places: a few at once leave
-        // places for the shards' Lease renewals.
-        .buffer_unordered(4)
-        .collect::<Vec<()>>()
-        .await;
+    // The admin is never refused, but its requests take free places: a few at once leave places
+    // for the shards' Lease renewals.
+    create_at_once(&system, OBJECTS, 4).await;
     // The shards' first reconcile of each object is a write too, refused as often.
     let first = Instant::now();
     eventually("objects on two shards", RECOVERY, || system.converged()).await;
