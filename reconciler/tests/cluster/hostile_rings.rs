@@ -31,6 +31,18 @@ async fn assigned(world: &World) -> usize {
         .count()
 }
 
+/// Makes object `name` of `api` controlled by ConfigMap `owner` (its ownerReferences replaced).
+async fn control<K>(api: &Api<K>, name: &str, owner: &ConfigMap)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let reference = owner.controller_owner_ref(&()).expect("created");
+    let patch = json!({"metadata": {"ownerReferences": [reference]}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("{name} controlled by {}: {e}", reference.name));
+}
+
 #[tokio::test]
 async fn a_ring_deleted_during_its_rebalance_gets_no_more_writes_and_the_next_ring_is_served() {
     const OBJECTS: usize = 120;
@@ -184,15 +196,7 @@ async fn long_ring_names_two_controllers_and_owner_cycles_are_cut_refused_or_pla
         .create(&pp, &child_of(&looped, "child-looped"))
         .await
         .expect("child");
-    let controlled_by = |owner: &ConfigMap| json!({"metadata": {"ownerReferences": [owner.controller_owner_ref(&()).expect("created")]}});
-    secrets
-        .patch(
-            "object-looped",
-            &PatchParams::default(),
-            &Patch::Merge(&controlled_by(&looped_child)),
-        )
-        .await
-        .expect("the Secret controlled by its own child");
+    control(&secrets, "object-looped", &looped_child).await;
     // Two ConfigMaps controlling each other: their controller is not a main resource of the
     // ring, so each goes where the ring puts its controller's key.
     let named = |name: &str| ConfigMap {
@@ -206,17 +210,12 @@ async fn long_ring_names_two_controllers_and_owner_cycles_are_cut_refused_or_pla
         .create(&pp, &named("cycle-a"))
         .await
         .expect("cycle-a");
-    let mut b = named("cycle-b");
-    b.metadata.owner_references = Some(vec![a.controller_owner_ref(&()).expect("created")]);
-    let b = configmaps.create(&pp, &b).await.expect("cycle-b");
-    configmaps
-        .patch(
-            "cycle-a",
-            &PatchParams::default(),
-            &Patch::Merge(&controlled_by(&b)),
-        )
+    let b = configmaps
+        .create(&pp, &named("cycle-b"))
         .await
-        .expect("cycle-a controlled by cycle-b");
+        .expect("cycle-b");
+    control(&configmaps, "cycle-a", &b).await;
+    control(&configmaps, "cycle-b", &a).await;
     let cycle_key = |controller: &str| {
         ObjectKey::main("", "ConfigMap", Some(&ns), controller)
             .expect("named")
