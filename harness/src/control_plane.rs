@@ -101,16 +101,17 @@ async fn start_on_free_ports<T>(
     name: &str,
     dir: &Path,
     mut command: impl FnMut([u16; 2]) -> (Command, String, T),
-) -> Result<(u32, T), Error> {
+) -> Result<(Process, T), Error> {
     let log = dir.join(format!("{name}.log"));
     for attempt in 1..=PORT_ATTEMPTS {
         let (command, serving, value) = command([free_port()?, free_port()?]);
-        let pid = spawn_logged(command, &log)?;
+        let process = Process::spawn(command, &log)?;
+        let pid = process.pid();
         let started = Instant::now();
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if text.contains(&serving) {
-                return Ok((pid, value));
+                return Ok((process, value));
             }
             if let Some(status) = lifetime_child_status(pid) {
                 if text.contains("address already in use") && attempt < PORT_ATTEMPTS {
@@ -182,14 +183,47 @@ pub struct Options {
     pub max_mutating_in_flight: Option<u32>,
 }
 
+/// One of the control plane's two processes (see [`ControlPlane::restart`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// etcd: restarted on the same data folder and ports.
+    Etcd,
+    /// kube-apiserver: restarted with the same flags on the same address.
+    Apiserver,
+}
+
+/// A control plane process with what it takes to start it again.
+#[derive(Debug)]
+struct Process {
+    pid: AtomicU32,
+    /// The program and arguments it was started with.
+    command: (OsString, Vec<OsString>),
+}
+
+impl Process {
+    /// Spawns `command`, its output to `log`.
+    fn spawn(command: Command, log: &Path) -> Result<Self, Error> {
+        let again = (
+            command.get_program().to_owned(),
+            command.get_args().map(ToOwned::to_owned).collect(),
+        );
+        Ok(Self {
+            pid: AtomicU32::new(spawn_logged(command, log)?),
+            command: again,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+}
+
 /// A running etcd + kube-apiserver pair.
 #[derive(Debug)]
 pub struct ControlPlane {
     dir: PathBuf,
-    etcd_pid: u32,
-    apiserver_pid: AtomicU32,
-    /// The program and arguments kube-apiserver was started with (to start it again).
-    apiserver_command: (OsString, Vec<OsString>),
+    etcd: Process,
+    apiserver: Process,
     url: String,
     token: String,
     ca_file: PathBuf,
@@ -245,7 +279,7 @@ impl ControlPlane {
 - level: None\n  resources:\n  - group: coordination.k8s.io\n  - group: events.k8s.io\n  - group: \"\"\n    resources: [events]\n\
 - level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
         )?;
-        let (etcd_pid, etcd_url) = start_on_free_ports("etcd", &dir, |[client, peer]| {
+        let (etcd, etcd_url) = start_on_free_ports("etcd", &dir, |[client, peer]| {
             let etcd_url = format!("http://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
             let mut etcd = Command::new(assets.join("etcd"));
@@ -264,7 +298,7 @@ impl ControlPlane {
         let address = options
             .node_address
             .map_or_else(|| "127.0.0.1".to_owned(), |a| a.to_string());
-        let (apiserver_pid, secure_port) =
+        let (apiserver, secure_port) =
             start_on_free_ports("kube-apiserver", &dir, |[secure_port, _]| {
                 let mut apiserver = Command::new(assets.join("kube-apiserver"));
                 apiserver
@@ -297,23 +331,17 @@ impl ControlPlane {
                     apiserver.arg(format!("--request-timeout={}s", timeout.as_secs().max(1)));
                 }
                 let serving = format!("Serving securely on {address}:{secure_port}");
-                let again = (
-                    apiserver.get_program().to_owned(),
-                    apiserver.get_args().map(ToOwned::to_owned).collect(),
-                );
-                (apiserver, serving, (secure_port, again))
+                (apiserver, serving, secure_port)
             })
             .await?;
-        let (secure_port, apiserver_command) = secure_port;
 
         let url = format!("https://{address}:{secure_port}");
         let ca_file = certs.join("apiserver.crt");
         let kubeconfig = dir.join("kubeconfig");
         let control_plane = Self {
             dir,
-            etcd_pid,
-            apiserver_pid: AtomicU32::new(apiserver_pid),
-            apiserver_command,
+            etcd,
+            apiserver,
             url,
             token,
             ca_file,
@@ -359,12 +387,17 @@ impl ControlPlane {
         Ok(control_plane)
     }
 
-    /// Stops kube-apiserver (SIGKILL: at once; on SIGTERM 1.20 waits up to its request timeout
-    /// for open requests), leaves it down for `down`, and starts it again with the same flags on
-    /// the same address; returns once it is ready. For a [`Self::dedicated`] control plane:
+    /// Stops `part` (SIGKILL: at once; on SIGTERM kube-apiserver 1.20 waits up to its request
+    /// timeout for open requests), leaves it down for `down`, and starts it again with the same
+    /// flags (etcd on the same data folder and ports, kube-apiserver on the same address);
+    /// returns once the apiserver answers ready again. For a [`Self::dedicated`] control plane:
     /// every client of it sees the outage.
-    pub async fn restart_apiserver(&self, down: Duration) -> Result<(), Error> {
-        let pid = self.apiserver_pid.load(Ordering::Relaxed);
+    pub async fn restart(&self, part: Part, down: Duration) -> Result<(), Error> {
+        let (name, process) = match part {
+            Part::Etcd => ("etcd", &self.etcd),
+            Part::Apiserver => ("kube-apiserver", &self.apiserver),
+        };
+        let pid = process.pid();
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX)),
             nix::sys::signal::Signal::SIGKILL,
@@ -373,25 +406,26 @@ impl ControlPlane {
         while lifetime_child_status(pid).is_none() {
             if stopping.elapsed() > READY_TIMEOUT {
                 return Err(Error::NotReady(format!(
-                    "kube-apiserver (pid {pid}) did not stop within {READY_TIMEOUT:?}"
+                    "{name} (pid {pid}) did not stop within {READY_TIMEOUT:?}"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         eprintln!(
-            "[control-plane] kube-apiserver stopped in {:.1} s",
+            "[control-plane] {name} stopped in {:.1} s",
             stopping.elapsed().as_secs_f64()
         );
         tokio::time::sleep(down.saturating_sub(stopping.elapsed())).await;
         let starting = Instant::now();
-        let (program, args) = &self.apiserver_command;
+        let (program, args) = &process.command;
         let mut command = Command::new(program);
         command.args(args);
-        let pid = spawn_logged(command, &self.dir.join("kube-apiserver.log"))?;
-        self.apiserver_pid.store(pid, Ordering::Relaxed);
+        let pid = spawn_logged(command, &self.dir.join(format!("{name}.log")))?;
+        process.pid.store(pid, Ordering::Relaxed);
+        // The apiserver's readiness includes its etcd: either restart ends here.
         self.wait_ready().await?;
         eprintln!(
-            "[control-plane] kube-apiserver ready again {:.1} s after its start",
+            "[control-plane] {name} started again, the apiserver ready {:.1} s after the start",
             starting.elapsed().as_secs_f64()
         );
         Ok(())
@@ -401,8 +435,7 @@ impl ControlPlane {
         let started = Instant::now();
         let mut last = String::from("not started");
         while started.elapsed() < READY_TIMEOUT {
-            if let Some(status) = lifetime_child_status(self.apiserver_pid.load(Ordering::Relaxed))
-            {
+            if let Some(status) = lifetime_child_status(self.apiserver.pid()) {
                 return Err(Error::NotReady(format!(
                     "kube-apiserver exited with {status}; its log:\n{}",
                     self.log_tail("kube-apiserver.log", 30)
@@ -442,7 +475,7 @@ impl ControlPlane {
 
     /// Process ids of etcd and kube-apiserver.
     pub fn pids(&self) -> [u32; 2] {
-        [self.etcd_pid, self.apiserver_pid.load(Ordering::Relaxed)]
+        [self.etcd.pid(), self.apiserver.pid()]
     }
 
     /// Where the audit log ends now: [`audited_writes_since`](Self::audited_writes_since) this

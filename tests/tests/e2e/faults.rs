@@ -1,8 +1,8 @@
 //! Faults real clusters have, with the ownership and handover checkers running: a zombie shard
 //! (alive, its Lease renewals refused), a shard cut off from the apiserver by a partition that
-//! heals, a webhook that accepts connections and never answers, the apiserver killed and
-//! started again in the middle of a rebalance, and an apiserver refusing writes (429) through a
-//! scale-out.
+//! heals, a webhook that accepts connections and never answers, the apiserver or etcd killed
+//! and started again in the middle of a rebalance, and an apiserver refusing writes (429)
+//! through a scale-out.
 //!
 //! What each case showed (the margin a lost shard stops before its Lease expires, how late its
 //! Lease is taken over, the cost of a hung webhook per CREATE) is printed for the notes.
@@ -17,7 +17,7 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
-use sharder_harness::control_plane::AuditMark;
+use sharder_harness::control_plane::{AuditMark, Part};
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
@@ -497,6 +497,17 @@ async fn a_hung_webhook_costs_each_create_its_timeout_and_the_sweep_assigns_what
 #[tokio::test]
 async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_rebalance_completes()
 {
+    restart_mid_rebalance(Part::Apiserver).await;
+}
+
+#[tokio::test]
+async fn an_etcd_restart_mid_rebalance_needs_no_component_restart_and_the_rebalance_completes() {
+    restart_mid_rebalance(Part::Etcd).await;
+}
+
+/// 3,000 objects on two shards, a third joins, and `part` of the control plane is stopped for
+/// 10 s once the rebalance has begun: it completes without any component restarting.
+async fn restart_mid_rebalance(part: Part) {
     const OBJECTS: usize = 3000;
     const RECOVERY: Duration = Duration::from_secs(180);
     let cp = sharder_harness::ControlPlane::dedicated(Default::default())
@@ -505,7 +516,10 @@ async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_r
     // Leases that outlast the outage (10 s down, plus the apiserver's start).
     let lease = Duration::from_secs(30);
     let mut system = System::start(
-        "apiserver-restart",
+        match part {
+            Part::Apiserver => "apiserver-restart",
+            Part::Etcd => "etcd-restart",
+        },
         Options {
             shards: 2,
             lease_seconds: lease.as_secs(),
@@ -535,11 +549,11 @@ async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_r
     })
     .await;
     let cut = Instant::now();
-    cp.restart_apiserver(Duration::from_secs(10))
+    cp.restart(part, Duration::from_secs(10))
         .await
-        .expect("the apiserver starts again");
+        .expect("the control plane starts again");
     let back = Instant::now();
-    // Each component's watches back off while the apiserver is away (kube-runtime's default:
+    // Each component's watches back off while the control plane is away (kube-runtime's default:
     // doubling up to 30 s) and are refused once more when they resume from a version the new
     // apiserver's watch cache no longer has (410 Gone): recovery takes some of those steps.
     eventually("the rebalance completes", RECOVERY, || system.converged()).await;
@@ -550,7 +564,7 @@ async fn an_apiserver_restart_mid_rebalance_needs_no_component_restart_and_the_r
     system.assert_single_ownership();
     let leader_after = system.leader().await;
     eprintln!(
-        "apiserver restart: {moved} of {OBJECTS} objects on the new shard at the stop; down \
+        "{part:?} restart: {moved} of {OBJECTS} objects on the new shard at the stop; down \
          {:.1} s (killed, 10 s, start); rebalance complete {:.1} s after its return; holdings \
          {holdings:?}; leader replica-{leader} before, replica-{leader_after} after",
         back.duration_since(cut).as_secs_f64(),
