@@ -15,13 +15,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use sharder_sdk::controller::{drive, listed_controller};
+use sharder_sdk::controller::{drive, listed_controller, watch};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::{RingArgs, Shard, ShardError, ShardReconcileError};
 use sharder_sdk::{CommonArgs, Readiness, parse_duration};
@@ -225,7 +226,7 @@ pub async fn run_with_client(
             readiness.set(LEASE_HELD, true);
             let (controller, listed) = listed_controller(secrets, config.clone());
             let running = controller
-                .owns(configmaps, config)
+                .owns_stream(watch(configmaps, config).touched_objects())
                 .with_config(
                     kube::runtime::controller::Config::default()
                         .concurrency(args.max_concurrent_reconciles),

@@ -73,7 +73,12 @@ impl World {
     pub async fn with_ring(cp: &'static ControlPlane, ns: String, ring: String) -> Self {
         let client = cp.client().await.expect("client");
         install_ring_crds(&client).await.expect("CRD");
-        let dir = tempfile::tempdir().expect("dir");
+        // Kept, with the component logs in it, when `SHARDER_KEEP_TMP` is set.
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("sharder-{ns}-"))
+            .disable_cleanup(std::env::var_os("SHARDER_KEEP_TMP").is_some())
+            .tempdir()
+            .expect("dir");
         let ca = TestCa::new(&format!("{ns}-ca")).expect("ca");
         let cert = ca.serving_cert("webhook").expect("cert");
         std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem).expect("cert");

@@ -8,9 +8,10 @@
 //!
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+//! use kube::runtime::WatchStreamExt as _;
 //! use kube::runtime::controller::Action;
 //! use kube::{Api, Client};
-//! use sharder_sdk::controller::{drive, listed_controller};
+//! use sharder_sdk::controller::{drive, listed_controller, watch};
 //! use sharder_sdk::RingId;
 //! use sharder_sdk::shard::{Shard, ShardReconcileError};
 //! use tokio_util::sync::CancellationToken;
@@ -37,10 +38,12 @@
 //! shard
 //!     .run(lease, &shutdown, |stop| async move {
 //!         // `listed_controller` + `drive`: a shard stopped before its watch listed ends at
-//!         // once (kube-runtime alone would wait for that list forever).
+//!         // once (kube-runtime alone would wait for that list forever). `watch` for the
+//!         // owned objects: like the main watch, it reconnects every second while the
+//!         // apiserver restarts.
 //!         let (controller, listed) = listed_controller(Api::<Secret>::all(client.clone()), config.clone());
 //!         let running = controller
-//!             .owns(Api::<ConfigMap>::all(client.clone()), config)
+//!             .owns_stream(watch(Api::<ConfigMap>::all(client.clone()), config).touched_objects())
 //!             .graceful_shutdown_on(stop.clone().cancelled_owned())
 //!             .run(reconciler, |_, _: &ShardReconcileError<MyError>, _| {
 //!                 Action::requeue(Duration::from_secs(5))
