@@ -523,9 +523,10 @@ async fn restart_mid_rebalance(part: Part) {
         Options {
             shards: 2,
             lease_seconds: lease.as_secs(),
-            // Nothing moves while the apiserver is away (about 15 s), and the watches come back
-            // through kube-runtime's backoff (up to 30 s a step): the bound on how long a child
-            // may stay behind its owner (the sweep interval + 10 s) must cover that.
+            // Nothing moves while the apiserver is away (about 15 s), and the watches are then
+            // refused once or twice more (410 Gone) through kube-runtime's backoff: the bound
+            // on how long a child may stay behind its owner (the sweep interval + 10 s) must
+            // cover that.
             sweep_seconds: 60,
             control_plane: Some(cp),
             reconciler_extra: vec![
@@ -553,9 +554,9 @@ async fn restart_mid_rebalance(part: Part) {
         .await
         .expect("the control plane starts again");
     let back = Instant::now();
-    // Each component's watches back off while the control plane is away (kube-runtime's default:
-    // doubling up to 30 s) and are refused once more when they resume from a version the new
-    // apiserver's watch cache no longer has (410 Gone): recovery takes some of those steps.
+    // Each component's watches connect again every second while the apiserver is away, and are
+    // refused (410 Gone, with kube-runtime's backoff) when they resume from a version the new
+    // apiserver's watch cache does not have: recovery takes one or two of those steps.
     eventually("the rebalance completes", RECOVERY, || system.converged()).await;
     let completed = back.elapsed();
     let exited = system.exited();
