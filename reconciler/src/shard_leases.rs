@@ -385,4 +385,56 @@ mod tests {
         assert_eq!(wake_after(Some(at(0)), at(5)), ms(20));
         assert_eq!(wake_after(None, at(5)), None);
     }
+
+    #[tokio::test]
+    async fn a_takeover_from_a_stale_view_is_refused_and_the_lease_looked_at_again() {
+        // The reconciler's Lease watch may lag (it came back 26 s after an apiserver restart in
+        // a fault test) and show a renewing shard's Lease as uncertain: the takeover carries the
+        // resourceVersion it saw, so the apiserver refuses it (409) instead of taking a live
+        // shard's Lease.
+        use http::{Method, Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut stale = lease("s", Some("expired"));
+        stale.metadata.namespace = Some("ns".into());
+        stale.metadata.resource_version = Some("7".into());
+        stale.metadata.labels.get_or_insert_default().insert(
+            RingKind::ClusterRing.lease_label().to_owned(),
+            "ring".into(),
+        );
+        let ctx = Arc::new(Context {
+            kind: RingKind::ClusterRing,
+            client: Client::new(service, "default"),
+            metrics: Metrics::new(&mut prometheus_client::registry::Registry::default()),
+            rings: None,
+        });
+        let apiserver = tokio::spawn(async move {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            assert_eq!(request.method(), Method::PUT);
+            assert_eq!(
+                request.uri().path(),
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/s"
+            );
+            let body = request.into_body().collect_bytes().await.expect("body");
+            let sent: Lease = serde_json::from_slice(&body).expect("a Lease");
+            assert_eq!(sent.metadata.resource_version.as_deref(), Some("7"));
+            assert_eq!(
+                sent.spec.and_then(|s| s.holder_identity).as_deref(),
+                Some(LEASE_CONTROLLER_HOLDER)
+            );
+            let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": 409, "message": "the object has been modified"});
+            respond.send_response(
+                Response::builder()
+                    .status(409)
+                    .body(Body::from(serde_json::to_vec(&conflict).expect("json")))
+                    .expect("response"),
+            );
+        });
+        let action = reconcile(Arc::new(stale), ctx)
+            .await
+            .expect("a refused takeover is not an error");
+        apiserver.await.expect("the takeover was sent as expected");
+        assert_eq!(action, Action::requeue(CONFLICT_REQUEUE));
+    }
 }
