@@ -222,6 +222,35 @@ fn a_global_namespace_selector_reaches_the_reconciler_as_json() {
 }
 
 #[test]
+fn the_ring_selector_reaches_the_reconciler_under_its_name_or_its_former_one() {
+    let helm = Helm::get().expect("helm");
+    for (values, expected) in [
+        (json!({}), ""),
+        (
+            json!({ "reconciler": { "ringSelector": "team=a" } }),
+            "team=a",
+        ),
+        (
+            json!({ "reconciler": { "clusterRingSelector": "team=b" } }),
+            "team=b",
+        ),
+        (
+            json!({ "reconciler": { "ringSelector": "team=a", "clusterRingSelector": "team=b" } }),
+            "team=a",
+        ),
+    ] {
+        let docs = helm
+            .render(&values, "sharder", "sharder-system")
+            .expect("render");
+        let reconciler = find(&docs, "Deployment", "sharder-reconciler").expect("reconciler");
+        let flag = args(reconciler)
+            .into_iter()
+            .find_map(|a| a.strip_prefix("--ring-selector=").map(str::to_owned));
+        assert_eq!(flag.as_deref(), Some(expected), "{values}");
+    }
+}
+
+#[test]
 fn rings_from_values_grant_exactly_their_resources() {
     let helm = Helm::get().expect("helm");
     let values = json!({
