@@ -216,6 +216,32 @@ impl Process {
     fn pid(&self) -> u32 {
         self.pid.load(Ordering::Relaxed)
     }
+
+    /// The value of `flag` among its arguments (`--flag value`).
+    fn flag(&self, flag: &str) -> Option<String> {
+        let args = &self.command.1;
+        let at = args.iter().position(|a| a == flag)?;
+        args.get(at + 1).map(|v| v.to_string_lossy().into_owned())
+    }
+}
+
+/// A second kube-apiserver on a control plane's etcd ([`ControlPlane::another_apiserver`]).
+#[derive(Debug)]
+pub struct OtherApiserver {
+    url: String,
+    kubeconfig: PathBuf,
+}
+
+impl OtherApiserver {
+    /// Its URL, `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A kubeconfig file for the admin user against it.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
 }
 
 /// A running etcd + kube-apiserver pair.
@@ -429,6 +455,93 @@ impl ControlPlane {
             starting.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+
+    /// etcd's client address.
+    pub fn etcd_addr(&self) -> std::net::SocketAddr {
+        self.etcd
+            .flag("--listen-client-urls")
+            .and_then(|url| url.strip_prefix("http://").and_then(|a| a.parse().ok()))
+            .expect("etcd listens on http://<ip>:<port>")
+    }
+
+    /// Starts a second kube-apiserver on this control plane's etcd, as the other replica of an
+    /// HA control plane: the same flags and tokens, a port and serving certificate of its own.
+    /// `overrides` send resources' storage elsewhere (`--etcd-servers-overrides`, e.g.
+    /// `("/secrets", a proxy in front of etcd)`), so that its watch cache of them can be made to
+    /// lag. It runs as long as the test binary.
+    pub async fn another_apiserver(
+        &self,
+        name: &str,
+        overrides: &[(&str, std::net::SocketAddr)],
+    ) -> Result<OtherApiserver, Error> {
+        let (program, args) = &self.apiserver.command;
+        let address = self
+            .apiserver
+            .flag("--bind-address")
+            .unwrap_or_else(|| "127.0.0.1".to_owned());
+        let certs = self.dir.join(format!("{name}-certs"));
+        let audit = self.dir.join(format!("{name}-audit.log"));
+        let (_process, port) = start_on_free_ports(name, &self.dir, |[port, _]| {
+            let mut command = Command::new(program);
+            let mut args = args.iter();
+            while let Some(arg) = args.next() {
+                command.arg(arg);
+                let replaced = match arg.to_str() {
+                    Some("--secure-port") => Some(port.to_string()),
+                    Some("--cert-dir") => Some(path_str(&certs)),
+                    Some("--audit-log-path") => Some(path_str(&audit)),
+                    _ => None,
+                };
+                if let Some(value) = replaced {
+                    command.arg(value);
+                    args.next();
+                }
+            }
+            for (resource, addr) in overrides {
+                command.arg(format!("--etcd-servers-overrides={resource}#http://{addr}"));
+            }
+            (
+                command,
+                format!("Serving securely on {address}:{port}"),
+                port,
+            )
+        })
+        .await?;
+        let url = format!("https://{address}:{port}");
+        let yaml = self
+            .kubeconfig_yaml(&self.token)
+            .replace(&self.url, &url)
+            .replace(
+                &self.ca_file.display().to_string(),
+                &certs.join("apiserver.crt").display().to_string(),
+            );
+        let kubeconfig = self.dir.join(format!("{name}.kubeconfig"));
+        write(&kubeconfig, yaml.as_bytes())?;
+        let config = Config::from_custom_kubeconfig(
+            Kubeconfig::from_yaml(&yaml).map_err(Error::Kubeconfig)?,
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(Error::Kubeconfig)?;
+        let client = Client::try_from(config).map_err(Error::Kube)?;
+        let started = Instant::now();
+        loop {
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::NotReady(e.to_string()))?;
+            match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => break,
+                answer if started.elapsed() > READY_TIMEOUT => {
+                    return Err(Error::NotReady(format!(
+                        "{name} not ready within {READY_TIMEOUT:?} ({answer:?}); its log:\n{}",
+                        self.log_tail(&format!("{name}.log"), 30)
+                    )));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        Ok(OtherApiserver { url, kubeconfig })
     }
 
     async fn wait_ready(&self) -> Result<(), Error> {

@@ -3,7 +3,8 @@
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
-//! apiserver's watch cache.
+//! apiserver's watch cache, and an object a lagging watch cache hides is assigned once it
+//! catches up.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -11,12 +12,16 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::control_plane::{ControlPlane, Options};
 use sharder_harness::fixtures::{secret, secrets_ring, shard_lease};
+use sharder_harness::launch::Env;
+use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
 
 use crate::{Test, WAIT};
@@ -1131,4 +1136,75 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
         "the strays were found in the watch cache, not by listing etcd"
     );
     eventually("the strays are on their shards", WAIT, || w.settled(&two)).await;
+}
+
+#[tokio::test]
+async fn an_object_a_lagging_watch_cache_hides_is_assigned_once_the_cache_catches_up() {
+    // Sweeps of a quiet ring read the apiserver's watch cache, which may lag behind etcd (one
+    // replica of an HA control plane whose etcd connection stalls). Here: a second apiserver
+    // whose Secrets reach etcd through a proxy the test cuts, so its watch cache of Secrets
+    // stops while the first apiserver writes on. The reconciler talks to the lagging one.
+    let cp = ControlPlane::dedicated(Options::default())
+        .await
+        .expect("a control plane");
+    let link = Proxy::to(cp.etcd_addr())
+        .await
+        .expect("a proxy in front of etcd");
+    let lagging = cp
+        .another_apiserver("kube-apiserver-lagging", &[("/secrets", link.addr())])
+        .await
+        .expect("a second apiserver");
+    let mut w = Test::on(cp, "lagging").await;
+    w.reconciler_env = Env::new(w.dir(), lagging.kubeconfig());
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_reconciler().await;
+    w.create_objects(10).await;
+    let two = Ring::new(["shard-a", "shard-b"]);
+    eventually("settled", WAIT, || w.settled(&two)).await;
+
+    link.blackhole(true);
+    let hidden = w
+        .secrets()
+        .create(&PostParams::default(), &secret("object-hidden"))
+        .await
+        .expect("create through the first apiserver");
+    assert_eq!(w.shard_of(&hidden), None, "no webhook runs");
+    let config = Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(lagging.kubeconfig()).expect("kubeconfig"),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .expect("config");
+    let cached = Api::<Secret>::namespaced(Client::try_from(config).expect("client"), &w.ns)
+        .list_metadata(&ListParams::default().match_any())
+        .await
+        .expect("a list from the lagging watch cache");
+    let names: Vec<String> = cached.items.iter().map(ResourceExt::name_any).collect();
+    assert!(
+        names.len() == 10 && !names.contains(&"object-hidden".to_owned()),
+        "the lagging cache lacks the new object: {names:?}"
+    );
+    // Sweeps while the cache lags see nothing to do.
+    w.wait_for_rebalances(0, 2).await;
+    let still = w.secrets().get("object-hidden").await.expect("get");
+    assert_eq!(
+        w.shard_of(&still),
+        None,
+        "assigned from a cache that lacks it"
+    );
+
+    link.blackhole(false);
+    let seen = w.reconcilers[0].process.lines().len();
+    let object = format!("{}/object-hidden", w.ns);
+    w.reconcilers[0]
+        .process
+        .wait_for("the hidden object moved", seen, WAIT, |l| {
+            l["message"] == "moved" && l["object"] == object.as_str()
+        })
+        .await
+        .expect("assigned once the cache caught up");
+    eventually("settled", WAIT, || w.settled(&two)).await;
 }
