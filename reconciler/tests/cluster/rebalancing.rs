@@ -1164,6 +1164,16 @@ async fn an_object_a_lagging_watch_cache_hides_is_assigned_once_the_cache_catche
     w.create_objects(10).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     eventually("settled", WAIT, || w.settled(&two)).await;
+    // Quiet: its sweeps read the watch cache only (a consistent list in flight would hang
+    // behind the cut; beside busy neighbours the first full rebalance was still ending).
+    let seen = w.reconcilers[0].process.lines().len();
+    w.reconcilers[0]
+        .process
+        .wait_for("a quiet sweep", seen, WAIT, |l| {
+            l["message"] == "rebalance" && l["scopes"] == r#"["Stray"]"#
+        })
+        .await
+        .expect("quiet");
 
     link.blackhole(true);
     let hidden = w
