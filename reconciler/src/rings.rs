@@ -416,10 +416,10 @@ pub(crate) fn controller(
     sharder_runtime::controller::Listed,
 ) {
     let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
-    let leases = sharder_runtime::controller::reconnect_when_refused(watcher::watcher(
+    let leases = sharder_runtime::controller::watch(
         Api::<Lease>::all(client),
         watcher::Config::default().labels(kind.lease_label()),
-    ));
+    );
     let resource = kind.api_resource();
     let controller = controller
         .watches_stream(triggers::lease_triggers(kind, leases), move |lease| {

@@ -25,7 +25,7 @@
 //!
 //! While the apiserver is down (a restart, an upgrade), every watch is refused its connection.
 //! kube-runtime backs off on each such error, doubling up to 30 s, so a watch came back up to
-//! 30 s after the apiserver (the restart fault test measured 52 s for a shard's watch). The
+//! 30 s after the apiserver (figures: `docs/performance-notes.md`, Faults). The
 //! watches here connect again every second instead while the connection is refused
 //! ([`watch`]), as client-go's reflector does; other errors keep the backoff.
 

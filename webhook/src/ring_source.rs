@@ -21,7 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use sharder_common::lease::conflicting_names;
 use sharder_common::{ClusterRingSpec, RingId, RingKind, RingObject, is_available};
 use sharder_runtime::Readiness;
-use sharder_runtime::controller::reconnect_when_refused;
+use sharder_runtime::controller::watch;
 use sharder_runtime::metrics::RingLabel;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -254,16 +254,16 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut streams = Vec::new();
     for &kind in &kinds {
-        let ring_events = reconnect_when_refused(watcher::watcher(
+        let ring_events = watch(
             Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource()),
             watcher::Config::default(),
-        ))
+        )
         .default_backoff()
         .map_ok(move |e| SourceEvent::Ring(kind, e));
-        let lease_events = reconnect_when_refused(watcher::watcher(
+        let lease_events = watch(
             Api::<Lease>::all(client.clone()),
             watcher::Config::default().labels(kind.lease_label()),
-        ))
+        )
         .default_backoff()
         .map_ok(move |e| SourceEvent::Lease(kind, e));
         streams.push(ring_events.boxed());
