@@ -23,7 +23,7 @@ use sharder_example::{checksums, configmap_name};
 
 use crate::history::History;
 use crate::ownership::{self, Report};
-use sharder_harness::launch::{Env, Reconciler, Shard, ShardFlags, Webhook};
+use sharder_harness::launch::{Env, Process, Reconciler, Shard, ShardFlags, Webhook};
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
 pub use sharder_harness::world::WAIT;
@@ -460,6 +460,52 @@ impl System {
             }
         }
         exited
+    }
+
+    /// Starts again every shard and reconciler replica that exited after logging that it lost
+    /// its Lease (what the contract asks of them: their pods are restarted), and returns their
+    /// names; panics on any other exit.
+    pub async fn restart_lease_losers(&mut self) -> Vec<String> {
+        let lost = |process: &Process| {
+            process.lines().iter().any(|l| {
+                l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("lease lost"))
+            })
+        };
+        let mut restarted = Vec::new();
+        let exited: Vec<String> = self
+            .shards
+            .iter_mut()
+            .filter_map(|(n, s)| s.process.try_wait().map(|_| n.clone()))
+            .collect();
+        for name in exited {
+            let shard = self.shards.remove(&name).expect("an exited shard");
+            assert!(
+                lost(&shard.process),
+                "{name} exited without losing its Lease:\n{}",
+                shard.process.log()
+            );
+            self.ended.insert(name.clone(), unix_nanos());
+            self.start_shard(&name).await;
+            restarted.push(name);
+        }
+        for i in 0..self.reconcilers.len() {
+            let Some(reconciler) = self.reconcilers[i].as_mut() else {
+                continue;
+            };
+            if reconciler.process.try_wait().is_none() {
+                continue;
+            }
+            assert!(
+                lost(&reconciler.process),
+                "reconciler-{i} exited without losing its Lease:\n{}",
+                reconciler.process.log()
+            );
+            self.start_reconciler(i).await;
+            restarted.push(format!("reconciler-{i}"));
+        }
+        restarted
     }
 
     /// The names of the running shards.
