@@ -3,8 +3,8 @@
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
-//! apiserver's watch cache, and an object a lagging watch cache hides is assigned once it
-//! catches up.
+//! apiserver's watch cache, and an object a lagging watch cache hides (or a drain acknowledged
+//! behind it) reaches its shard once the cache catches up.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -1139,7 +1139,8 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
 }
 
 #[tokio::test]
-async fn an_object_a_lagging_watch_cache_hides_is_assigned_once_the_cache_catches_up() {
+async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its_shard_once_the_cache_catches_up()
+ {
     // Sweeps of a quiet ring read the apiserver's watch cache, which may lag behind etcd (one
     // replica of an HA control plane whose etcd connection stalls). Here: a second apiserver
     // whose Secrets reach etcd through a proxy the test cuts, so its watch cache of Secrets
@@ -1188,7 +1189,9 @@ async fn an_object_a_lagging_watch_cache_hides_is_assigned_once_the_cache_catche
     )
     .await
     .expect("config");
-    let cached = Api::<Secret>::namespaced(Client::try_from(config).expect("client"), &w.ns)
+    let lagging_secrets =
+        Api::<Secret>::namespaced(Client::try_from(config).expect("client"), &w.ns);
+    let cached = lagging_secrets
         .list_metadata(&ListParams::default().match_any())
         .await
         .expect("a list from the lagging watch cache");
@@ -1217,4 +1220,69 @@ async fn an_object_a_lagging_watch_cache_hides_is_assigned_once_the_cache_catche
         .await
         .expect("assigned once the cache caught up");
     eventually("settled", WAIT, || w.settled(&two)).await;
+
+    // Drains acknowledged while the cache lags: nothing is lost meanwhile, and the
+    // acknowledgements reach the reconciler once it catches up.
+    w.add_shard_lease("shard-c", 3600).await;
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let cached_drains = async || {
+        let cached = lagging_secrets
+            .list_metadata(&ListParams::default().match_any())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            cached
+                .items
+                .iter()
+                .filter(|m| w.draining(*m))
+                .map(ResourceExt::name_any)
+                .collect::<BTreeSet<_>>(),
+        )
+    };
+    eventually("drains issued, and seen in the cache", WAIT, || async {
+        let drains: BTreeSet<String> = w
+            .list_secrets()
+            .await
+            .into_iter()
+            .filter(|(_, s)| w.draining(s))
+            .map(|(n, _)| n)
+            .collect();
+        let cached = cached_drains().await?;
+        match !drains.is_empty() && drains == cached {
+            true => Ok(()),
+            false => Err(format!("drains {drains:?}, in the cache {cached:?}")),
+        }
+    })
+    .await;
+    link.blackhole(true);
+    let acknowledged = w.acknowledge_drains().await;
+    assert!(acknowledged > 0, "nothing to acknowledge");
+    let stale = cached_drains()
+        .await
+        .expect("a list from the lagging watch cache");
+    assert!(
+        !stale.is_empty(),
+        "the lagging cache still shows the {acknowledged} acknowledged objects draining"
+    );
+    let unassigned = w
+        .list_secrets()
+        .await
+        .values()
+        .filter(|s| w.shard_of(*s).is_none())
+        .count();
+    assert_eq!(
+        unassigned, acknowledged,
+        "acknowledged objects wait unassigned, none lost"
+    );
+    link.blackhole(false);
+    eventually(
+        "the acknowledged objects are on their new shard",
+        WAIT,
+        || async {
+            // Drains the reconciler issues after the cut are acknowledged here too.
+            w.acknowledge_drains().await;
+            w.settled(&three).await
+        },
+    )
+    .await;
 }
