@@ -68,13 +68,14 @@ pub struct Args {
     pub max_concurrent_requests: usize,
 
     /// How long the webhook keeps serving new connections after SIGTERM, reporting not ready:
-    /// until the Service stops sending it any (endpoints and proxy rules update within seconds;
-    /// a connection refused meanwhile is a CREATE admitted unassigned).
-    #[arg(long, env = "SHARDER_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    /// until the Service stops sending it any (endpoints and proxy rules update within seconds,
+    /// more on a busy node; a connection refused meanwhile is a CREATE admitted unassigned).
+    #[arg(long, env = "SHARDER_SHUTDOWN_DELAY", default_value = "15s", value_parser = parse_duration)]
     pub shutdown_delay: Duration,
 
-    /// How long open connections may finish after the shutdown delay.
-    #[arg(long, env = "SHARDER_SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
+    /// How long open connections may finish after the shutdown delay (a request takes at most
+    /// `--request-timeout`; delay and grace stay within the pod's termination grace period).
+    #[arg(long, env = "SHARDER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
     /// The ring kinds served.

@@ -529,7 +529,7 @@ async fn sigterm_stops_the_webhook_gracefully() {
         .signal(nix::sys::signal::Signal::SIGTERM)
         .expect("SIGTERM");
     // Not ready at once, so the Service stops sending it connections, but still serving them
-    // for the shutdown delay (5 s) while endpoints and proxy rules catch up.
+    // for the shutdown delay (15 s) while endpoints and proxy rules catch up.
     eventually("not ready after SIGTERM", WAIT, || async {
         match sharder_harness::wait::http_get(webhook.admin, "/readyz").await {
             Ok((503, _)) => Ok(()),
