@@ -30,6 +30,8 @@ fn main() {
     );
     let (throughput, p99) = run.ratios();
     println!(
-        "sharder/floor: throughput {throughput:.2}x (goal >= 0.8), p99 {p99:.2}x (goal <= 1.25)"
+        "sharder/floor: throughput {throughput:.2}x (goal >= {}), p99 {p99:.2}x (goal <= {})",
+        sharder_bench::load::THROUGHPUT_GOAL,
+        sharder_bench::load::P99_GOAL,
     );
 }

@@ -19,6 +19,7 @@ use sharder_common::Ring;
 use sharder_harness::ControlPlane;
 use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
+use crate::report::Goal;
 use crate::stats::cpu_seconds;
 use crate::webhooks::{Webhooks, bench_binary, spawn_until_line};
 use crate::{Args, Error, RingSetup, each_metadata, start_reconciler, wait_first_rebalance};
@@ -272,13 +273,18 @@ pub fn markdown(rows: &[IdleRow]) -> String {
     ));
     let sharder = |row: &IdleRow| row.design(SHARDER).map(|d| row.per_hour(d).cpu);
     let reference = |row: &IdleRow| row.design(REFERENCE).map(|d| row.per_hour(d).cpu);
+    let mut goals = Vec::new();
     if let (Some(small), Some(large)) = (rows.first(), rows.last()) {
         if let (Some(s), Some(r)) = (sharder(large), reference(large)) {
             let ratio = s / r.max(f64::EPSILON);
-            out.push_str(&format!(
-                "\nThe sharder at {} objects: {s:.1} CPU-s per hour, {ratio:.2}x the reference schedule's {r:.1} (goal <= 0.1x): {}.\n",
-                large.objects,
-                if ratio <= 0.1 { "met" } else { "missed" }
+            goals.push(Goal::new(
+                &format!(
+                    "the sharder's idle apiserver + etcd CPU at {} objects vs the reference schedule's",
+                    large.objects
+                ),
+                format!("{s:.1} vs {r:.1} CPU-s per hour = {ratio:.2}x"),
+                "<= 0.1x",
+                ratio <= 0.1,
             ));
         }
         if let (true, Some(a), Some(b)) = (
@@ -288,15 +294,21 @@ pub fn markdown(rows: &[IdleRow]) -> String {
         ) {
             let objects = large.objects as f64 / small.objects as f64;
             let growth = b / a.max(f64::EPSILON);
-            out.push_str(&format!(
-                "From {} to {} objects ({objects:.0}x) the sharder's idle cost grew {growth:.1}x (goal: less than {objects:.0}x): {}.\n",
-                small.objects,
-                large.objects,
-                if growth < objects { "met" } else { "missed" }
+            goals.push(Goal::new(
+                &format!(
+                    "growth of the sharder's idle cost from {} to {} objects",
+                    small.objects, large.objects
+                ),
+                format!("{growth:.1}x"),
+                &format!("< {objects:.0}x (the object count's)"),
+                growth < objects,
             ));
         }
     }
     out.push('\n');
+    if !goals.is_empty() {
+        crate::report::goals(&mut out, &goals);
+    }
     out
 }
 

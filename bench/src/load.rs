@@ -23,6 +23,12 @@ use sharder_harness::procfs::rss_kib;
 /// rounds review for a ClusterRing of the same spec and shards).
 pub const CONTROLLER_RING: &str = "sharder, ControllerRing";
 
+/// The goal on the sharder webhook's throughput against the floor's (at least this ratio).
+pub const THROUGHPUT_GOAL: f64 = 0.95;
+
+/// The goal on the sharder webhook's p99 latency against the floor's (at most this ratio).
+pub const P99_GOAL: f64 = 1.1;
+
 /// One load run's numbers.
 #[derive(Clone, Debug)]
 pub struct LoadRound {
