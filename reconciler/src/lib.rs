@@ -23,9 +23,6 @@ use serde::de::DeserializeOwned;
 
 use prometheus_client::registry::Registry;
 use sharder_common::RingKind;
-use sharder_common::webhook_configuration::{
-    WebhookSettings, WebhookTarget, global_namespace_selector,
-};
 use sharder_runtime::controller::{self, Listed, listed_controller_with};
 use sharder_runtime::lease::{HoldError, Holding, LeaseConfig, LeaseKeeper, OnStop, hold};
 use sharder_runtime::{CommonArgs, Readiness, RingKindArgs, Tasks, parse_duration};
@@ -34,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub mod clients;
+mod lead;
 mod metrics;
 mod rebalance;
 mod rings;
@@ -346,10 +344,10 @@ pub async fn run_with_client(
     let leading = hold(keeper, &shutdown, OnStop::Release, |holding: Holding| {
         info!(%identity, "leading");
         leader_gauge.set(1);
-        lead(
+        lead::lead(
             args,
             client,
-            Leader {
+            lead::Leader {
                 bulk,
                 identity: identity.clone(),
                 metrics,
@@ -375,15 +373,6 @@ pub async fn run_with_client(
     Ok(served?)
 }
 
-/// What the leader is given besides its flags and client.
-struct Leader {
-    bulk: rebalance::Clients,
-    identity: String,
-    metrics: metrics::Metrics,
-    ca: watch::Receiver<Vec<u8>>,
-    readiness: Readiness,
-}
-
 /// A controller over the rings of `kind` matching `selector` (`--ring-selector`; empty: all),
 /// saying when its watch listed.
 pub fn ring_controller(
@@ -407,141 +396,6 @@ async fn ready_when_listed(readiness: Readiness, watches: Vec<Listed>) {
         readiness.set(CONTROLLERS_SYNCED, true);
         info!("watches listed, ready");
     }
-}
-
-/// The leader's work: the shard lease, ring and webhook configuration controllers as
-/// supervised tasks until `stop`; ready once their watches listed.
-async fn lead(
-    args: Args,
-    client: kube::Client,
-    leader: Leader,
-    stop: CancellationToken,
-) -> Result<(), Error> {
-    let Leader {
-        bulk,
-        identity,
-        metrics,
-        ca,
-        readiness,
-    } = leader;
-    let webhook = WebhookSettings {
-        target: match &args.webhook_url {
-            Some(url) => WebhookTarget::Url(url.clone()),
-            None => WebhookTarget::Service {
-                namespace: args.namespace.clone(),
-                name: args.webhook_service_name.clone(),
-                port: args.webhook_service_port,
-            },
-        },
-        ca_bundle: Vec::new(),
-        timeout_seconds: args.webhook_timeout_seconds,
-        namespace_selector: global_namespace_selector(
-            args.namespace_selector.as_ref(),
-            &args.namespace,
-        ),
-    };
-    // Both controllers start at once. A ring reconciled before all its shard Leases are in the
-    // store sees fewer shards: it moves nothing off them, and each shard appearing later counts
-    // as added, which triggers a full resync; no shard is ever taken for dead by it.
-    let rebalancer = rebalance::Rebalancer::new(
-        bulk,
-        rebalance::Settings {
-            page_size: args.list_page_size,
-            max_concurrent_writes: args.max_concurrent_writes,
-        },
-        args.max_writes_per_second,
-        metrics.clone(),
-    );
-    let recorder = kube::runtime::events::Recorder::new(
-        client.clone(),
-        kube::runtime::events::Reporter {
-            controller: "sharder-reconciler".into(),
-            instance: Some(identity),
-        },
-    );
-    let mut tasks = Tasks::new(stop.clone());
-    let mut watches = Vec::new();
-    // One shard lease, ring and webhook configuration controller per served ring kind: the same
-    // code, each over its kind's rings and Leases.
-    for kind in args.rings.kinds() {
-        let selector = &args.ring_selector;
-        let (ring_controller, rings_listed) = rings::controller(client.clone(), kind, selector);
-        let (configuration_controller, configurations_listed) =
-            webhook_config::controller::controller(client.clone(), kind, selector, ca.clone());
-        let configuration_ctx = Arc::new(webhook_config::controller::Context {
-            kind,
-            client: client.clone(),
-            settings: webhook.clone(),
-            ca: ca.clone(),
-            resync: args.resync_interval,
-            metrics: metrics.clone(),
-        });
-        let (lease_controller, leases_listed) = shard_leases::controller(client.clone(), kind);
-        let lease_store = lease_controller.store();
-        let lease_ctx = Arc::new(shard_leases::Context {
-            kind,
-            client: client.clone(),
-            metrics: metrics.clone(),
-            rings: (!selector.is_empty()).then(|| (ring_controller.store(), rings_listed.clone())),
-        });
-        watches.extend([
-            leases_listed.clone(),
-            rings_listed.clone(),
-            configurations_listed.clone(),
-        ]);
-        let ring_ctx = Arc::new(rings::Context::new(
-            kind,
-            client.clone(),
-            ring_controller.store(),
-            lease_store,
-            webhook.namespace_selector.clone(),
-            rebalancer.clone(),
-            rings::Intervals {
-                resync: args.resync_interval,
-                sweep: args.sweep_interval,
-                drain_check: args.drain_check_interval,
-            },
-            metrics.clone(),
-            recorder.clone(),
-        ));
-        tasks.spawn(
-            "shard lease controller",
-            run_controller(
-                "shard lease controller",
-                (lease_controller, leases_listed),
-                shard_leases::reconcile,
-                shard_leases::error_policy,
-                lease_ctx,
-                stop.clone(),
-            ),
-        );
-        tasks.spawn(
-            "ring controller",
-            run_controller(
-                "ring controller",
-                (ring_controller, rings_listed),
-                rings::reconcile,
-                rings::error_policy,
-                ring_ctx,
-                stop.clone(),
-            ),
-        );
-        tasks.spawn(
-            "webhook configuration controller",
-            run_controller(
-                "webhook configuration controller",
-                (configuration_controller, configurations_listed),
-                webhook_config::controller::reconcile,
-                webhook_config::controller::error_policy,
-                configuration_ctx,
-                stop.clone(),
-            ),
-        );
-    }
-    let synced = tokio::spawn(ready_when_listed(readiness, watches));
-    let result = tasks.supervise().await;
-    synced.abort();
-    Ok(result?)
 }
 
 #[cfg(test)]

@@ -1,0 +1,226 @@
+//! The leader's work: per served ring kind, the shard lease, ring and webhook configuration
+//! controllers, each with its context built by its own constructor and run as a supervised task
+//! until the leader Lease is lost or the process stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::DynamicObject;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use sharder_common::RingKind;
+use sharder_common::webhook_configuration::{
+    WebhookSettings, WebhookTarget, global_namespace_selector,
+};
+use sharder_runtime::controller::Listed;
+use sharder_runtime::{Readiness, Tasks};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Args, Error, metrics, ready_when_listed, rebalance, rings, run_controller};
+use crate::{shard_leases, webhook_config};
+
+/// What the leader is handed when it starts leading.
+pub(crate) struct Leader {
+    /// The clients of rebalancing lists and writes.
+    pub bulk: rebalance::Clients,
+    /// This replica's identity (the Events' reporter instance).
+    pub identity: String,
+    /// The reconciler's metrics.
+    pub metrics: metrics::Metrics,
+    /// The webhook CA bundle, as it changes.
+    pub ca: watch::Receiver<Vec<u8>>,
+    /// The readiness the controllers' watches report to.
+    pub readiness: Readiness,
+}
+
+/// Runs the shard lease, ring and webhook configuration controllers of every served ring kind
+/// until `stop`; ready once their watches listed.
+pub(crate) async fn lead(
+    args: Args,
+    client: kube::Client,
+    leader: Leader,
+    stop: CancellationToken,
+) -> Result<(), Error> {
+    let readiness = leader.readiness.clone();
+    let shared = Shared::new(&args, client, leader, stop.clone());
+    let mut tasks = Tasks::new(stop);
+    let mut watches = Vec::new();
+    for kind in args.rings.kinds() {
+        watches.extend(shared.spawn_controllers(kind, &mut tasks));
+    }
+    let synced = tokio::spawn(ready_when_listed(readiness, watches));
+    let result = tasks.supervise().await;
+    synced.abort();
+    Ok(result?)
+}
+
+/// What the controllers of every kind share.
+struct Shared {
+    client: kube::Client,
+    metrics: metrics::Metrics,
+    ca: watch::Receiver<Vec<u8>>,
+    webhook: WebhookSettings,
+    rebalancer: rebalance::Rebalancer,
+    recorder: Recorder,
+    intervals: rings::Intervals,
+    resync: Duration,
+    selector: String,
+    stop: CancellationToken,
+}
+
+impl Shared {
+    fn new(args: &Args, client: kube::Client, leader: Leader, stop: CancellationToken) -> Self {
+        let webhook = WebhookSettings {
+            target: match &args.webhook_url {
+                Some(url) => WebhookTarget::Url(url.clone()),
+                None => WebhookTarget::Service {
+                    namespace: args.namespace.clone(),
+                    name: args.webhook_service_name.clone(),
+                    port: args.webhook_service_port,
+                },
+            },
+            ca_bundle: Vec::new(),
+            timeout_seconds: args.webhook_timeout_seconds,
+            namespace_selector: global_namespace_selector(
+                args.namespace_selector.as_ref(),
+                &args.namespace,
+            ),
+        };
+        let rebalancer = rebalance::Rebalancer::new(
+            leader.bulk,
+            rebalance::Settings {
+                page_size: args.list_page_size,
+                max_concurrent_writes: args.max_concurrent_writes,
+            },
+            args.max_writes_per_second,
+            leader.metrics.clone(),
+        );
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "sharder-reconciler".into(),
+                instance: Some(leader.identity),
+            },
+        );
+        Self {
+            client,
+            metrics: leader.metrics,
+            ca: leader.ca,
+            webhook,
+            rebalancer,
+            recorder,
+            intervals: rings::Intervals {
+                resync: args.resync_interval,
+                sweep: args.sweep_interval,
+                drain_check: args.drain_check_interval,
+            },
+            resync: args.resync_interval,
+            selector: args.ring_selector.clone(),
+            stop,
+        }
+    }
+
+    /// Spawns the three controllers of `kind` into `tasks`; returns their watches.
+    ///
+    /// They start at once. A ring reconciled before all its shard Leases are in the store sees
+    /// fewer shards: it moves nothing off them, and each shard appearing later counts as added,
+    /// which triggers a full resync; no shard is ever taken for dead by it.
+    fn spawn_controllers(&self, kind: RingKind, tasks: &mut Tasks) -> [Listed; 3] {
+        let rings = rings::controller(self.client.clone(), kind, &self.selector);
+        let leases = shard_leases::controller(self.client.clone(), kind);
+        let configurations = webhook_config::controller::controller(
+            self.client.clone(),
+            kind,
+            &self.selector,
+            self.ca.clone(),
+        );
+        let watches = [leases.1.clone(), rings.1.clone(), configurations.1.clone()];
+        let lease_ctx = self.lease_context(kind, &rings);
+        let ring_ctx = self.ring_context(kind, &rings.0, &leases.0);
+        let configuration_ctx = self.configuration_context(kind);
+        let stop = &self.stop;
+        tasks.spawn(
+            "shard lease controller",
+            run_controller(
+                "shard lease controller",
+                leases,
+                shard_leases::reconcile,
+                shard_leases::error_policy,
+                lease_ctx,
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
+            "ring controller",
+            run_controller(
+                "ring controller",
+                rings,
+                rings::reconcile,
+                rings::error_policy,
+                ring_ctx,
+                stop.clone(),
+            ),
+        );
+        tasks.spawn(
+            "webhook configuration controller",
+            run_controller(
+                "webhook configuration controller",
+                configurations,
+                webhook_config::controller::reconcile,
+                webhook_config::controller::error_policy,
+                configuration_ctx,
+                stop.clone(),
+            ),
+        );
+        watches
+    }
+
+    /// The shard lease controller's context; with a ring selector it reads the ring
+    /// controller's store to leave the Leases of unselected rings alone.
+    fn lease_context(
+        &self,
+        kind: RingKind,
+        (rings, listed): &(Controller<DynamicObject>, Listed),
+    ) -> Arc<shard_leases::Context> {
+        Arc::new(shard_leases::Context {
+            kind,
+            client: self.client.clone(),
+            metrics: self.metrics.clone(),
+            rings: (!self.selector.is_empty()).then(|| (rings.store(), listed.clone())),
+        })
+    }
+
+    /// The ring controller's context: the rings' and the shard Leases' stores, the rebalancer.
+    fn ring_context(
+        &self,
+        kind: RingKind,
+        rings: &Controller<DynamicObject>,
+        leases: &Controller<Lease>,
+    ) -> Arc<rings::Context> {
+        Arc::new(rings::Context::new(
+            kind,
+            self.client.clone(),
+            rings.store(),
+            leases.store(),
+            self.webhook.namespace_selector.clone(),
+            self.rebalancer.clone(),
+            self.intervals,
+            self.metrics.clone(),
+            self.recorder.clone(),
+        ))
+    }
+
+    /// The webhook configuration controller's context.
+    fn configuration_context(&self, kind: RingKind) -> Arc<webhook_config::controller::Context> {
+        Arc::new(webhook_config::controller::Context {
+            kind,
+            client: self.client.clone(),
+            settings: self.webhook.clone(),
+            ca: self.ca.clone(),
+            resync: self.resync,
+            metrics: self.metrics.clone(),
+        })
+    }
+}
