@@ -714,15 +714,13 @@ impl Report {
             .all(|x| x.reconciler_writes == x.moved && x.shard_writes == x.moved);
         // What the mix of writes allows at best: half at the raw rate (drains), half at the raw
         // rate through the webhook (acknowledgements), each round's own.
-        let mix = r.median(|x| {
+        let mix_of = |x: &Round| {
             let plain = x.raw_best().per_second;
             2.0 / (1.0 / plain + 1.0 / x.raw_webhook.per_second) / plain
-        });
+        };
+        let mix = r.median(mix_of);
         // The goal: against that mix's rate beside it in the same round.
-        let vs_mix = r.median(|x| {
-            let plain = x.raw_best().per_second;
-            x.ratio() / (2.0 / (1.0 / plain + 1.0 / x.raw_webhook.per_second) / plain)
-        });
+        let vs_mix = r.median(|x| x.ratio() / mix_of(x));
         let admin = r.median(|x| x.raw_admin.per_second);
         let _ = writeln!(
             out,

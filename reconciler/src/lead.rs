@@ -3,7 +3,6 @@
 //! until the leader Lease is lost or the process stops.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DynamicObject;
@@ -65,7 +64,6 @@ struct Shared {
     rebalancer: rebalance::Rebalancer,
     recorder: Recorder,
     intervals: rings::Intervals,
-    resync: Duration,
     selector: String,
     stop: CancellationToken,
 }
@@ -116,7 +114,6 @@ impl Shared {
                 sweep: args.sweep_interval,
                 drain_check: args.drain_check_interval,
             },
-            resync: args.resync_interval,
             selector: args.ring_selector.clone(),
             stop,
         }
@@ -219,7 +216,7 @@ impl Shared {
             client: self.client.clone(),
             settings: self.webhook.clone(),
             ca: self.ca.clone(),
-            resync: self.resync,
+            resync: self.intervals.resync,
             metrics: self.metrics.clone(),
         })
     }
