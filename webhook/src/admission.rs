@@ -24,6 +24,8 @@ pub struct RingSnapshot {
     pub labels: RingLabels,
     /// The ring of available shards.
     pub ring: Ring,
+    /// The JSON pointers an assignment patch writes (built once, not per review).
+    pointers: Pointers,
     /// The resources' roles, or why the spec is invalid (then nothing is assigned, as the
     /// reconciler moves nothing of an invalid ring).
     roles: Result<Roles, String>,
@@ -41,6 +43,7 @@ impl RingSnapshot {
         Self {
             id: ring.clone(),
             labels: ring.labels(),
+            pointers: Pointers::new(&ring.labels()),
             ring: Ring::new(available_shards),
             roles: ring
                 .validate()
@@ -54,6 +57,7 @@ impl RingSnapshot {
         Self {
             id: ring.clone(),
             labels: ring.labels(),
+            pointers: Pointers::new(&ring.labels()),
             ring: Ring::new(std::iter::empty::<String>()),
             roles: Err(reason),
         }
@@ -184,30 +188,51 @@ fn labels_pointer(key: Option<&str>) -> PointerBuf {
     PointerBuf::from_tokens(["metadata", "labels"].into_iter().chain(key))
 }
 
-/// The patch that sets the shard label (and drops a leftover drain label) on an object whose
-/// `labels` are as given.
-pub fn assignment_patch(
-    labels: Option<&BTreeMap<String, String>>,
-    ring_labels: &RingLabels,
-    shard: &str,
-) -> Patch {
-    let mut ops = Vec::with_capacity(2);
-    if labels.is_none() {
+/// The JSON pointers of a ring's assignment patch: the label map, its shard label and its drain
+/// label.
+#[derive(Clone, Debug, PartialEq)]
+struct Pointers {
+    labels: PointerBuf,
+    shard: PointerBuf,
+    drain: PointerBuf,
+}
+
+impl Pointers {
+    fn new(labels: &RingLabels) -> Self {
+        Self {
+            labels: labels_pointer(None),
+            shard: labels_pointer(Some(&labels.shard)),
+            drain: labels_pointer(Some(&labels.drain)),
+        }
+    }
+}
+
+impl RingSnapshot {
+    /// The patch that sets the shard label to `shard` (and drops a leftover drain label) on an
+    /// object whose `labels` are as given.
+    pub fn assignment_patch(
+        &self,
+        labels: Option<&BTreeMap<String, String>>,
+        shard: &str,
+    ) -> Patch {
+        let mut ops = Vec::with_capacity(2);
+        if labels.is_none() {
+            ops.push(PatchOperation::Add(AddOperation {
+                path: self.pointers.labels.clone(),
+                value: Value::Object(serde_json::Map::new()),
+            }));
+        }
         ops.push(PatchOperation::Add(AddOperation {
-            path: labels_pointer(None),
-            value: Value::Object(serde_json::Map::new()),
+            path: self.pointers.shard.clone(),
+            value: Value::String(shard.to_owned()),
         }));
+        if labels.is_some_and(|l| l.contains_key(&self.labels.drain)) {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: self.pointers.drain.clone(),
+            }));
+        }
+        Patch(ops)
     }
-    ops.push(PatchOperation::Add(AddOperation {
-        path: labels_pointer(Some(&ring_labels.shard)),
-        value: Value::String(shard.to_owned()),
-    }));
-    if labels.is_some_and(|l| l.contains_key(&ring_labels.drain)) {
-        ops.push(PatchOperation::Remove(RemoveOperation {
-            path: labels_pointer(Some(&ring_labels.drain)),
-        }));
-    }
-    Patch(ops)
 }
 
 /// Decides what to do with `request` for the ring snapshot `ring` (`None`: unknown ring).
@@ -277,7 +302,7 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnaps
         }
     }
     Decision::Assign {
-        patch: assignment_patch(labels, &ring.labels, shard),
+        patch: ring.assignment_patch(labels, shard),
         shard: shard.to_owned(),
         key,
     }
@@ -300,12 +325,11 @@ pub fn decide_child(
     };
     match child_shard(owner, desired, |s| ring.ring.contains(s)) {
         Some(shard) => Decision::Assign {
-            patch: assignment_patch(
+            patch: ring.assignment_patch(
                 request
                     .object
                     .as_ref()
                     .and_then(|o| o.metadata.labels.as_ref()),
-                &ring.labels,
                 shard,
             ),
             shard: shard.to_owned(),
@@ -324,19 +348,30 @@ pub fn respond(
     request: &AdmissionRequest<DynamicObject>,
     decision: &Decision,
 ) -> AdmissionResponse {
-    let response = AdmissionResponse::from(request);
+    let mut response = AdmissionResponse::from(request);
     match decision {
-        Decision::Assign { patch, .. } => match response.clone().with_patch(patch.clone()) {
-            Ok(patched) => patched,
+        Decision::Assign { patch, .. } => {
             // Serializing a patch of strings cannot fail; if it ever did, allowing the write
             // unassigned is the safe answer (the reconciler's sweep assigns it).
-            Err(_) => response,
-        },
+            let mut bytes = Vec::with_capacity(PATCH_CAPACITY);
+            if serde_json::to_writer(&mut bytes, patch).is_err() {
+                return response;
+            }
+            // kube sets `patchType` only through `with_patch`, which takes the patch by value:
+            // it gets an empty one, which the decision's patch, serialized above from its
+            // reference, replaces (no clone per review).
+            match response.with_patch(Patch(Vec::new())) {
+                Ok(mut patched) => {
+                    patched.patch = Some(bytes);
+                    patched
+                }
+                Err(_) => AdmissionResponse::from(request),
+            }
+        }
         Decision::Skip {
             reason: SkipReason::MalformedOwnerReference,
             detail,
         } => {
-            let mut response = response;
             response.warnings = Some(vec![format!(
                 "sharder: object not assigned to a shard: {detail}"
             )]);
@@ -345,6 +380,14 @@ pub fn respond(
         _ => response,
     }
 }
+
+/// Room for a serialized assignment patch (the label map, the shard label and a drain label's
+/// removal fit), so the buffer is not regrown per review.
+const PATCH_CAPACITY: usize = 256;
+
+/// Room for a serialized response review beside its patch (which kube writes as an array of
+/// byte values: up to four characters a byte).
+const REVIEW_CAPACITY: usize = 256;
 
 /// Why a request body is not an AdmissionReview the webhook can answer.
 #[derive(Debug, thiserror::Error)]
@@ -375,7 +418,11 @@ pub fn encode(
     request: &AdmissionRequest<DynamicObject>,
     decision: &Decision,
 ) -> Result<Vec<u8>, ReviewError> {
-    serde_json::to_vec(&respond(request, decision).into_review()).map_err(ReviewError::Parse)
+    let response = respond(request, decision);
+    let patch = response.patch.as_ref().map_or(0, Vec::len);
+    let mut body = Vec::with_capacity(REVIEW_CAPACITY + 4 * patch);
+    serde_json::to_writer(&mut body, &response.into_review()).map_err(ReviewError::Parse)?;
+    Ok(body)
 }
 
 /// The pure path from request body to response body for a known owner state: parse the

@@ -59,10 +59,6 @@ pub struct Args {
     #[arg(long, env = "SHARDER_MAX_BODY_BYTES", default_value_t = 6 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
-    /// Longest time to answer one request (then 503).
-    #[arg(long, env = "SHARDER_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub request_timeout: Duration,
-
     /// Requests handled at once; more wait.
     #[arg(long, env = "SHARDER_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
     pub max_concurrent_requests: usize,
@@ -73,8 +69,9 @@ pub struct Args {
     #[arg(long, env = "SHARDER_SHUTDOWN_DELAY", default_value = "15s", value_parser = parse_duration)]
     pub shutdown_delay: Duration,
 
-    /// How long open connections may finish after the shutdown delay (a request takes at most
-    /// `--request-timeout`; delay and grace stay within the pod's termination grace period).
+    /// How long open connections may finish after the shutdown delay (a review takes at most
+    /// the webhook's `timeoutSeconds`; delay and grace stay within the pod's termination grace
+    /// period).
     #[arg(long, env = "SHARDER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
@@ -224,7 +221,6 @@ pub async fn run_with_client(
         metrics,
         server::Limits {
             max_body_bytes: args.max_body_bytes,
-            request_timeout: args.request_timeout,
             max_concurrent_requests: args.max_concurrent_requests,
         },
     );

@@ -2,11 +2,14 @@
 //!
 //! `POST /webhooks/sharder/clusterring/{ring}` answers AdmissionReviews. Bodies that are not a
 //! review get 400 with the reason, other methods 405, other paths 404, bodies over
-//! `--max-body-bytes` 413, requests over `--request-timeout` 503; at most
-//! `--max-concurrent-requests` are handled at once (the rest wait).
+//! `--max-body-bytes` 413; at most `--max-concurrent-requests` are handled at once (the rest
+//! wait). A review waits on nothing but its body, which the apiserver sends at once (and stops
+//! sending when the webhook's `timeoutSeconds` runs out, closing the connection), and on a
+//! controlled object's owner read, which has a bound of its own
+//! ([`crate::owners::OWNER_LOOKUP_TIMEOUT`]); so no timer is armed per request.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -14,8 +17,8 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use prometheus_client::metrics::histogram::Histogram;
 use tower::limit::ConcurrencyLimitLayer;
-use tower_http::timeout::TimeoutLayer;
 use tracing::{debug, warn};
 
 use sharder_common::ring_kind::WEBHOOK_PATH_PREFIX;
@@ -35,8 +38,6 @@ use crate::ring_source::Rings;
 pub struct Limits {
     /// Largest accepted body in bytes.
     pub max_body_bytes: usize,
-    /// Longest time to answer one request.
-    pub request_timeout: Duration,
     /// Requests handled at once.
     pub max_concurrent_requests: usize,
 }
@@ -45,17 +46,47 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: 6 * 1024 * 1024,
-            request_timeout: Duration::from_secs(10),
             max_concurrent_requests: 1024,
         }
     }
 }
 
-#[derive(Clone)]
+/// What every request reads, shared behind one `Arc` (one reference count per request).
 struct AppState {
     rings: Arc<Rings>,
     owners: Arc<dyn Owners>,
     metrics: Metrics,
+    /// The latency histogram of each [`Outcome`], looked up once rather than per request.
+    durations: [Histogram; Outcome::ALL.len()],
+}
+
+/// What became of a request: the label of its latency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Assigned,
+    AlreadyAssigned,
+    Skipped,
+    BadRequest,
+}
+
+impl Outcome {
+    /// Every outcome, in the order of [`AppState::durations`].
+    const ALL: [Outcome; 4] = [
+        Self::Assigned,
+        Self::AlreadyAssigned,
+        Self::Skipped,
+        Self::BadRequest,
+    ];
+
+    /// The outcome as a label value.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Assigned => "assigned",
+            Self::AlreadyAssigned => "already_assigned",
+            Self::Skipped => "skipped",
+            Self::BadRequest => "bad_request",
+        }
+    }
 }
 
 /// The webhook's routes over the published rings; owners of controlled objects are read from
@@ -74,15 +105,19 @@ pub fn router(
         .fallback(|| async { not_found() })
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(ConcurrencyLimitLayer::new(limits.max_concurrent_requests))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            limits.request_timeout,
-        ))
-        .with_state(AppState {
+        .with_state(Arc::new(AppState {
+            durations: Outcome::ALL.map(|outcome| {
+                metrics
+                    .request_duration
+                    .get_or_create(&RequestLabels {
+                        outcome: outcome.as_str(),
+                    })
+                    .clone()
+            }),
             rings,
             owners,
             metrics,
-        })
+        }))
 }
 
 fn not_found() -> Response {
@@ -94,13 +129,14 @@ fn not_found() -> Response {
         .into_response()
 }
 
-/// Parses and decides; for a controlled object reads its owner and decides again.
+/// Parses and decides; for a controlled object reads its owner and decides again. The request
+/// is boxed: it is large, and moves through the handler's future as a pointer.
 async fn decide(
     state: &AppState,
     ring: &RingId,
     body: &[u8],
-) -> Result<(AdmissionRequest<DynamicObject>, Decision), admission::ReviewError> {
-    let request = admission::parse(body)?;
+) -> Result<(Box<AdmissionRequest<DynamicObject>>, Decision), admission::ReviewError> {
+    let request = Box::new(admission::parse(body)?);
     let snapshot = state.rings.get(ring);
     let decision = admission::decide(&request, snapshot.as_deref());
     let (Decision::FollowOwner { key, owner }, Some(snapshot)) = (&decision, &snapshot) else {
@@ -127,7 +163,7 @@ async fn decide(
 }
 
 async fn handle(
-    State(state): State<AppState>,
+    State(state): State<Arc<AppState>>,
     Path((kind, ring)): Path<(String, String)>,
     body: Bytes,
 ) -> Response {
@@ -146,7 +182,7 @@ async fn handle(
         Err(e) => {
             warn!(%ring, error = %e, "bad admission request");
             (
-                "bad_request",
+                Outcome::BadRequest,
                 (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
             )
         }
@@ -158,21 +194,17 @@ async fn handle(
             )
         }
     };
-    state
-        .metrics
-        .request_duration
-        .get_or_create(&RequestLabels { outcome })
-        .observe(started.elapsed().as_secs_f64());
+    state.durations[outcome as usize].observe(started.elapsed().as_secs_f64());
     response
 }
 
-/// Counts and logs a decision; returns the request's outcome label.
+/// Counts and logs a decision; returns the request's outcome.
 fn record(
     metrics: &Metrics,
     ring: &RingId,
     request: &AdmissionRequest<DynamicObject>,
     decision: &Decision,
-) -> &'static str {
+) -> Outcome {
     let counted = !request.dry_run;
     let (group, resource) = (&request.resource.group, &request.resource.resource);
     let namespace = request.namespace.as_deref().unwrap_or_default();
@@ -189,10 +221,10 @@ fn record(
                     .inc();
             }
             debug!(%ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
-            "assigned"
+            Outcome::Assigned
         }
-        Decision::AlreadyAssigned => "already_assigned",
-        Decision::FollowOwner { .. } => "skipped",
+        Decision::AlreadyAssigned => Outcome::AlreadyAssigned,
+        Decision::FollowOwner { .. } => Outcome::Skipped,
         Decision::Skip { reason, detail } => {
             if counted {
                 metrics
@@ -218,7 +250,7 @@ fn record(
                     "object allowed without a shard"
                 ),
             }
-            "skipped"
+            Outcome::Skipped
         }
     }
 }
