@@ -460,7 +460,7 @@ impl Report {
                 if !met {
                     let _ = writeln!(
                         out,
-                        "Why missed: what the sharder does per review that the floor does not, from a profile of this load, is in `docs/performance-notes.md` (webhook per review: the profile, and the webhook after it); the ratio of one run moves by about 0.05 from run to run on this machine.\n"
+                        "Why missed: what the sharder does per review that the floor does not, from a profile of this load, is in `docs/performance-notes.md` (webhook per review: the profile, and the webhook after it).\n"
                     );
                 }
                 let (throughput, p99) = run.controller_ring_ratios();

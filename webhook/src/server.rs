@@ -17,7 +17,6 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use prometheus_client::metrics::histogram::Histogram;
 use tower::limit::ConcurrencyLimitLayer;
 use tracing::{debug, warn};
 
@@ -56,37 +55,6 @@ struct AppState {
     rings: Arc<Rings>,
     owners: Arc<dyn Owners>,
     metrics: Metrics,
-    /// The latency histogram of each [`Outcome`], looked up once rather than per request.
-    durations: [Histogram; Outcome::ALL.len()],
-}
-
-/// What became of a request: the label of its latency.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    Assigned,
-    AlreadyAssigned,
-    Skipped,
-    BadRequest,
-}
-
-impl Outcome {
-    /// Every outcome, in the order of [`AppState::durations`].
-    const ALL: [Outcome; 4] = [
-        Self::Assigned,
-        Self::AlreadyAssigned,
-        Self::Skipped,
-        Self::BadRequest,
-    ];
-
-    /// The outcome as a label value.
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Assigned => "assigned",
-            Self::AlreadyAssigned => "already_assigned",
-            Self::Skipped => "skipped",
-            Self::BadRequest => "bad_request",
-        }
-    }
 }
 
 /// The webhook's routes over the published rings; owners of controlled objects are read from
@@ -106,14 +74,6 @@ pub fn router(
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(ConcurrencyLimitLayer::new(limits.max_concurrent_requests))
         .with_state(Arc::new(AppState {
-            durations: Outcome::ALL.map(|outcome| {
-                metrics
-                    .request_duration
-                    .get_or_create(&RequestLabels {
-                        outcome: outcome.as_str(),
-                    })
-                    .clone()
-            }),
             rings,
             owners,
             metrics,
@@ -182,7 +142,7 @@ async fn handle(
         Err(e) => {
             warn!(%ring, error = %e, "bad admission request");
             (
-                Outcome::BadRequest,
+                "bad_request",
                 (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
             )
         }
@@ -194,17 +154,21 @@ async fn handle(
             )
         }
     };
-    state.durations[outcome as usize].observe(started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .request_duration
+        .get_or_create(&RequestLabels { outcome })
+        .observe(started.elapsed().as_secs_f64());
     response
 }
 
-/// Counts and logs a decision; returns the request's outcome.
+/// Counts and logs a decision; returns the request's outcome label.
 fn record(
     metrics: &Metrics,
     ring: &RingId,
     request: &AdmissionRequest<DynamicObject>,
     decision: &Decision,
-) -> Outcome {
+) -> &'static str {
     let counted = !request.dry_run;
     let (group, resource) = (&request.resource.group, &request.resource.resource);
     let namespace = request.namespace.as_deref().unwrap_or_default();
@@ -221,10 +185,10 @@ fn record(
                     .inc();
             }
             debug!(%ring, object = %key, shard = %shard, dry_run = request.dry_run, "assigned");
-            Outcome::Assigned
+            "assigned"
         }
-        Decision::AlreadyAssigned => Outcome::AlreadyAssigned,
-        Decision::FollowOwner { .. } => Outcome::Skipped,
+        Decision::AlreadyAssigned => "already_assigned",
+        Decision::FollowOwner { .. } => "skipped",
         Decision::Skip { reason, detail } => {
             if counted {
                 metrics
@@ -250,7 +214,7 @@ fn record(
                     "object allowed without a shard"
                 ),
             }
-            Outcome::Skipped
+            "skipped"
         }
     }
 }
