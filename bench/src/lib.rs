@@ -130,6 +130,12 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_IDLE_WINDOW_SECONDS", default_value_t = 90)]
     pub idle_window_seconds: u64,
 
+    /// Secrets of another ring, in a namespace of their own, in the cluster throughout the idle
+    /// cost section (a real cluster holds more than the ring: every list across the cluster
+    /// meets them).
+    #[arg(long, env = "SHARDER_BENCH_IDLE_OTHERS", default_value_t = 10_000)]
+    pub idle_others: usize,
+
     /// How the webhook load section loads each server in-process.
     #[command(flatten)]
     pub load: load::LoadOptions,

@@ -232,7 +232,7 @@ impl Report {
         if self.idle.is_empty() {
             let _ = writeln!(out, "Not run.\n");
         } else {
-            out.push_str(&crate::idle::markdown(&self.idle));
+            out.push_str(&crate::idle::markdown(&self.idle, self.args.idle_others));
         }
         out
     }

@@ -44,6 +44,8 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "100,200",
         "--idle-window-seconds",
         "2",
+        "--idle-others",
+        "50",
     ]);
     sharder_bench::run(args).await.expect("the benchmarks run");
     let report = std::fs::read_to_string(&output).expect("report");

@@ -389,7 +389,7 @@ impl Rebalancer {
         target: &Target,
     ) -> Result<usize, kube::Error> {
         let mut pending = 0;
-        for namespace in view.namespaces.list_ranges(target) {
+        for namespace in view.namespaces.list_ranges(target, false) {
             let mut params = ListParams::default()
                 .labels(&view.labels.drain)
                 .limit(self.settings.page_size);

@@ -84,9 +84,8 @@ pub(super) type Queued = (pages::Waiting, OwnedSemaphorePermit);
 
 impl Rebalancer {
     /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
-    /// namespace by namespace ([`Namespaces::list_ranges`]; a list from the watch cache always
-    /// across the cluster; objects in namespaces the ring does not shard are left out), each
-    /// page once `room` has a place for each of its objects;
+    /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring
+    /// does not shard are left out), each page once `room` has a place for each of its objects;
     /// the outcome counts what was listed and failed lists.
     pub(super) async fn list_into(
         &self,
@@ -105,14 +104,7 @@ impl Rebalancer {
         if let Some(selector) = scope.selector(view.labels, view.available) {
             first = first.labels(&selector);
         }
-        // The watch cache filters every object of the resource it holds for each request,
-        // whatever the namespace: a cached list goes across the cluster once.
-        let ranges = if scope.cached() {
-            vec![None]
-        } else {
-            view.namespaces.list_ranges(target)
-        };
-        for namespace in ranges {
+        for namespace in view.namespaces.list_ranges(target, scope.cached()) {
             let range = ListRange {
                 target,
                 namespace,

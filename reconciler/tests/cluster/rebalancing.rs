@@ -3,7 +3,7 @@
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
-//! apiserver's watch cache, and an object a lagging watch cache hides (or a drain acknowledged
+//! apiserver's watch cache namespace by namespace, and an object a lagging watch cache hides (or a drain acknowledged
 //! behind it) reaches its shard once the cache catches up.
 
 use std::collections::BTreeSet;
@@ -1074,6 +1074,15 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
         .await
         .expect("a control plane");
     let mut w = Test::on(cp, "quiet").await;
+    // Another namespace's Secrets, outside the ring: `!<shard label>` matches every one.
+    let elsewhere = cp.namespace("elsewhere").await.expect("a namespace");
+    let others = Api::<Secret>::namespaced(w.client.clone(), &elsewhere);
+    for i in 0..30 {
+        others
+            .create(&PostParams::default(), &secret(&format!("other-{i}")))
+            .await
+            .expect("create");
+    }
     w.create_ring().await;
     for shard in ["shard-a", "shard-b"] {
         w.add_shard_lease(shard, 3600).await;
@@ -1085,19 +1094,27 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
     let two = Ring::new(["shard-a", "shard-b"]);
     eventually("settled", WAIT, || w.settled(&two)).await;
 
-    // Quiet: sweeps every second read nothing from etcd.
+    // Quiet: sweeps every second read nothing from etcd, and the watch cache answers each with
+    // the ring's strays only (none), not the other namespace's Secrets.
     w.wait_for_rebalances(0, 1).await;
     let lists = etcd_secret_lists(&w).await;
     let seen = w.reconcilers[0].process.lines().len();
     w.wait_for_rebalances(0, 3).await;
-    let sweeps: Vec<String> = w.reconcilers[0].process.lines()[seen..]
+    let sweeps: Vec<(String, u64)> = w.reconcilers[0].process.lines()[seen..]
         .iter()
         .filter(|l| l["message"] == "rebalance")
-        .map(|l| l["scopes"].as_str().unwrap_or_default().to_owned())
+        .map(|l| {
+            let scopes = l["scopes"].as_str().unwrap_or_default().to_owned();
+            (scopes, l["listed"].as_u64().unwrap_or(u64::MAX))
+        })
         .collect();
     assert!(
-        sweeps.iter().all(|s| s == r#"["Stray"]"#),
+        sweeps.iter().all(|(s, _)| s == r#"["Stray"]"#),
         "quiet sweeps list strays only: {sweeps:?}"
+    );
+    assert!(
+        sweeps.iter().all(|(_, listed)| *listed == 0),
+        "a quiet sweep lists the ring's namespace, not the cluster: {sweeps:?}"
     );
     assert_eq!(
         etcd_secret_lists(&w).await,
