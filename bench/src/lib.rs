@@ -124,9 +124,8 @@ pub struct Args {
     )]
     pub idle_sizes: Vec<usize>,
 
-    /// Seconds of each window of the idle cost section (the reconciler sweeps 10 times as often
-    /// as by default; the reference's schedule is compressed so that two of its lists come in a
-    /// window).
+    /// Seconds of each window of the idle cost section (the reconciler sweeps every second; the
+    /// reference's schedule is compressed so that 10 of its lists come in a window).
     #[arg(long, env = "SHARDER_BENCH_IDLE_WINDOW_SECONDS", default_value_t = 90)]
     pub idle_window_seconds: u64,
 
@@ -368,17 +367,6 @@ impl RingSetup {
         each: impl FnMut(&PartialObjectMeta<Secret>),
     ) -> Result<(), Error> {
         each_metadata(&self.secrets(), selector, each).await
-    }
-
-    /// Lists the objects on `shard` as the reconciler lists a dead shard's (a label-selected
-    /// list: the apiserver reads every object of the namespace and answers those on the
-    /// shard); how many and how long it took.
-    pub async fn list_on_shard(&self, shard: &str) -> Result<(usize, Duration), Error> {
-        let started = Instant::now();
-        let mut listed = 0;
-        let selector = format!("{}={shard}", self.labels.shard);
-        self.each_secret(Some(&selector), |_| listed += 1).await?;
-        Ok((listed, started.elapsed()))
     }
 
     /// Name -> shard label of every Secret (metadata list, paginated).

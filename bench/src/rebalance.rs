@@ -1,11 +1,10 @@
 //! Rebalancing and a shard crash with real acknowledgements: shards run in-process on the shard
 //! SDK (the same drain acknowledgement as any SDK shard, a no-op business reconcile), the
 //! reconciler as a process, the sharder webhook assigning acknowledged objects. Writes, and
-//! when the apiserver received and answered each, come from its audit log; CPU time per process
-//! from `/proc`. Each round scales out 3 -> 4 and measures, right after, raw PATCHes of the same
-//! apiserver (plain, at several concurrencies, and through the webhook as an acknowledgement
-//! goes) and a list of every object alone; then the fourth shard leaves (its Lease released: its
-//! objects move back directly). After the rounds, shards crash one after another (each a fresh
+//! when the apiserver received and answered each, come from its audit log. Each round scales
+//! out 3 -> 4 and measures, right after, raw PATCHes of the same apiserver (plain, at several
+//! concurrencies, and through the webhook as an acknowledgement goes); then the fourth shard
+//! leaves (its Lease released: its objects move back directly). After the rounds, shards crash one after another (each a fresh
 //! shard that joined and took its share), each followed by raw PATCHes (several times its
 //! objects): every move is compared with the apiserver's write rate measured right beside it.
 
@@ -20,10 +19,9 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config};
-use kube::runtime::wait::await_condition;
 use kube::{Api, Client};
 use serde_json::json;
-use sharder_common::lease::{is_held_by_shard, shard_state};
+use sharder_common::lease::shard_state;
 use sharder_common::{Ring, RingId, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
@@ -33,9 +31,8 @@ use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 
-use crate::stats::{CpuUse, median, median_item};
+use crate::stats::{median, median_item};
 use crate::timeline::Timeline;
 use crate::tracker::{Alarm, Tracker};
 use crate::webhooks::Webhooks;
@@ -52,8 +49,6 @@ pub struct RawPatches {
     pub per_second: f64,
     /// Patches in flight at the apiserver on average (audit log), against `concurrency` sent.
     pub in_flight: f64,
-    /// CPU seconds of each process over the run.
-    pub cpu: Vec<(String, f64)>,
 }
 
 impl RawPatches {
@@ -87,17 +82,10 @@ pub struct Round {
     pub wall: Duration,
     /// Where the time went.
     pub timeline: Timeline,
-    /// CPU seconds of each process over the scale-out.
-    pub cpu: Vec<(String, f64)>,
     /// Raw merge PATCHes right after, at each concurrency.
     pub raw: Vec<RawPatches>,
     /// Raw merge PATCHes through the sharder webhook, at the best concurrency.
     pub raw_webhook: RawPatches,
-    /// Raw merge PATCHes as the static-token admin, at the best concurrency (for reference:
-    /// the other raw runs authenticate as a ServiceAccount, like the reconciler and the shards).
-    pub raw_admin: RawPatches,
-    /// Objects per second of a paginated metadata list of every object alone.
-    pub list_per_second: f64,
     /// The fourth shard leaving (Lease released): its objects moved back directly.
     pub scale_in: Timeline,
 }
@@ -111,21 +99,6 @@ impl Round {
     /// Rebalancing writes per second (first received to last answered) over the best raw rate.
     pub fn ratio(&self) -> f64 {
         self.timeline.writes.rate() / self.raw_best().per_second
-    }
-
-    /// Seconds the same work takes part by part at the rates each part reached alone: the
-    /// drains as raw PATCHes, the acknowledgements as raw PATCHes through the webhook, the
-    /// list of every object.
-    pub fn parts(&self, objects: usize) -> f64 {
-        self.reconciler_writes as f64 / self.raw_best().per_second
-            + self.shard_writes as f64 / self.raw_webhook.per_second
-            + objects as f64 / self.list_per_second
-    }
-
-    /// The parts' time over the time taken: how close the rebalancing came to its own parts.
-    pub fn parts_ratio(&self, objects: usize) -> f64 {
-        let w = &self.timeline.writes;
-        self.parts(objects) / (w.last_answered - w.first_received)
     }
 
     /// Direct moves per second of the scale-in over the best raw rate.
@@ -168,26 +141,10 @@ pub struct Crash {
     pub last_renewal: Option<f64>,
     /// Where the crash recovery's time went.
     pub timeline: Timeline,
-    /// CPU seconds per process from the takeover of the crashed shard's Lease until every
-    /// object was back.
-    pub cpu: Vec<(String, f64)>,
-    /// The reconciler's list of the crashed shard's objects, made alone just before the crash.
-    pub list_alone: ListAlone,
     /// Raw merge PATCHes of the namespace's objects right after the crashed shard's were back
     /// ([`RAW_AFTER_CRASH`] times as many as it had), at each concurrency: the apiserver's
     /// plain write rate beside this crash.
     pub raw: Vec<RawPatches>,
-}
-
-/// A list made alone, as a part of some work.
-#[derive(Clone, Debug)]
-pub struct ListAlone {
-    /// Objects listed.
-    pub objects: usize,
-    /// How long it took.
-    pub took: Duration,
-    /// CPU seconds per process while it ran.
-    pub cpu: Vec<(String, f64)>,
 }
 
 impl Crash {
@@ -212,25 +169,6 @@ impl Crash {
     pub fn ratio(&self, raw: f64) -> f64 {
         self.timeline.writes.rate() / raw
     }
-
-    /// The same work alone, one part after the other, in seconds: the moves as raw PATCHes at
-    /// `raw` per second and the list of the dead shard's objects alone.
-    pub fn parts(&self, raw: f64) -> f64 {
-        self.writes as f64 / raw + self.list_alone.took.as_secs_f64()
-    }
-
-    /// The parts' time over the time taken (first write received to last answered).
-    pub fn parts_ratio(&self, raw: f64) -> f64 {
-        let w = &self.timeline.writes;
-        self.parts(raw) / (w.last_answered - w.first_received)
-    }
-
-    /// What the moves would reach, over `raw`, listed first and then written at `raw`: the
-    /// parts' time one after another (the list alone, then the moves at `raw`). Overlapping
-    /// the list with the writes does better only as far as the apiserver has time to spare.
-    pub fn listed_first(&self, raw: f64) -> f64 {
-        (self.writes as f64 / raw) / self.parts(raw)
-    }
 }
 
 impl RebalanceResult {
@@ -244,33 +182,12 @@ impl RebalanceResult {
         median(self.crashes.iter().map(f).collect())
     }
 
-    /// The rounds' yardstick together, for reference beside the goals (each judged against
-    /// the raw runs right beside its round or crash): for each concurrency, the median raw
-    /// PATCH rate over the rounds; the best of those, and its concurrency.
-    pub fn raw_yardstick(&self) -> (f64, usize) {
-        RAW_CONCURRENCIES
-            .iter()
-            .map(|c| (self.raw_at(*c), *c))
-            .max_by(|a, b| a.0.total_cmp(&b.0))
-            .unwrap_or((f64::NAN, 0))
-    }
-
-    /// The median raw rate through the webhook over the rounds.
-    pub fn raw_webhook_yardstick(&self) -> f64 {
-        self.median(|r| r.raw_webhook.per_second)
-    }
-
-    /// The median raw PATCH rate over the rounds at `concurrency` in flight (NaN if not run).
-    pub fn raw_at(&self, concurrency: usize) -> f64 {
-        self.median(|r| RawPatches::rate_at(&r.raw, concurrency))
-    }
-
     /// The crash with the median ratio to the raw rate right after it (its timeline is shown).
     pub fn median_crash(&self) -> Option<&Crash> {
         median_item(&self.crashes, |c| c.ratio(c.raw_beside()))
     }
 
-    /// The round with the median ratio (its timeline and CPU are shown).
+    /// The round with the median ratio (its timeline is shown).
     pub fn median_round(&self) -> Option<&Round> {
         median_item(&self.rounds, Round::ratio)
     }
@@ -433,9 +350,6 @@ pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> u
         .count()
 }
 
-/// The admin client's audit user (a static token: the raw PATCHes' reference run).
-const ADMIN_USER: &str = "admin";
-
 /// Concurrencies of the raw PATCH baseline.
 pub const RAW_CONCURRENCIES: [usize; 4] = [16, 32, 64, 128];
 
@@ -457,7 +371,6 @@ struct RawRun<'a> {
     user: &'a str,
     names: &'a [String],
     count: usize,
-    processes: &'a [(&'a str, u32)],
 }
 
 impl RawRun<'_> {
@@ -475,7 +388,6 @@ impl RawRun<'_> {
     ) -> Result<RawPatches, Error> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.setup.ns);
         let mark = self.cp.audit_mark();
-        let cpu = CpuUse::start(self.processes);
         let start = Timestamp::now();
         let shard_label = self.setup.labels.shard.clone();
         futures::stream::iter(self.names.iter().cycle().take(self.count).cloned())
@@ -495,7 +407,6 @@ impl RawRun<'_> {
             .buffer_unordered(concurrency)
             .try_collect::<Vec<()>>()
             .await?;
-        let cpu = cpu.end();
         let events = settled_audit(self.cp, mark).await;
         let timeline = Timeline::new(
             start,
@@ -511,7 +422,6 @@ impl RawRun<'_> {
             count: timeline.writes.count,
             per_second: timeline.writes.rate(),
             in_flight: timeline.writes.in_flight(),
-            cpu,
         })
     }
 }
@@ -574,7 +484,6 @@ struct Bench<'a> {
     alarm: Alarm,
     lease: Duration,
     shard_concurrency: u16,
-    processes: Vec<(&'static str, u32)>,
 }
 
 impl Bench<'_> {
@@ -608,28 +517,7 @@ impl Bench<'_> {
         self.start_shard(&name);
         let (_, after) = self.tracker.converge(&self.setup, &four).await?;
         let objects = after.values().filter(|s| **s == name).count();
-        // The list the reconciler will make of the dead shard's objects, alone.
-        let cpu = CpuUse::start(&self.processes);
-        let (listed, took) = self.setup.list_on_shard(&name).await?;
-        let list_alone = ListAlone {
-            objects: listed,
-            took,
-            cpu: cpu.end(),
-        };
         let last_renewal = lease_renewed(&self.setup, &name).await;
-        // CPU is counted from the takeover of the crashed shard's Lease (the moves start right
-        // after) until every object is back.
-        let taken_over = {
-            let leases = Api::<Lease>::namespaced(self.setup.client.clone(), &self.setup.ns);
-            let (name, processes) = (name.clone(), self.processes.clone());
-            AbortOnDropHandle::new(tokio::spawn(async move {
-                await_condition(leases, &name, |lease: Option<&Lease>| {
-                    lease.is_some_and(|l| !is_held_by_shard(l))
-                })
-                .await
-                .map(|_| CpuUse::start(&processes))
-            }))
-        };
         let mark = self.cp.audit_mark();
         let log_start = self.reconciler.process.lines().len();
         let start = Timestamp::now();
@@ -642,11 +530,6 @@ impl Bench<'_> {
             .converge(&self.setup, &Ring::new(three))
             .await?;
         let recovery = converged - crashed;
-        let cpu = match taken_over.await {
-            Ok(Ok(cpu)) => cpu.end(),
-            Ok(Err(e)) => return Err(Error::Setup(format!("watching {name}'s Lease: {e}"))),
-            Err(e) => return Err(Error::Setup(format!("watching {name}'s Lease: {e}"))),
-        };
         let events = settled_audit(self.cp, mark).await;
         let log = lines_since(&self.reconciler, log_start);
         let crashed_mark = format!("{name} crashed");
@@ -687,8 +570,6 @@ impl Bench<'_> {
             recovery,
             last_renewal: last_renewal.map(|r| -offset_of(start, r)),
             timeline,
-            cpu,
-            list_alone,
             raw,
         })
     }
@@ -723,11 +604,10 @@ impl Bench<'_> {
             user: &self.raw_user,
             names,
             count,
-            processes: &self.processes,
         }
     }
 
-    /// One round: scale-out 3 -> 4, raw PATCHes and a list alone, then shard-3 leaves.
+    /// One round: scale-out 3 -> 4, raw PATCHes, then shard-3 leaves.
     async fn round(&mut self, number: usize) -> Result<Round, Error> {
         let three = Ring::new((0..3).map(|i| format!("shard-{i}")));
         let four = Ring::new((0..4).map(|i| format!("shard-{i}")));
@@ -735,13 +615,11 @@ impl Bench<'_> {
 
         let mark = self.cp.audit_mark();
         let log_start = self.reconciler.process.lines().len();
-        let cpu = CpuUse::start(&self.processes);
         let start = Timestamp::now();
         let started = Instant::now();
         self.start_shard("shard-3");
         let (converged, after) = self.tracker.converge(&self.setup, &four).await?;
         let wall = converged - started;
-        let cpu = cpu.end();
         let events = settled_audit(self.cp, mark).await;
         let log = lines_since(&self.reconciler, log_start);
         let mut marks = vec![
@@ -785,21 +663,6 @@ impl Bench<'_> {
             "[bench]   raw PATCH through the webhook: {} at {} in flight: {:.0}/s",
             raw_webhook.count, raw_webhook.concurrency, raw_webhook.per_second
         );
-        let admin_client = self.setup.client.clone();
-        let raw_admin = RawRun {
-            client: &admin_client,
-            user: ADMIN_USER,
-            ..runs
-        }
-        .run(best, 10 * number + 8, false)
-        .await?;
-        eprintln!(
-            "[bench]   raw PATCH as admin (static token): {} at {} in flight: {:.0}/s",
-            raw_admin.count, raw_admin.concurrency, raw_admin.per_second
-        );
-        let listing = Instant::now();
-        let listed = self.setup.assignment().await?.len();
-        let list_per_second = listed as f64 / listing.elapsed().as_secs_f64();
 
         // shard-3 leaves: its Lease is released, its objects move back directly.
         let mark = self.cp.audit_mark();
@@ -829,11 +692,8 @@ impl Bench<'_> {
             shard_writes,
             wall,
             timeline,
-            cpu,
             raw,
             raw_webhook,
-            raw_admin,
-            list_per_second,
             scale_in,
         })
     }
@@ -879,14 +739,6 @@ pub async fn run(
         n,
     )
     .await?;
-    let [etcd_pid, apiserver_pid] = cp.pids();
-    let processes = vec![
-        ("kube-apiserver", apiserver_pid),
-        ("etcd", etcd_pid),
-        ("webhook", webhooks.sharder.process.pid()),
-        ("reconciler", reconciler.process.pid()),
-        ("bench (shards, watch, client)", std::process::id()),
-    ];
     let mut bench = Bench {
         cp,
         setup,
@@ -901,7 +753,6 @@ pub async fn run(
         alarm,
         lease,
         shard_concurrency: args.shard_concurrency,
-        processes,
     };
     let mut rounds = Vec::new();
     for number in 1..=args.rebalance_rounds.max(1) {
@@ -936,7 +787,6 @@ mod tests {
             count: 1000,
             per_second,
             in_flight: concurrency as f64,
-            cpu: Vec::new(),
         }
     }
 
@@ -957,12 +807,6 @@ mod tests {
                 },
                 ..Timeline::default()
             },
-            cpu: Vec::new(),
-            list_alone: ListAlone {
-                objects: moves,
-                took: Duration::ZERO,
-                cpu: Vec::new(),
-            },
             raw,
         }
     }
@@ -973,16 +817,6 @@ mod tests {
         assert_eq!(c.raw_best().map(|r| r.concurrency), Some(64));
         assert!((c.ratio(c.raw_beside()) - 0.9).abs() < 1e-9);
         assert!(crash(900, Vec::new()).raw_beside().is_nan());
-    }
-
-    #[test]
-    fn listing_first_reaches_the_raw_rate_less_the_list() {
-        let mut c = crash(1000, vec![raw(64, 1000.0)]);
-        // 1000 moves at 1000/s take 1 s; with a list of 0.25 s alone, 1 / 1.25 of the raw rate.
-        c.list_alone.took = Duration::from_millis(250);
-        assert!((c.listed_first(1000.0) - 0.8).abs() < 1e-9);
-        c.list_alone.took = Duration::ZERO;
-        assert!((c.listed_first(1000.0) - 1.0).abs() < 1e-9);
     }
 
     #[test]

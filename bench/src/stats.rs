@@ -48,36 +48,6 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
 }
 
-/// CPU seconds each of a set of processes used over a span of a run.
-#[derive(Clone, Debug, Default)]
-pub struct CpuUse {
-    /// (process, pid, CPU seconds at the start, then the difference once ended).
-    processes: Vec<(String, u32, f64)>,
-}
-
-impl CpuUse {
-    /// Starts counting for `processes` (name, pid).
-    pub fn start(processes: &[(&str, u32)]) -> Self {
-        Self {
-            processes: processes
-                .iter()
-                .map(|(name, pid)| ((*name).to_owned(), *pid, cpu_seconds(*pid).unwrap_or(0.0)))
-                .collect(),
-        }
-    }
-
-    /// The CPU seconds each process used since the start.
-    pub fn end(self) -> Vec<(String, f64)> {
-        self.processes
-            .into_iter()
-            .map(|(name, pid, start)| {
-                let used = cpu_seconds(pid).map_or(0.0, |now| now - start);
-                (name, used)
-            })
-            .collect()
-    }
-}
-
 /// KiB as MiB.
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
