@@ -358,7 +358,29 @@ pub fn markdown(rows: &[IdleRow], others: usize) -> String {
     if !goals.is_empty() {
         crate::report::goals(&mut out, &goals);
     }
+    if let Some(why) = growth_missed(rows, &goals) {
+        out.push_str(&why);
+    }
     out
+}
+
+/// Why the sharder's idle cost grew with the object count, if its growth goal was missed: the
+/// cost of one sweep at the smallest and the largest size.
+fn growth_missed(rows: &[IdleRow], goals: &[Goal]) -> Option<String> {
+    let missed = goals.iter().any(|g| g.what.starts_with("growth") && !g.met);
+    let (small, large) = (rows.first()?, rows.last()?);
+    let per_sweep = |row: &IdleRow| {
+        let design = row.design(SHARDER)?;
+        let sweeps = design.speedup * row.window.as_secs_f64() / SWEEP.as_secs_f64();
+        Some((design.usage.cpu - row.control().cpu).max(0.0) / sweeps.max(1.0))
+    };
+    let (a, b) = (per_sweep(small)?, per_sweep(large)?);
+    missed.then(|| {
+        format!(
+            "Why missed: a quiet sweep is a list from the watch cache, which this apiserver (1.20) answers by filtering every object of the resource it holds, whatever the namespace: {a:.3} CPU-s a sweep at {} objects, {b:.3} at {}, linear in what the cache holds. `docs/performance-notes.md` (quiet sweeps grow with the watch cache) has what would not grow.\n",
+            small.objects, large.objects
+        )
+    })
 }
 
 /// What the apiserver and etcd used over `window` while `during` ran (it is dropped at the
@@ -473,6 +495,34 @@ mod tests {
         // Below the control counts as nothing.
         let reflector = row.per_hour(row.design(REFLECTOR).expect("design"));
         assert_eq!(reflector.cpu, 0.5);
+    }
+
+    #[test]
+    fn a_missed_growth_is_explained_by_the_cost_of_one_sweep_at_each_size() {
+        let row = |objects, cpu, sweeps| IdleRow {
+            objects,
+            window: Duration::from_secs(90),
+            control: [Usage::default(); 2],
+            designs: vec![Design {
+                name: SHARDER,
+                usage: Usage {
+                    cpu,
+                    etcd_lists: 0.0,
+                },
+                speedup: speedup(sweeps, SWEEP, Duration::from_secs(90)),
+                counted: Usage::default(),
+                activity: String::new(),
+            }],
+        };
+        let rows = [row(10, 1.0, 50), row(100, 20.0, 50)];
+        let missed = [Goal::new("growth of x", String::new(), "", false)];
+        let why = growth_missed(&rows, &missed).expect("a why");
+        assert!(
+            why.contains("0.020 CPU-s a sweep at 10 objects, 0.400 at 100"),
+            "{why}"
+        );
+        let met = [Goal::new("growth of x", String::new(), "", true)];
+        assert_eq!(growth_missed(&rows, &met), None);
     }
 
     #[test]
