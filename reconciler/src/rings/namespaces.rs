@@ -25,7 +25,7 @@ const PAGE: u32 = 500;
 /// across the cluster carries every object of the other namespaces that matches the selector
 /// (the sweep's `!<shard label>` matches every object of another ring); measured in
 /// `docs/performance-notes.md` ("Quiet sweeps namespace by namespace").
-const CACHED_ONE_BY_ONE: usize = 8;
+const CACHED_ONE_BY_ONE: usize = 4;
 
 /// The ring's namespaces now: every namespace is listed (metadata only, page by page) and
 /// matched against the ring's selector with the apiserver's semantics (kube's `Selector`).
