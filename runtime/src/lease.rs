@@ -189,6 +189,22 @@ impl LeaseKeeper {
     /// read and planned again, up to [`CONFLICT_REREADS`] times; what it then shows decides.
     /// Still racing after that, the attempt fails (the renewal loop retries until its deadline).
     pub async fn try_acquire_or_renew(&self) -> Result<Attempt, LeaseError> {
+        self.attempt(None).await.map(|(attempt, _)| attempt)
+    }
+
+    /// An attempt that starts from `known`, the Lease as this keeper last wrote it: a renewal
+    /// is written on it at once, one request (as client-go's leader election does), and only
+    /// a Lease that changed since (409) or is gone (404) is read and planned again. Returns
+    /// the Lease as written, if this attempt wrote it.
+    async fn attempt(&self, known: Option<Lease>) -> Result<(Attempt, Option<Lease>), LeaseError> {
+        if let Some(lease) = known {
+            match self.renew_known(lease).await {
+                Ok(Some(written)) => return Ok((Attempt::Held, Some(written))),
+                Ok(None) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
         let mut rereads = 0;
         loop {
             match self.read_plan_write().await {
@@ -198,8 +214,28 @@ impl LeaseKeeper {
         }
     }
 
-    /// One read of the Lease, its [`plan`], and the write it asks for.
-    async fn read_plan_write(&self) -> Result<Attempt, kube::Error> {
+    /// Renews `lease` without reading it first, if [`plan`] renews it as it was last written
+    /// (it does while it names us; `None` otherwise). The write carries its resourceVersion.
+    async fn renew_known(&self, mut lease: Lease) -> Result<Option<Lease>, kube::Error> {
+        let planned = plan(
+            lease.spec.as_ref(),
+            &self.config.identity,
+            self.config.duration,
+            Timestamp::now(),
+        );
+        let Plan::Renew(spec) = planned else {
+            return Ok(None);
+        };
+        lease.spec = Some(spec);
+        self.api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+            .map(Some)
+    }
+
+    /// One read of the Lease, its [`plan`], and the write it asks for; returns the Lease as
+    /// written.
+    async fn read_plan_write(&self) -> Result<(Attempt, Option<Lease>), kube::Error> {
         let existing = self.api.get_opt(&self.config.name).await?;
         let planned = plan(
             existing.as_ref().and_then(|l| l.spec.as_ref()),
@@ -207,8 +243,8 @@ impl LeaseKeeper {
             self.config.duration,
             Timestamp::now(),
         );
-        match (planned, existing) {
-            (Plan::HeldByOther, _) => return Ok(Attempt::HeldByOther),
+        let written = match (planned, existing) {
+            (Plan::HeldByOther, _) => return Ok((Attempt::HeldByOther, None)),
             (Plan::Create(spec), _) | (Plan::Renew(spec) | Plan::Take(spec), None) => {
                 let lease = Lease {
                     metadata: ObjectMeta {
@@ -219,7 +255,7 @@ impl LeaseKeeper {
                     },
                     spec: Some(spec),
                 };
-                self.api.create(&PostParams::default(), &lease).await?;
+                self.api.create(&PostParams::default(), &lease).await?
             }
             (Plan::Renew(spec) | Plan::Take(spec), Some(mut lease)) => {
                 lease.spec = Some(spec);
@@ -230,20 +266,20 @@ impl LeaseKeeper {
                     .extend(self.config.labels.clone());
                 self.api
                     .replace(&self.config.name, &PostParams::default(), &lease)
-                    .await?;
+                    .await?
             }
-        }
-        Ok(Attempt::Held)
+        };
+        Ok((Attempt::Held, Some(written)))
     }
 
     /// Waits until the Lease is held (retrying every `renew_interval`), then keeps renewing it
     /// in the background.
     pub async fn acquire(self, shutdown: &CancellationToken) -> Result<Held, LeaseError> {
-        let renewed_at = loop {
+        let (renewed_at, written) = loop {
             let started = Instant::now();
-            match self.try_acquire_or_renew().await {
-                Ok(Attempt::Held) => break started,
-                Ok(Attempt::HeldByOther) => {}
+            match self.attempt(None).await {
+                Ok((Attempt::Held, written)) => break (started, written),
+                Ok((Attempt::HeldByOther, _)) => {}
                 Err(e) => warn!(error = %e, "cannot acquire the lease yet"),
             }
             tokio::select! {
@@ -254,7 +290,12 @@ impl LeaseKeeper {
         info!(lease = %self.config.name, namespace = %self.config.namespace, identity = %self.config.identity, "lease acquired");
         let lost = CancellationToken::new();
         let stop = CancellationToken::new();
-        let task = tokio::spawn(renew(self.clone(), renewed_at, lost.clone(), stop.clone()));
+        let task = tokio::spawn(renew(
+            self.clone(),
+            (renewed_at, written),
+            lost.clone(),
+            stop.clone(),
+        ));
         Ok(Held {
             keeper: self,
             lost,
@@ -292,12 +333,13 @@ impl LeaseKeeper {
     }
 }
 
-/// Renews the Lease every `renew_interval` until `stop`; cancels `lost` (and returns) when
-/// someone else holds it, or when no renewal started within [`renewal_deadline`] of the one
-/// started at `renewed_at` has succeeded, an attempt in flight included.
+/// Renews the Lease every `renew_interval` until `stop`, each time from the Lease as last
+/// written (`written` first); cancels `lost` (and returns) when someone else holds it, or when
+/// no renewal started within [`renewal_deadline`] of the one started at `renewed_at` has
+/// succeeded, an attempt in flight included.
 async fn renew(
     keeper: LeaseKeeper,
-    mut renewed_at: Instant,
+    (mut renewed_at, mut written): (Instant, Option<Lease>),
     lost: CancellationToken,
     stop: CancellationToken,
 ) {
@@ -324,11 +366,11 @@ async fn renew(
             () = sleep_until(lost_at) => {
                 return lose("not renewed within the deadline (a renewal is still unanswered)");
             }
-            attempt = keeper.try_acquire_or_renew() => attempt,
+            attempt = keeper.attempt(written.take()) => attempt,
         };
         match attempt {
-            Ok(Attempt::Held) => renewed_at = started,
-            Ok(Attempt::HeldByOther) => return lose("held by someone else"),
+            Ok((Attempt::Held, lease)) => (renewed_at, written) = (started, lease),
+            Ok((Attempt::HeldByOther, _)) => return lose("held by someone else"),
             Err(e) => warn!(lease = %config.name, error = %e, "lease renewal failed"),
         }
     }
@@ -560,6 +602,94 @@ mod tests {
             plan(Some(&current), "me", TEN, at(1)),
             Plan::Take(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_renewal_is_one_write_on_the_lease_as_last_written_and_a_conflict_reads_it_again() {
+        use http::{Method, Request, Response};
+        use kube::client::Body;
+
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let keeper = LeaseKeeper::new(
+            Client::new(service, "default"),
+            LeaseConfig {
+                namespace: "ns".into(),
+                name: "l".into(),
+                identity: "me".into(),
+                duration: Duration::from_secs(10),
+                renew_interval: Duration::from_secs(1),
+                labels: [("app".to_owned(), "test".to_owned())].into(),
+            },
+        );
+        let lease = |rv: &str| Lease {
+            metadata: ObjectMeta {
+                name: Some("l".into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(rv.into()),
+                labels: Some([("app".to_owned(), "test".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec("me", 0, 10, 1)),
+        };
+        type Apiserver = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+        const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l";
+        fn json(status: u16, body: Vec<u8>) -> Response<Body> {
+            Response::builder()
+                .status(status)
+                .body(Body::from(body))
+                .expect("response")
+        }
+        // Answers a PUT of our renewed Lease at `rv`: as written at `rv + 1`, or a conflict.
+        async fn put(handle: &mut Apiserver, rv: &str, status: u16) {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            assert_eq!(
+                (request.method(), request.uri().path()),
+                (&Method::PUT, PATH)
+            );
+            let body = request.into_body().collect_bytes().await.expect("body");
+            let mut sent: Lease = serde_json::from_slice(&body).expect("a Lease");
+            assert_eq!(sent.metadata.resource_version.as_deref(), Some(rv));
+            let spec = sent.spec.as_ref().expect("spec");
+            assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+            assert!(spec.renew_time.as_ref().expect("renewTime").0 > at(0));
+            if status == 409 {
+                let conflict = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "Conflict", "code": 409,
+                    "message": "the object has been modified"});
+                respond.send_response(json(409, conflict.to_string().into_bytes()));
+            } else {
+                let next = rv.parse::<u32>().expect("a number") + 1;
+                sent.metadata.resource_version = Some(next.to_string());
+                respond.send_response(json(200, serde_json::to_vec(&sent).expect("json")));
+            }
+        }
+        let found = lease("9");
+        let apiserver = tokio::spawn(async move {
+            // A renewal from the Lease as last written: one PUT, nothing read.
+            put(&mut handle, "7", 200).await;
+            // The next from what that PUT returned; the Lease changed since (a label write).
+            put(&mut handle, "8", 409).await;
+            let (request, respond) = handle.next_request().await.expect("a request");
+            assert_eq!(
+                (request.method(), request.uri().path()),
+                (&Method::GET, PATH)
+            );
+            respond.send_response(json(200, serde_json::to_vec(&found).expect("json")));
+            put(&mut handle, "9", 200).await;
+        });
+        let (attempt, written) = keeper.attempt(Some(lease("7"))).await.expect("renewed");
+        assert_eq!(attempt, Attempt::Held);
+        let written = written.expect("the Lease as written");
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("8"));
+        let (attempt, written) = keeper.attempt(Some(written)).await.expect("renewed");
+        assert_eq!(attempt, Attempt::Held);
+        assert_eq!(
+            written.and_then(|l| l.metadata.resource_version).as_deref(),
+            Some("10")
+        );
+        apiserver
+            .await
+            .expect("one write a renewal; a read only after a conflict");
     }
 
     #[test]
