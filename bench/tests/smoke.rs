@@ -101,7 +101,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| 200 | sharder reconciler (both) | ",
         "| 200 | reference schedule (full list every 5 min) | ",
         "| 200 | metadata reflector (after its first list) | ",
-        "| the sharder's lists (sweeps, resyncs) at 200 objects vs the reference schedule's, in apiserver + etcd CPU | ",
+        "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference schedule's | ",
         "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
     ] {
         assert!(report.contains(row), "{row} missing:\n{report}");
