@@ -3,7 +3,8 @@
 //!
 //! The same code serves leader election (the reconciler's Lease) and shard membership (a shard's
 //! own Lease, named after the shard, labelled with its ring). Every write carries the Lease's
-//! resourceVersion, so two candidates never both win.
+//! resourceVersion, so two candidates never both win. A renewal is one write on the Lease as
+//! this keeper last wrote it; only a Lease changed since is read again.
 //!
 //! What an attempt writes is a pure function of the Lease as found ([`plan`]). A held Lease is
 //! renewed every `renew_interval`. When no renewal has succeeded within [`renewal_deadline`]
