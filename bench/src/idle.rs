@@ -611,9 +611,9 @@ mod tests {
         assert_eq!(reflector.cpu, 0.5);
     }
 
-    #[test]
-    fn the_sharders_cost_is_its_sweeps_and_its_leader_election_and_a_missed_growth_says_why() {
-        let design = |name, cpu, speedup| Design {
+    /// A design whose window used `cpu` CPU-s (no etcd lists), `speedup` times compressed.
+    fn design(name: &'static str, cpu: f64, speedup: f64) -> Design {
+        Design {
             name,
             usage: Usage {
                 cpu,
@@ -622,7 +622,11 @@ mod tests {
             speedup,
             counted: Usage::default(),
             activity: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_sharders_cost_is_its_sweeps_and_its_leader_election_and_a_missed_growth_says_why() {
         let row = |objects, sweeps_cpu, leader_cpu| IdleRow {
             objects,
             window: Duration::from_secs(90),
@@ -669,16 +673,6 @@ mod tests {
 
     #[test]
     fn the_whole_idle_cost_is_held_against_the_reference_and_a_miss_names_the_leader_election() {
-        let design = |name, cpu, speedup| Design {
-            name,
-            usage: Usage {
-                cpu,
-                etcd_lists: 0.0,
-            },
-            speedup,
-            counted: Usage::default(),
-            activity: String::new(),
-        };
         // 40 windows an hour: lists 1 CPU-s, leader election 5, the reference 40 or 100.
         let row = |reference: f64| IdleRow {
             objects: 100,
