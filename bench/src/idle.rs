@@ -117,15 +117,15 @@ impl IdleRow {
         self.designs.iter().find(|d| d.name == name)
     }
 
+    /// The CPU seconds per hour of the design named `name`, if it ran.
+    pub fn cpu_per_hour(&self, name: &str) -> Option<f64> {
+        self.design(name).map(|d| self.per_hour(d).cpu)
+    }
+
     /// The sharder reconciler's CPU seconds per hour: its sweeps' and its leader election's.
     pub fn sharder(&self) -> Option<f64> {
-        let sweeps = self.per_hour(self.design(SHARDER)?).cpu;
-        Some(
-            sweeps
-                + self
-                    .design(SHARDER_LEADER)
-                    .map_or(0.0, |d| self.per_hour(d).cpu),
-        )
+        let leader = self.cpu_per_hour(SHARDER_LEADER).unwrap_or(0.0);
+        Some(self.cpu_per_hour(SHARDER)? + leader)
     }
 }
 
@@ -312,7 +312,7 @@ pub fn markdown(rows: &[IdleRow], others: usize) -> String {
         ],
         rows.iter().flat_map(|row| {
             let control = row.control();
-            let reference = row.design(REFERENCE).map(|d| row.per_hour(d).cpu);
+            let reference = row.cpu_per_hour(REFERENCE);
             let versus = move |cpu: f64| {
                 reference
                     .filter(|r| *r > 0.0)
@@ -343,8 +343,8 @@ pub fn markdown(rows: &[IdleRow], others: usize) -> String {
                 .chain(total)
         }),
     ));
-    let lists = |row: &IdleRow| row.design(SHARDER).map(|d| row.per_hour(d).cpu);
-    let reference = |row: &IdleRow| row.design(REFERENCE).map(|d| row.per_hour(d).cpu);
+    let lists = |row: &IdleRow| row.cpu_per_hour(SHARDER);
+    let reference = |row: &IdleRow| row.cpu_per_hour(REFERENCE);
     let mut goals = Vec::new();
     let mut parts = None;
     let mut why_ratio = None;
@@ -432,7 +432,7 @@ pub fn markdown(rows: &[IdleRow], others: usize) -> String {
 /// Why the sharder's idle cost at `row` is above a tenth of the reference schedule's: the
 /// share of its leader election, which no list strategy changes.
 fn ratio_missed(row: &IdleRow, all: f64) -> Option<String> {
-    let leader = row.per_hour(row.design(SHARDER_LEADER)?).cpu;
+    let leader = row.cpu_per_hour(SHARDER_LEADER)?;
     Some(format!(
         "Why missed: the leader election renews the reconciler's Lease every {}s, one write each, whatever the object count: {leader:.1} of the {all:.1} CPU-s per hour at {} objects. `docs/performance-notes.md` (the leader election's share of the idle cost) has what would lower it.\n\n",
         RENEW.as_secs(),
@@ -449,10 +449,7 @@ fn growth_parts(small: &IdleRow, large: &IdleRow, missed: bool) -> Option<String
         let sweeps = design.speedup * row.window.as_secs_f64() / SWEEP.as_secs_f64();
         Some((design.usage.cpu - row.control().cpu).max(0.0) / sweeps.max(1.0))
     };
-    let leader = |row: &IdleRow| {
-        row.design(SHARDER_LEADER)
-            .map_or(0.0, |d| row.per_hour(d).cpu)
-    };
+    let leader = |row: &IdleRow| row.cpu_per_hour(SHARDER_LEADER).unwrap_or(0.0);
     let (a, b) = (per_sweep(small)?, per_sweep(large)?);
     Some(format!(
         "{}The sweeps grow with the objects: a quiet sweep is a list from the watch cache, which this apiserver (1.20) answers by filtering every object of the resource it holds, whatever the namespace: {a:.3} CPU-s a sweep at {} objects, {b:.3} at {}. The leader election does not: {:.1} and {:.1} CPU-s per hour.{}\n",
