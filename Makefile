@@ -18,7 +18,7 @@ demo: control-plane
 ## failover, a rolling restart, a shard killed hard, upgrade and uninstall, with every kubectl and
 ## helm command printed. Needs root (bridge, iptables, cgroups); everything is removed at the end.
 demo-cluster: control-plane helm
-	$(CARGO) test --locked -p sharder-tests --test e2e journey -- --nocapture
+	$(CARGO) test --locked -p sharder-tests --test e2e a_real_node -- --nocapture
 
 ## The image (webhook, reconciler, example shard) from a release build of this checkout, without a
 ## container engine: target/image/sharder-<version>.tar (docker-archive; `docker load` or
@@ -27,9 +27,10 @@ image: control-plane
 	bash harness/image/build.sh
 
 ## Runs every test: the pure unit and property tests and the tests against a real local
-## kube-apiserver + etcd (provisioned first if needed).
+## kube-apiserver + etcd (provisioned first if needed). The tests wait on Leases more than they
+## compute: at least 3 run at a time in each test binary, even on 2 cores.
 test: control-plane helm
-	$(CARGO) test --workspace --locked
+	RUST_TEST_THREADS=$${RUST_TEST_THREADS:-$$(( $$(nproc) > 3 ? $$(nproc) : 3 ))} $(CARGO) test --workspace --locked
 
 ## The benchmarks (release build): webhook latency through the apiserver and under load,
 ## reconciler memory against object count, rebalancing, a shard crash, the ring, the chart's
