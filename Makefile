@@ -15,8 +15,9 @@ demo: control-plane
 ## The same product as users install it, on a real single-node cluster on this machine (kubelet,
 ## containerd, kube-proxy and kube-scheduler from Debian's packages and sources): the image built
 ## from this checkout, `helm install`, the example shards as a StatefulSet, then scale-out, leader
-## failover, a rolling restart, a shard killed hard, upgrade and uninstall, with every kubectl and
-## helm command printed. Needs root (bridge, iptables, cgroups); everything is removed at the end.
+## failover, a rolling update of the shards, a shard killed hard, upgrade and uninstall, with
+## every kubectl and helm command printed. Needs root (bridge, iptables, cgroups); everything is
+## removed at the end.
 demo-cluster: control-plane helm
 	$(CARGO) test --locked -p sharder-tests --test e2e a_real_node -- --nocapture
 

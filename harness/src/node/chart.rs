@@ -216,6 +216,21 @@ impl Node {
     /// labelled [`SHARDED_NAMESPACE_LABEL`]) with `replicas` shards and `extra_args` in the
     /// shard's arguments (see [`example_with`]).
     pub fn apply_example(&self, replicas: u32, extra_args: &[&str]) -> Result<(), Error> {
+        let kubectl = Kubectl::of(self)?;
+        kubectl.run(&["create", "namespace", SHARDS_NAMESPACE])?;
+        let (key, value) = SHARDED_NAMESPACE_LABEL;
+        kubectl.run(&[
+            "label",
+            "namespace",
+            SHARDS_NAMESPACE,
+            &format!("{key}={value}"),
+        ])?;
+        self.reapply_example(replicas, extra_args)
+    }
+
+    /// `kubectl apply` of the example as [`Node::apply_example`] writes it, in the namespace it
+    /// made: a change of `extra_args` rolls the StatefulSet's pods one at a time.
+    pub fn reapply_example(&self, replicas: u32, extra_args: &[&str]) -> Result<(), Error> {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../docs/examples/statefulset-shards.yaml");
         let example =
@@ -228,16 +243,7 @@ impl Node {
         })?;
         let manifest = self.dir.join(format!("{STATEFULSET}.yaml"));
         std::fs::write(&manifest, example).map_err(Error::io("write the example shards"))?;
-        let kubectl = Kubectl::of(self)?;
-        kubectl.run(&["create", "namespace", SHARDS_NAMESPACE])?;
-        let (key, value) = SHARDED_NAMESPACE_LABEL;
-        kubectl.run(&[
-            "label",
-            "namespace",
-            SHARDS_NAMESPACE,
-            &format!("{key}={value}"),
-        ])?;
-        let applied = kubectl.run(&[
+        let applied = Kubectl::of(self)?.run(&[
             "apply",
             "-n",
             SHARDS_NAMESPACE,

@@ -2,12 +2,14 @@
 //! the image built from this checkout, its pods scheduled, started by kubelet and containerd and
 //! reached through Services; the example shards as the StatefulSet of
 //! `docs/examples/statefulset-shards.yaml`; then what operators do: create objects, scale out,
-//! lose the leading reconciler and a webhook pod, restart the shards, lose a shard hard, upgrade
-//! and uninstall. Every `kubectl` command is printed as it runs (`make demo-cluster` shows them).
+//! lose the leading reconciler and a webhook pod, roll the shards to a new configuration, lose a
+//! shard hard, upgrade and uninstall. Every `kubectl` command is printed as it runs (`make
+//! demo-cluster` shows them).
 //!
-//! The shards record their reconciles on stdout (`--record-file=/dev/stdout`, the one change to
-//! the example besides starting with 3 replicas); the records are read back through the pods'
-//! logs and checked for single ownership and ordered handover, as in the other end-to-end tests.
+//! The shards record their reconciles on stdout (`--record-file=/dev/stdout`, kept throughout)
+//! and start with a longer Lease than the example's ([`FIRST_LEASE`]); the rolling update
+//! applies the example's own. The records are read back through the pods' logs and checked for
+//! single ownership and ordered handover, as in the other end-to-end tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -38,11 +40,15 @@ use sharder_tests::system::{Objects, objects_converged, unix_nanos};
 const OBJECTS: usize = 200;
 /// Pods start from a local image, but the first start of everything on 2 cores takes a while.
 const START: Duration = Duration::from_secs(240);
-/// The shards' `--lease-duration`. A shard is dead, and its objects move, twice this after its
-/// last renewal. Kubelet 1.20 sometimes leaves a deleted pod's sandbox to its next container GC
-/// (every minute), then finalizes the pod at its next status sync (every 10 s): a restarted shard
-/// must come back before 2 x 45 s even then.
-const LEASE: &str = "45s";
+/// The shards' `--lease-duration` until their rolling update. A shard is dead, and its objects
+/// move, twice its Lease's duration after its last renewal. Kubelet 1.20 sometimes leaves a
+/// deleted pod's sandbox to its next container GC (every minute), then finalizes the pod at its
+/// next status sync (every 10 s): a replaced shard must come back before 2 x 45 s even then. The
+/// rolling update to the example's own 15 s is covered by the 45 s its Leases still say until
+/// each successor renews; the hard kill and the rejoin after it then wait on 15 s.
+const FIRST_LEASE: &str = "45s";
+/// The one change to the example's shard arguments that stays through the rolling update.
+const RECORD: &str = "--record-file=/dev/stdout";
 /// A rebalance or a reassignment: twice the lease duration plus a sweep and the writes.
 const MOVE: Duration = Duration::from_secs(150);
 
@@ -283,14 +289,8 @@ async fn runs_the_chart_through_the_operators_day() {
         .expect("kubectl");
 
     // The example shards, 3 of them, recording their reconciles on stdout.
-    node.apply_example(
-        3,
-        &[
-            "--record-file=/dev/stdout",
-            &format!("--lease-duration={LEASE}"),
-        ],
-    )
-    .expect("the example shards");
+    node.apply_example(3, &[RECORD, &format!("--lease-duration={FIRST_LEASE}")])
+        .expect("the example shards");
     let world = World::with_ring(cp, SHARDS_NS.into(), RING.into()).await;
     let (records, collector) = Records::collect(client.clone());
     let history = History::start(&client, SHARDS_NS, &world.labels);
@@ -303,8 +303,8 @@ async fn runs_the_chart_through_the_operators_day() {
     })
     .await;
 
-    // From the first CREATE to the end of the rolling restart, the machine to itself (see
-    // `sharder_tests::MACHINE`): CREATEs must meet the webhook's timeout and restarted pods their
+    // From the first CREATE to the end of the rolling update, the machine to itself (see
+    // `sharder_tests::MACHINE`): CREATEs must meet the webhook's timeout and replaced pods their
     // Leases. Before and after, the other tests run beside the node's start and the lease-bound
     // waits below.
     let machine = sharder_tests::MACHINE.write().await;
@@ -431,23 +431,16 @@ async fn runs_the_chart_through_the_operators_day() {
     create_assigned(&world, &objects, OBJECTS..OBJECTS + 20, 4).await;
     wait_ready(node, Workload::Deployment, "sharder-webhook", RELEASE_NS, 2).await;
 
-    // A rolling restart of the shards moves nothing and writes nothing.
-    eventually("converged before the restart", MOVE, || async {
+    // A rolling update of the shards (the example applied again with its own Lease duration)
+    // moves nothing and writes nothing: each successor takes its stable name's Lease back.
+    eventually("converged before the rolling update", MOVE, || async {
         objects_converged(&world, &ring_of(4)).await
     })
     .await;
     let before = placement(&world).await;
     let mark = cp.audit_mark();
-    kubectl
-        .run(&[
-            "rollout",
-            "restart",
-            "statefulset",
-            STATEFULSET,
-            "-n",
-            SHARDS_NS,
-        ])
-        .expect("kubectl");
+    node.reapply_example(4, &[RECORD])
+        .expect("the example applied again");
     kubectl
         .run(&[
             "rollout",
@@ -462,7 +455,7 @@ async fn runs_the_chart_through_the_operators_day() {
     assert_eq!(
         placement(&world).await,
         before,
-        "a rolling restart moves nothing"
+        "a rolling update moves nothing"
     );
     let mut writes: BTreeMap<String, usize> = BTreeMap::new();
     for e in cp.audited_writes_since(mark) {
@@ -474,7 +467,7 @@ async fn runs_the_chart_through_the_operators_day() {
         }
     }
     if !writes.is_empty() {
-        // What explains moves during a restart: the pods' replacement times and the shard
+        // What explains moves during a rolling update: the pods' replacement times and the shard
         // Leases' states as the reconciler saw them.
         for e in cp.audited_writes_since(mark) {
             if e["objectRef"]["resource"] == "pods" && e["objectRef"]["namespace"] == SHARDS_NS {
@@ -505,7 +498,7 @@ async fn runs_the_chart_through_the_operators_day() {
     }
     assert!(
         writes.is_empty(),
-        "writes to sharded objects during the restart: {writes:?}"
+        "writes to sharded objects during the rolling update: {writes:?}"
     );
     drop(machine);
 
