@@ -10,7 +10,7 @@ pub mod system;
 /// The machine, shared by the tests that run Sharder as processes ([`system::System`] holds a
 /// read guard while it lives) and taken whole by the journey on the real node from its first
 /// CREATE to the end of its rolling update (a write guard): on 2 cores, kubelet and containerd
-/// starved by the parallel process tests took 47-69 s to replace a shard pod, longer than its
-/// Lease, which turns a rolling update into moves. Fair: tests asking after the journey wait
-/// for it.
+/// starved by the parallel process tests replaced a shard pod more slowly than its Lease allows,
+/// which turns a rolling update into moves (docs/performance-notes.md, "Real node"). Fair: tests
+/// asking after the journey wait for it.
 pub static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
