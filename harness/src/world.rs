@@ -367,18 +367,27 @@ impl World {
         self.list_named(&self.configmaps(), prefix).await
     }
 
+    /// Lists in pages of 50: a test's objects may be big (a page of them must reach the test
+    /// within an apiserver's short `--request-timeout` on a busy machine).
     async fn list_named<K>(&self, api: &Api<K>, prefix: &str) -> BTreeMap<String, K>
     where
         K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
-        api.list(&ListParams::default())
-            .await
-            .expect("list")
-            .items
-            .into_iter()
-            .filter(|o| o.name_any().starts_with(prefix))
-            .map(|o| (o.name_any(), o))
-            .collect()
+        let mut named = BTreeMap::new();
+        let mut params = ListParams::default().limit(50);
+        loop {
+            let page = api.list(&params).await.expect("list");
+            named.extend(
+                page.items
+                    .into_iter()
+                    .filter(|o| o.name_any().starts_with(prefix))
+                    .map(|o| (o.name_any(), o)),
+            );
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return named,
+            }
+        }
     }
 
     /// Creates `n` Secrets `object-<i>` and a ConfigMap `child-<i>` controlled by each.

@@ -153,8 +153,8 @@ pub(crate) struct Outcome {
     pub errors: usize,
     /// Of those, failed lists.
     pub failed_lists: usize,
-    /// Controlled objects waiting on a live shard for their owner to settle on its new shard
-    /// (looked at again at every drain check until they followed it).
+    /// Controlled objects waiting on a live shard for their owner to settle on its new shard,
+    /// or whose move failed (looked at again at every drain check until they followed it).
     pub awaiting: Vec<ObjectId>,
     /// Objects that needed a write but were left because the ring was gone by then.
     pub abandoned: usize,
@@ -198,7 +198,10 @@ impl Outcome {
             }
             Written::Awaiting(object) => self.awaiting.push(object),
             Written::Stayed => {}
-            Written::Failed => self.errors += 1,
+            Written::Failed(object) => {
+                self.errors += 1;
+                self.awaiting.extend(object);
+            }
             Written::Abandoned => self.abandoned += 1,
         }
     }
@@ -446,5 +449,28 @@ impl Rebalancer {
         let (listed, mut outcome) = tokio::join!(lister, writers);
         outcome.add(listed);
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str) -> ObjectId {
+        ObjectId {
+            resource: GroupResource::new("", "configmaps"),
+            namespace: Some("ns".into()),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_controlled_object_whose_write_failed_is_looked_at_again_and_a_main_one_is_not() {
+        let mut outcome = Outcome::default();
+        outcome.count(Written::Failed(Some(object("child-1"))));
+        outcome.count(Written::Failed(None));
+        outcome.count(Written::Awaiting(object("child-2")));
+        assert_eq!(outcome.errors, 2);
+        assert_eq!(outcome.awaiting, [object("child-1"), object("child-2")]);
     }
 }

@@ -65,9 +65,20 @@ pub(super) enum Written {
     Moved(Move),
     Awaiting(ObjectId),
     Stayed,
-    Failed,
+    /// The write failed (after its retries). A controlled object is named: no label selects it
+    /// again (it sits on a live shard), so it is looked at again like one awaiting its owner.
+    Failed(Option<ObjectId>),
     /// Not written: the ring was deleted or replaced.
     Abandoned,
+}
+
+/// A failed write of `meta` (named `name`) of `target`: see [`Written::Failed`].
+fn failed(target: &Target, meta: &ObjectMeta, name: String) -> Written {
+    Written::Failed((target.role == Role::Controlled).then(|| ObjectId {
+        resource: target.resource.clone(),
+        namespace: meta.namespace.clone(),
+        name,
+    }))
 }
 
 /// What one object needs.
@@ -277,7 +288,7 @@ impl Rebalancer {
                     let Some(delay) = conflicts.next() else {
                         warn!(object = %display_name(&meta), "move still conflicting after retries");
                         self.count_failure(view, target, "conflict");
-                        return Written::Failed;
+                        return failed(target, &meta, name);
                     };
                     tokio::time::sleep(delay).await;
                     meta = match api.get_metadata_opt(&name).await {
@@ -286,14 +297,14 @@ impl Rebalancer {
                         Err(e) => {
                             warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
                             self.count_failure(view, target, "error");
-                            return Written::Failed;
+                            return failed(target, &meta, name);
                         }
                     };
                 }
                 Err(e) => {
                     warn!(object = %display_name(&meta), error = %e, "move failed");
                     self.count_failure(view, target, "error");
-                    return Written::Failed;
+                    return failed(target, &meta, name);
                 }
             }
         }

@@ -64,10 +64,11 @@ pub(crate) struct Progress {
     pub last_sweep: Instant,
     /// Whether drains were pending after the last rebalance.
     pub draining: bool,
-    /// Controlled objects waiting on a live shard for their owner to settle (looked at again
-    /// at every reconcile until they followed it).
+    /// Controlled objects waiting on a live shard for their owner to settle, or whose write
+    /// failed (looked at again at every reconcile until they followed it).
     pub awaiting: Vec<ObjectId>,
-    /// More objects waited than [`MAX_AWAITING`]: the next reconcile lists everything.
+    /// More objects waited than [`MAX_AWAITING`], or a full list failed: the next reconcile
+    /// lists everything.
     pub relist: bool,
 }
 
@@ -122,8 +123,10 @@ pub(crate) fn scopes(
     scopes
 }
 
-/// What to remember after a reconcile at `now`: the observed ring and how the rebalance went (`None`: nothing was listed). After a failed rebalance
-/// the previous shard set is kept, so the next reconcile retries the same work.
+/// What to remember after a reconcile at `now`: the observed ring and how the rebalance went
+/// (`None`: nothing was listed). After a failed rebalance the previous shard set is kept and a
+/// failed full list is listed again, so the next reconcile retries the same work; controlled
+/// objects whose write failed are in `ran.awaiting`, looked at again at every drain check.
 pub(crate) fn progress_after(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
@@ -146,13 +149,12 @@ pub(crate) fn progress_after(
             next.last_full = now;
         }
         next.last_sweep = now;
-        next.relist = ran.awaiting.len() > MAX_AWAITING;
-        next.awaiting = if next.relist {
-            Vec::new()
-        } else {
-            ran.awaiting
-        };
-        next.draining = ran.draining || next.relist || !next.awaiting.is_empty();
+        let too_many = ran.awaiting.len() > MAX_AWAITING;
+        // What a failed full list did not reach is known nowhere else (a resync or a spec
+        // change would not come again): the next reconcile lists everything again.
+        next.relist = too_many || (ran.full && ran.failed);
+        next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
+        next.draining = ran.draining || too_many || !next.awaiting.is_empty();
         if ran.failed {
             next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
         }
@@ -324,6 +326,46 @@ mod tests {
 
         let first = progress_after(None, &observed(&ab, 3), None, later);
         assert_eq!((first.generation, first.last_full), (3, later));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_resync_or_spec_change_is_listed_again_and_a_failed_sweep_is_not() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(7);
+        let ab = set(&["a", "b"]);
+        let known = progress(&["a", "b"], t0);
+        let failed = |full| Ran {
+            full,
+            draining: false,
+            failed: true,
+            awaiting: Vec::new(),
+        };
+        // The full list of a spec change (generation 2) failed: the shards did not change, so
+        // only the failure brings the next full list.
+        let after = progress_after(Some(&known), &observed(&ab, 2), Some(failed(true)), later);
+        assert_eq!(
+            scopes(Some(&after), &observed(&ab, 2), &INTERVALS, later),
+            [Scope::All].into(),
+            "listed again"
+        );
+        assert!(
+            !after.draining,
+            "at the next reconcile, not at every drain check"
+        );
+        let listed = progress_after(
+            Some(&after),
+            &observed(&ab, 2),
+            Some(Ran {
+                failed: false,
+                ..failed(true)
+            }),
+            later,
+        );
+        assert!(!listed.relist, "once it went through");
+
+        // A failed sweep: what it selects by label, the next sweep selects again.
+        let after = progress_after(Some(&known), &observed(&ab, 1), Some(failed(false)), later);
+        assert!(scopes(Some(&after), &observed(&ab, 1), &INTERVALS, later).is_empty());
     }
 
     fn child(name: &str) -> ObjectId {

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
@@ -19,7 +20,7 @@ use kube::{Api, Client, Config, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::control_plane::{ControlPlane, Options};
-use sharder_harness::fixtures::{secret, secrets_ring, shard_lease};
+use sharder_harness::fixtures::{refusing_configuration, secret, secrets_ring, shard_lease};
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
@@ -317,6 +318,88 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
             } else {
                 Err(format!("{wrong} objects not on their shard"))
             }
+        },
+    )
+    .await;
+}
+
+/// A controlled object whose move fails (here the apiserver refuses it; an apiserver restart
+/// does the same) is looked at again at the next drain check, like one still waiting for its
+/// owner, instead of staying behind its owner until the next full resync (6 hours here).
+#[tokio::test]
+async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_again() {
+    const REFUSE: &str = "sharder-test/refuse-updates";
+    let mut w = Test::new("failedchild").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    w.wait_until_webhook_assigns().await;
+    w.create_objects(40).await;
+
+    // From now on the apiserver refuses every UPDATE of the children.
+    let mark = json!({"metadata": {"labels": {REFUSE: &w.ns}}});
+    for name in w.list_configmaps("child-").await.keys() {
+        w.configmaps()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&mark))
+            .await
+            .expect("mark a child");
+    }
+    let refusing = format!("sharder-test-refuse-{}", w.ns);
+    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    configurations
+        .create(
+            &PostParams::default(),
+            &refusing_configuration(&refusing, "UPDATE", "configmaps", (REFUSE, &w.ns)),
+        )
+        .await
+        .expect("the refusing configuration");
+    w.wait_until_admission_sees_configurations().await;
+
+    // A scale-out: owners drained and acknowledged (the webhook assigns them their new shard),
+    // then their children's moves are refused.
+    w.add_shard_lease("shard-c", 3600).await;
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    eventually("a child's move refused", WAIT, || async {
+        w.acknowledge_drains().await;
+        let log = w.reconciler_log(0);
+        log.lines()
+            .any(|l| l.contains(r#""message":"move failed""#) && l.contains("/child-"))
+            .then_some(())
+            .ok_or("no refused move yet")
+    })
+    .await;
+
+    configurations
+        .delete(&refusing, &DeleteParams::default())
+        .await
+        .expect("delete the refusing configuration");
+    eventually(
+        "every object on its shard, every child with its owner",
+        WAIT,
+        || async {
+            w.acknowledge_drains().await;
+            let secrets = w.list_secrets().await;
+            let misplaced = secrets
+                .iter()
+                .filter(|(name, s)| {
+                    w.shard_of(*s).as_deref() != three.shard_for(&w.key(name)) || w.draining(*s)
+                })
+                .count();
+            let behind = w
+                .list_configmaps("child-")
+                .await
+                .values()
+                .filter(|c| {
+                    let owner = secrets.get(&c.owner_references()[0].name);
+                    owner.and_then(|o| w.shard_of(o)) != w.shard_of(*c)
+                })
+                .count();
+            (misplaced + behind == 0).then_some(()).ok_or(format!(
+                "{misplaced} objects misplaced, {behind} children behind"
+            ))
         },
     )
     .await;
