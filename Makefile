@@ -28,10 +28,12 @@ image: control-plane
 	bash harness/image/build.sh
 
 ## Runs every test: the pure unit and property tests and the tests against a real local
-## kube-apiserver + etcd (provisioned first if needed). The tests wait on Leases more than they
-## compute: at least 3 run at a time in each test binary, even on 2 cores.
+## kube-apiserver + etcd (provisioned first if needed). Built once, then run in two lanes side by
+## side (the end-to-end tests, every other crate's) with at least 3 tests at a time in each test
+## binary, even on 2 cores: the tests wait on Leases more than they compute
+## (harness/run-tests.sh). One binary alone: cargo test -p <crate> --test <name>.
 test: control-plane helm
-	RUST_TEST_THREADS=$${RUST_TEST_THREADS:-$$(( $$(nproc) > 3 ? $$(nproc) : 3 ))} $(CARGO) test --workspace --locked
+	CARGO=$(CARGO) bash harness/run-tests.sh
 
 ## The benchmarks (release build): webhook latency through the apiserver and under load,
 ## reconciler memory against object count, rebalancing, a shard crash, the ring, the chart's

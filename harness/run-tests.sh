@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# `make test`: builds every test target of the workspace once (`cargo test --workspace --no-run`),
+# then runs the test binaries in two lanes side by side, as cargo would run them (from their
+# package's folder), each line prefixed with its lane:
+#   e2e    sharder-tests (the end-to-end tests, the journey on the real node first);
+#   crates every other crate's binaries in cargo's order (the bench's smoke test last: its real
+#          node waits for the journey's), and the doc tests first.
+# Each binary starts its own control plane; the tests wait on Leases more than they compute, so
+# two lanes of at least 3 tests each fit on 2 cores. Exits non-zero if any binary failed; the
+# summary at the end names them. RUST_TEST_THREADS overrides the tests per binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO="${CARGO:-cargo}"
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$(( $(nproc) > 3 ? $(nproc) : 3 ))}"
+
+plan=$(mktemp -d)
+trap 'rm -rf "$plan"' EXIT
+
+"$CARGO" test --workspace --locked --no-run --message-format=json-render-diagnostics \
+  > "$plan/build.json"
+
+# Lane files: one "<package folder>\t<executable>\t<name>" per line, in cargo's order.
+python3 - "$plan" <<'EOF'
+import json, os, sys
+
+plan = sys.argv[1]
+binaries = []
+for line in open(os.path.join(plan, "build.json")):
+    message = json.loads(line)
+    if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+        continue
+    if not message.get("profile", {}).get("test"):
+        continue
+    package = os.path.dirname(message["manifest_path"])
+    target = message["target"]
+    name = f"{os.path.basename(package)}:{target['name']}"
+    binaries.append((os.path.basename(package), target["name"], package, message["executable"], name))
+binaries.sort(key=lambda b: (b[0], b[1]))
+e2e = [b for b in binaries if b[0] == "tests"]
+crates = [b for b in binaries if b[0] != "tests"]
+crates.sort(key=lambda b: (b[0], b[1]) == ("bench", "smoke"))
+for lane, items in (("e2e", e2e), ("crates", crates)):
+    with open(os.path.join(plan, lane), "w") as out:
+        for _, _, package, executable, name in items:
+            out.write(f"{package}\t{executable}\t{name}\n")
+EOF
+
+# Runs the binaries of lane file $1 one after another; a failed one is noted in $plan/failed.
+lane() {
+  local package executable binary started
+  while IFS=$'\t' read -r package executable binary; do
+    started=$(date +%s)
+    echo "=== $binary ($(date -u +%H:%M:%S))"
+    if ! (cd "$package" && "$executable") < /dev/null; then
+      echo "$binary" >> "$plan/failed"
+    fi
+    echo "=== $binary: $(( $(date +%s) - started )) s"
+  done < "$1"
+}
+
+prefix() { sed -u "s/^/[$1] /"; }
+
+started=$(date +%s)
+lane "$plan/e2e" 2>&1 | prefix e2e &
+e2e=$!
+{
+  echo "=== doc tests"
+  "$CARGO" test --workspace --locked --doc || echo "doc tests" >> "$plan/failed"
+  lane "$plan/crates"
+} 2>&1 | prefix crates &
+crates=$!
+wait "$e2e" "$crates"
+
+echo "=== every test binary ran in $(( $(date +%s) - started )) s"
+if [ -s "$plan/failed" ]; then
+  echo "=== failed:"
+  sed 's/^/  /' "$plan/failed"
+  exit 1
+fi
