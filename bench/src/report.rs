@@ -678,7 +678,7 @@ impl Report {
                 "moved back directly/s (vs best raw)",
             ],
             r.rounds.iter().enumerate().map(|(i, round)| {
-                let w = &round.timeline.writes;
+                let w = &round.writes;
                 let best = round.raw_best();
                 vec![
                     (i + 1).to_string(),
@@ -693,7 +693,7 @@ impl Report {
                     format!("{:.2}", round.wall.as_secs_f64()),
                     format!(
                         "{:.0} ({:.2})",
-                        round.scale_in.writes.rate(),
+                        round.scale_in.rate(),
                         round.scale_in_ratio()
                     ),
                 ]
@@ -765,7 +765,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "The median round (round {}) in detail. Raw PATCHes right after it:\n",
+            "Raw PATCHes right after the median round (round {}):\n",
             r.rounds
                 .iter()
                 .position(|x| std::ptr::eq(x, m))
@@ -784,17 +784,6 @@ impl Report {
             runs.map(|(what, x)| vec![what, x.count.to_string(), format!("{:.0}", x.per_second)]),
         ));
         out.push('\n');
-        let _ = writeln!(out, "Timeline (seconds from the fourth shard's start):\n");
-        render_timeline(out, &m.timeline);
-        if let Some([p50, p90, max]) = m.timeline.ack_latency {
-            let _ = writeln!(
-                out,
-                "From a drain (answered) to its acknowledgement (received): p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms.\n",
-                ms(p50),
-                ms(p90),
-                ms(max)
-            );
-        }
         self.render_crash(out, r);
     }
 
@@ -812,7 +801,6 @@ impl Report {
                 "objects",
                 "reassigned after s",
                 "bound s",
-                "last renewal before the crash s",
                 "writes",
                 "moves/s (first received to last answered)",
                 "in flight",
@@ -829,11 +817,9 @@ impl Report {
                     c.objects.to_string(),
                     format!("{:.2}", c.recovery.as_secs_f64()),
                     format!("{:.2}", c.bound(r.lease, raw)),
-                    c.last_renewal
-                        .map_or("unknown".to_owned(), |s| format!("{s:.2}")),
                     c.writes.to_string(),
-                    format!("{:.0}", c.timeline.writes.rate()),
-                    format!("{:.1}", c.timeline.writes.in_flight()),
+                    format!("{:.0}", c.moves.rate()),
+                    format!("{:.1}", c.moves.in_flight()),
                     format!(
                         "{raw:.0} (at {})",
                         c.raw_best().map_or(0, |x| x.concurrency)
@@ -894,15 +880,6 @@ impl Report {
                 "Why missed: the dead-shard moves reached {vs_same:.2} of the raw rate at the same concurrency. The apiserver, etcd, the reconciler and the shards share this machine's 2 cores, and the moves carry the list of the dead shard's objects (a label-selected list from etcd reads the whole namespace): `docs/performance-notes.md` (rebalancing and crashes part by part).\n"
             );
         }
-        let Some(c) = r.median_crash() else {
-            return;
-        };
-        let _ = writeln!(
-            out,
-            "The median crash ({}), its timeline (seconds from the crash):\n",
-            c.shard
-        );
-        render_timeline(out, &c.timeline);
     }
 
     fn render_ring(&self, out: &mut String) {
@@ -954,7 +931,6 @@ impl Report {
     }
 }
 
-/// The timeline table of one run.
 impl Report {
     fn render_node(&self, out: &mut String) {
         let _ = writeln!(out, "## 7. The chart's pods on a real node\n");
@@ -1074,16 +1050,4 @@ impl Report {
             );
         }
     }
-}
-
-fn render_timeline(out: &mut String, timeline: &crate::timeline::Timeline) {
-    let rows = timeline.spans.iter().map(|span| {
-        vec![
-            span.what.to_string(),
-            span.count.to_string(),
-            format!("{:.3}", span.from),
-            format!("{:.3}", span.to),
-        ]
-    });
-    let _ = writeln!(out, "{}", table(&["what", "count", "from s", "to s"], rows));
 }

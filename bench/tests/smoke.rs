@@ -78,7 +78,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| crash-2 | ",
         "| writes per dead-shard move, every crash | ",
         "| dead-shard moves/s vs raw PATCH/s at ",
-        "The median crash (crash-",
+        "Raw PATCHes right after the median round (round 1):",
         "| kube-apiserver | ",
         "| 50 | ",
         "| 1 | floor | ",
