@@ -127,6 +127,18 @@ impl Test {
         self.reconcilers.push(reconciler);
     }
 
+    /// The ring with Leases of `shards` held for an hour, the webhook and a reconciler, once
+    /// the webhook assigns objects.
+    async fn start_ring(&mut self, shards: &[&str]) {
+        self.create_ring().await;
+        for shard in shards {
+            self.add_shard_lease(shard, 3600).await;
+        }
+        self.start_webhook().await;
+        self.start_reconciler().await;
+        self.wait_until_webhook_assigns().await;
+    }
+
     fn reconciler_log(&self, i: usize) -> String {
         self.world.log(&format!("reconciler-{i}"))
     }

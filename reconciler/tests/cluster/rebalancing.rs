@@ -30,13 +30,7 @@ use crate::{Test, WAIT};
 #[tokio::test]
 async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_written() {
     let mut w = Test::new("scaleout").await;
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b", "shard-c"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_webhook_assigns().await;
+    w.start_ring(&["shard-a", "shard-b", "shard-c"]).await;
     w.create_objects(150).await;
 
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
@@ -330,13 +324,7 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
 async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_again() {
     const REFUSE: &str = "sharder-test/refuse-updates";
     let mut w = Test::new("failedchild").await;
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_webhook_assigns().await;
+    w.start_ring(&["shard-a", "shard-b"]).await;
     w.create_objects(40).await;
 
     // From now on the apiserver refuses every UPDATE of the children.
@@ -607,11 +595,7 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
 #[tokio::test]
 async fn a_shard_name_in_two_namespaces_stops_rebalancing_until_it_is_resolved() {
     let mut w = Test::new("conflict").await;
-    w.create_ring().await;
-    w.add_shard_lease("shard-a", 3600).await;
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_webhook_assigns().await;
+    w.start_ring(&["shard-a"]).await;
     w.create_objects(40).await;
     let rings = Api::<ClusterRing>::all(w.client.clone());
     let ready = |ring: &ClusterRing| {
@@ -1166,13 +1150,7 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
             .await
             .expect("create");
     }
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_webhook_assigns().await;
+    w.start_ring(&["shard-a", "shard-b"]).await;
     w.create_objects(20).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     eventually("settled", WAIT, || w.settled(&two)).await;
