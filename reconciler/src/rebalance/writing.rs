@@ -72,13 +72,24 @@ pub(super) enum Written {
     Abandoned,
 }
 
-/// A failed write of `meta` (named `name`) of `target`: see [`Written::Failed`].
-fn failed(target: &Target, meta: &ObjectMeta, name: String) -> Written {
-    Written::Failed((target.role == Role::Controlled).then(|| ObjectId {
-        resource: target.resource.clone(),
-        namespace: meta.namespace.clone(),
-        name,
-    }))
+/// A failed write of `meta` (named `name`) of `target`: see [`Written::Failed`]. A controlled
+/// object is remembered unless the apiserver refused the write for good (`permanent`): trying
+/// it again at every drain check would only repeat the refusal; the next full list does.
+fn failed(target: &Target, meta: &ObjectMeta, name: String, permanent: bool) -> Written {
+    Written::Failed(
+        (target.role == Role::Controlled && !permanent).then(|| ObjectId {
+            resource: target.resource.clone(),
+            namespace: meta.namespace.clone(),
+            name,
+        }),
+    )
+}
+
+/// Whether `error` refuses a write for good: forbidden (RBAC), invalid or malformed. Anything
+/// else (the apiserver unreachable, restarting, overloaded past the retries, a conflict past
+/// its retries) may go through the next time.
+fn permanent(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422))
 }
 
 /// What one object needs.
@@ -288,7 +299,7 @@ impl Rebalancer {
                     let Some(delay) = conflicts.next() else {
                         warn!(object = %display_name(&meta), "move still conflicting after retries");
                         self.count_failure(view, target, "conflict");
-                        return failed(target, &meta, name);
+                        return failed(target, &meta, name, false);
                     };
                     tokio::time::sleep(delay).await;
                     meta = match api.get_metadata_opt(&name).await {
@@ -297,14 +308,14 @@ impl Rebalancer {
                         Err(e) => {
                             warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
                             self.count_failure(view, target, "error");
-                            return failed(target, &meta, name);
+                            return failed(target, &meta, name, permanent(&e));
                         }
                     };
                 }
                 Err(e) => {
                     warn!(object = %display_name(&meta), error = %e, "move failed");
                     self.count_failure(view, target, "error");
-                    return failed(target, &meta, name);
+                    return failed(target, &meta, name, permanent(&e));
                 }
             }
         }
@@ -380,4 +391,29 @@ pub(super) async fn merge_patch(
         .request::<serde::de::IgnoredAny>(request)
         .await
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    fn refused(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(Status {
+            code,
+            ..Status::default()
+        }))
+    }
+
+    #[test]
+    fn only_a_forbidden_invalid_or_malformed_write_is_refused_for_good() {
+        for code in [400, 403, 422] {
+            assert!(permanent(&refused(code)), "{code}");
+        }
+        for code in [404, 409, 429, 500, 503, 504] {
+            assert!(!permanent(&refused(code)), "{code}");
+        }
+        assert!(!permanent(&kube::Error::Service("write timed out".into())));
+    }
 }
