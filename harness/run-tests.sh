@@ -25,25 +25,22 @@ python3 - "$plan" <<'EOF'
 import json, os, sys
 
 plan = sys.argv[1]
-binaries = []
+binaries = []  # (name as "<package folder>:<target>", package folder, executable)
 for line in open(os.path.join(plan, "build.json")):
     message = json.loads(line)
-    if message.get("reason") != "compiler-artifact" or not message.get("executable"):
-        continue
-    if not message.get("profile", {}).get("test"):
-        continue
-    package = os.path.dirname(message["manifest_path"])
-    target = message["target"]
-    name = f"{os.path.basename(package)}:{target['name']}"
-    binaries.append((os.path.basename(package), target["name"], package, message["executable"], name))
-binaries.sort(key=lambda b: (b[0], b[1]))
-e2e = [b for b in binaries if b[0] == "tests"]
-crates = [b for b in binaries if b[0] != "tests"]
-crates.sort(key=lambda b: (b[0], b[1]) == ("bench", "smoke"))
-for lane, items in (("e2e", e2e), ("crates", crates)):
+    if message.get("reason") == "compiler-artifact" and message.get("executable") \
+            and message["profile"]["test"]:
+        package = os.path.dirname(message["manifest_path"])
+        name = f"{os.path.basename(package)}:{message['target']['name']}"
+        binaries.append((name, package, message["executable"]))
+# By name, the bench smoke test last (sort is stable).
+binaries.sort()
+binaries.sort(key=lambda b: b[0] == "bench:smoke")
+for lane, e2e in (("e2e", True), ("crates", False)):
     with open(os.path.join(plan, lane), "w") as out:
-        for _, _, package, executable, name in items:
-            out.write(f"{package}\t{executable}\t{name}\n")
+        for name, package, executable in binaries:
+            if name.startswith("tests:") == e2e:
+                out.write(f"{package}\t{executable}\t{name}\n")
 EOF
 
 # Runs the binaries of lane file $1 one after another; a failed one is noted in $plan/failed.

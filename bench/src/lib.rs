@@ -36,9 +36,9 @@ pub mod report;
 pub mod ring_balance;
 pub mod rolling;
 pub mod stats;
-pub mod timeline;
 pub mod tracker;
 pub mod webhooks;
+pub mod writes;
 
 /// `--max-concurrent-writes` of the reconciler in the moving benchmarks: twice the reconciler's
 /// default (64); what 128 buys in speed and costs in memory is in `docs/performance-notes.md`

@@ -33,9 +33,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::stats::{median, median_item};
-use crate::timeline::Writes;
 use crate::tracker::{Alarm, Tracker};
 use crate::webhooks::Webhooks;
+use crate::writes::{Writes, count_by};
 use crate::{Args, Error, RingSetup, start_reconciler, wait_first_rebalance};
 
 /// The raw PATCH baseline at one concurrency.
@@ -133,8 +133,6 @@ pub struct Crash {
     pub shard: String,
     /// Its objects.
     pub objects: usize,
-    /// Reconciler writes to them.
-    pub writes: usize,
     /// From the crash until every object of the crashed shard was reassigned.
     pub recovery: Duration,
     /// The reconciler's writes moving them.
@@ -332,14 +330,6 @@ pub(crate) async fn start_moving_reconciler(
     Ok(reconciler)
 }
 
-/// Writes to the namespace's Secrets by `user` among `events`.
-pub(crate) fn writes_by(events: &[serde_json::Value], ns: &str, user: &str) -> usize {
-    events
-        .iter()
-        .filter(|e| crate::timeline::is_write_by(e, ns, user))
-        .count()
-}
-
 /// Concurrencies of the raw PATCH baseline.
 pub const RAW_CONCURRENCIES: [usize; 4] = [16, 32, 64, 128];
 
@@ -482,10 +472,10 @@ impl Bench<'_> {
         let recovery = converged - crashed;
         let events = settled_audit(self.cp, mark).await;
         let moves = Writes::of(start, &events, &self.setup.ns, &[&self.reconciler_user]);
-        let writes = writes_by(&events, &self.setup.ns, &self.reconciler_user);
         eprintln!(
-            "[bench]   crash {number}: {objects} objects of {name} reassigned {recovery:?} after the crash (lease {:?}), {writes} writes, {:.0}/s from the first to the last, {:.1} in flight",
+            "[bench]   crash {number}: {objects} objects of {name} reassigned {recovery:?} after the crash (lease {:?}), {} writes, {:.0}/s from the first to the last, {:.1} in flight",
             self.lease,
+            moves.count,
             moves.rate(),
             moves.in_flight(),
         );
@@ -498,7 +488,6 @@ impl Bench<'_> {
         Ok(Crash {
             shard: name,
             objects,
-            writes,
             recovery,
             moves,
             raw,
@@ -557,8 +546,8 @@ impl Bench<'_> {
             .keys()
             .filter(|k| before.get(*k) != after.get(*k))
             .count();
-        let reconciler_writes = writes_by(&events, &self.setup.ns, &self.reconciler_user);
-        let shard_writes = writes_by(&events, &self.setup.ns, &self.shard_user);
+        let reconciler_writes = count_by(&events, &self.setup.ns, &self.reconciler_user);
+        let shard_writes = count_by(&events, &self.setup.ns, &self.shard_user);
         eprintln!(
             "[bench]   round {number}: {moved} of {} moved in {wall:?}; {reconciler_writes} reconciler + {shard_writes} shard writes; {:.0} writes/s from the first to the last, {:.1} in flight",
             after.len(),
@@ -690,7 +679,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timeline::Writes;
 
     fn raw(concurrency: usize, per_second: f64) -> RawPatches {
         RawPatches {
@@ -706,7 +694,6 @@ mod tests {
         Crash {
             shard: format!("crash-{moves}"),
             objects: moves,
-            writes: moves,
             recovery: Duration::from_secs(21),
             moves: Writes {
                 count: moves,

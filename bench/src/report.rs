@@ -817,7 +817,7 @@ impl Report {
                     c.objects.to_string(),
                     format!("{:.2}", c.recovery.as_secs_f64()),
                     format!("{:.2}", c.bound(r.lease, raw)),
-                    c.writes.to_string(),
+                    c.moves.count.to_string(),
                     format!("{:.0}", c.moves.rate()),
                     format!("{:.1}", c.moves.in_flight()),
                     format!(
@@ -837,7 +837,7 @@ impl Report {
             .count();
         let margin =
             r.crash_median(|c| c.bound(r.lease, c.raw_beside()) - c.recovery.as_secs_f64());
-        let exact = r.crashes.iter().all(|c| c.writes == c.objects);
+        let exact = r.crashes.iter().all(|c| c.moves.count == c.objects);
         // The goal: against raw PATCHes at the reconciler's own concurrency right after.
         let vs_same = r.crash_median(|c| c.ratio(RawPatches::rate_at(&c.raw, r.concurrency)));
         out.push('\n');

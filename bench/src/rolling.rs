@@ -11,9 +11,7 @@ use sharder_common::Ring;
 use sharder_harness::ControlPlane;
 use sharder_sdk::lease::OnStop;
 
-use crate::rebalance::{
-    Accounts, BenchShard, start_moving_reconciler, start_shard, wait_ready, writes_by,
-};
+use crate::rebalance::{Accounts, BenchShard, start_moving_reconciler, start_shard, wait_ready};
 use crate::tracker::{Alarm, Tracker};
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup};
@@ -174,8 +172,8 @@ pub async fn run(
         let roll = Roll {
             mode,
             moves,
-            reconciler_writes: writes_by(&events, &setup.ns, &reconciler_user),
-            shard_writes: writes_by(&events, &setup.ns, &shard_user),
+            reconciler_writes: crate::writes::count_by(&events, &setup.ns, &reconciler_user),
+            shard_writes: crate::writes::count_by(&events, &setup.ns, &shard_user),
             wall,
         };
         eprintln!(

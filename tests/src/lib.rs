@@ -12,5 +12,6 @@ pub mod system;
 /// CREATE to the end of its rolling update (a write guard): on 2 cores, kubelet and containerd
 /// starved by the parallel process tests replaced a shard pod more slowly than its Lease allows,
 /// which turns a rolling update into moves (docs/performance-notes.md, "Real node"). Fair: tests
-/// asking after the journey wait for it.
+/// asking after the journey wait for it. This holds within the e2e binary only: `make test`
+/// runs the other crates' test binaries beside it (`harness/run-tests.sh`).
 pub static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());

@@ -1054,9 +1054,8 @@ async fn create_ring_of_two_shards(w: &Test, ring: &ClusterRing) -> Ring {
 /// (60 s by default) by closing the connection, and a page whose reading waited on the writes
 /// would be cut off mid-way once it no longer fits the sockets' buffers. Here the apiserver
 /// allows 6 s, the page holds about 30 MB (objects with big annotations, which a metadata list
-/// carries; its apiserver sends it in about 0.4 s on an idle machine, and took over 2 s beside
-/// the other tests), and the reconciler writes 10 objects a second, 2 at a time: its 200
-/// objects take 20 s.
+/// carries; sending it takes well under that even on a busy machine), and the reconciler
+/// writes 10 objects a second, 2 at a time: its 200 objects take 20 s.
 #[tokio::test]
 async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
     const OBJECTS: usize = 200;

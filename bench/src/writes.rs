@@ -24,8 +24,13 @@ fn timestamp(value: &Value) -> Option<Timestamp> {
 }
 
 /// Whether audit event `e` is a write to `ns`'s Secrets by `user`.
-pub fn is_write_by(e: &Value, ns: &str, user: &str) -> bool {
+fn is_write_by(e: &Value, ns: &str, user: &str) -> bool {
     audited_write(e, ns, user).is_some_and(|(resource, _)| resource == "secrets")
+}
+
+/// How many writes to `ns`'s Secrets by `user` `audit` holds.
+pub fn count_by(audit: &[Value], ns: &str, user: &str) -> usize {
+    audit.iter().filter(|e| is_write_by(e, ns, user)).count()
 }
 
 impl Writes {
