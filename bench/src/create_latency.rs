@@ -1,9 +1,11 @@
-//! CREATE latency through kube-apiserver at a fixed rate, in interleaved rounds of: no webhook
-//! registered, the floor webhook registered, the sharder webhook registered (the same
+//! Section 1: CREATE latency through kube-apiserver at a fixed rate, in interleaved rounds of: no
+//! webhook registered, the floor webhook registered, the sharder webhook registered (the same
 //! MutatingWebhookConfiguration, only the URL differs); and for controlled objects (ConfigMaps
 //! with a controller Secret), no webhook and the sharder webhook, which reads each new child's
 //! owner so the child lands where the owner is held now.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -13,32 +15,35 @@ use kube::{Api, ResourceExt};
 use sharder_common::webhook_configuration::{
     WebhookSettings, WebhookTarget, webhook_configuration,
 };
-use sharder_common::{ClusterRing, Ring};
+use sharder_common::{ClusterRing, Ring, RingObject};
 use sharder_harness::ControlPlane;
 use sharder_harness::fixtures::{child_of, secret};
 
-use crate::stats::{median, ms, percentile};
+use crate::report::{goals, table};
+use crate::stats::{median_at, ms, percentile};
 use crate::webhooks::Webhooks;
 use crate::{Args, Error, RingSetup};
 
-/// What is registered during a round.
+/// What is registered during a round, and whether it creates controlled objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// No webhook configuration.
+enum Mode {
     None,
-    /// The floor webhook.
     Floor,
-    /// The sharder webhook.
     Sharder,
-    /// No webhook configuration, controlled objects created.
     NoneChild,
-    /// The sharder webhook, controlled objects created (it reads each one's owner).
     SharderChild,
 }
 
 impl Mode {
-    /// Its name in the report.
-    pub fn name(self) -> &'static str {
+    const ALL: [Self; 5] = [
+        Self::None,
+        Self::Floor,
+        Self::Sharder,
+        Self::NoneChild,
+        Self::SharderChild,
+    ];
+
+    fn name(self) -> &'static str {
         match self {
             Self::None => "no webhook",
             Self::Floor => "floor webhook",
@@ -48,64 +53,30 @@ impl Mode {
         }
     }
 
-    /// Whether the mode creates controlled objects.
-    pub fn children(self) -> bool {
+    fn children(self) -> bool {
         matches!(self, Self::NoneChild | Self::SharderChild)
     }
 
-    /// Every mode, in the order rounds run.
-    pub const ALL: [Mode; 5] = [
-        Self::None,
-        Self::Floor,
-        Self::Sharder,
-        Self::NoneChild,
-        Self::SharderChild,
-    ];
-}
+    /// The label the webhook of this mode puts on a created object (none: no label).
+    fn label(self, setup: &RingSetup) -> Option<String> {
+        match self {
+            Self::None | Self::NoneChild => None,
+            Self::Floor => Some("floor".into()),
+            Self::Sharder | Self::SharderChild => Some(setup.labels.shard.clone()),
+        }
+    }
 
-/// One round's latencies.
-#[derive(Clone, Debug)]
-pub struct Round {
-    /// Which mode.
-    pub mode: Mode,
-    /// Round number (1-based).
-    pub round: usize,
-    /// Percentiles.
-    pub p50: Duration,
-    /// 90th percentile.
-    pub p90: Duration,
-    /// 99th percentile.
-    pub p99: Duration,
-    /// Failed creates.
-    pub errors: usize,
-    /// Creates per second achieved.
-    pub achieved_rate: f64,
-}
-
-/// The benchmark's result.
-#[derive(Clone, Debug)]
-pub struct CreateLatency {
-    /// Every measured round, in order.
-    pub rounds: Vec<Round>,
-    /// Creates per round.
-    pub creates: usize,
-    /// Target rate.
-    pub rate: f64,
-}
-
-impl CreateLatency {
-    /// The median over rounds of a mode's percentile `f`, in ms.
-    pub fn median_ms(&self, mode: Mode, f: fn(&Round) -> Duration) -> f64 {
-        median(
-            self.rounds
-                .iter()
-                .filter(|r| r.mode == mode)
-                .map(|r| ms(f(r)))
-                .collect(),
-        )
+    /// The mode without a webhook that this one adds latency to.
+    fn base(self) -> Self {
+        if self.children() {
+            Self::NoneChild
+        } else {
+            Self::None
+        }
     }
 }
 
+/// Registers the webhook `mode` calls (or none) for the ring of `setup`.
 async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<(), Error> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(setup.client.clone());
     let name = sharder_common::RingId::cluster_ring(&setup.ns).configuration_name();
@@ -117,205 +88,201 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, mode: Mode) -> Result<
         Mode::Floor => format!("https://{}", webhooks.floor),
         Mode::Sharder | Mode::SharderChild => format!("https://{}", webhooks.sharder.addr),
     };
-    let ring = sharder_common::RingObject::cluster_ring(
-        Api::<ClusterRing>::all(setup.client.clone())
-            .get(&setup.ns)
-            .await?,
-    );
+    let ring = Api::<ClusterRing>::all(setup.client.clone())
+        .get(&setup.ns)
+        .await?;
+    let ring = RingObject::cluster_ring(ring);
     let roles = ring.roles().map_err(|e| Error::Setup(e.to_string()))?;
-    let mut mwc = webhook_configuration(
-        &ring,
-        &roles,
-        &WebhookSettings {
-            target: WebhookTarget::Url(url),
-            ca_bundle: webhooks.ca_pem.as_bytes().to_vec(),
-            timeout_seconds: 10,
-            namespace_selector: Default::default(),
-        },
-    );
+    let settings = WebhookSettings {
+        target: WebhookTarget::Url(url),
+        ca_bundle: webhooks.ca_pem.as_bytes().to_vec(),
+        timeout_seconds: 10,
+        namespace_selector: Default::default(),
+    };
+    let mut mwc = webhook_configuration(&ring, &roles, &settings);
     mwc.metadata.managed_fields = None;
-    api.patch(
-        &name,
-        &PatchParams::apply("sharder-bench").force(),
-        &Patch::Apply(&mwc),
-    )
-    .await?;
+    let apply = PatchParams::apply("sharder-bench").force();
+    api.patch(&name, &apply, &Patch::Apply(&mwc)).await?;
     Ok(())
 }
 
-/// The owners of the controlled objects the child rounds create.
-struct Owners(Vec<Secret>);
-
-impl Owners {
-    fn controlled(&self, name: String, i: usize) -> ConfigMap {
-        child_of(&self.0[i % self.0.len()], &name)
-    }
+/// Creates the objects of the rounds: Secrets, or ConfigMaps each controlled by one of the
+/// owners (Secrets already on their shards).
+#[derive(Clone)]
+struct Creator {
+    secrets: Api<Secret>,
+    configmaps: Api<ConfigMap>,
+    owners: Arc<[Secret]>,
 }
 
-/// Waits until creates see `mode` (probes labelled by the floor, by the sharder, or not at
-/// all).
-async fn wait_effective(setup: &RingSetup, owners: &Owners, mode: Mode) -> Result<(), Error> {
-    static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    for _ in 0..600 {
-        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let labels = if mode.children() {
-            setup
-                .configmaps()
-                .create(
-                    &PostParams::default(),
-                    &owners.controlled(format!("probe-{n}"), n),
-                )
-                .await?
-                .metadata
-                .labels
+impl Creator {
+    /// Creates object `name` of `mode` (a child of the owner `i` picks); the labels it came
+    /// back with.
+    async fn create(&self, mode: Mode, name: &str, i: usize) -> Result<Vec<String>, kube::Error> {
+        let post = PostParams::default();
+        let created = if mode.children() {
+            let child = child_of(&self.owners[i % self.owners.len()], name);
+            self.configmaps.create(&post, &child).await?.metadata
         } else {
-            setup
-                .secrets()
-                .create(&PostParams::default(), &secret(&format!("probe-{n}")))
-                .await?
-                .metadata
-                .labels
-        }
-        .unwrap_or_default();
-        let seen = if labels.contains_key("floor") {
-            Mode::Floor
-        } else if labels.contains_key(&setup.labels.shard) {
-            Mode::Sharder
-        } else {
-            Mode::None
+            self.secrets.create(&post, &secret(name)).await?.metadata
         };
-        let want = match mode {
-            Mode::NoneChild => Mode::None,
-            Mode::SharderChild => Mode::Sharder,
-            other => other,
-        };
-        if seen == want {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok(created.labels.unwrap_or_default().into_keys().collect())
     }
-    Err(Error::Setup(format!("{} never took effect", mode.name())))
-}
 
-async fn round(
-    setup: &RingSetup,
-    owners: &Owners,
-    mode: Mode,
-    round: usize,
-    n: usize,
-    rate: f64,
-    prefix: &str,
-) -> Round {
-    let (secrets, configmaps) = (setup.secrets(), setup.configmaps());
-    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        ticker.tick().await;
-        let name = format!("{prefix}-{round}-{i}");
-        let create = if mode.children() {
-            let (api, child) = (configmaps.clone(), owners.controlled(name, i));
-            tokio::spawn(async move {
+    /// Registers `mode`'s webhook and waits until creates see it (probes labelled by it, or
+    /// not at all).
+    async fn switch(
+        &self,
+        setup: &RingSetup,
+        webhooks: &Webhooks,
+        mode: Mode,
+    ) -> Result<(), Error> {
+        register(setup, webhooks, mode).await?;
+        let want = mode.label(setup);
+        let labels = [Mode::Floor, Mode::Sharder].map(|m| m.label(setup));
+        static PROBES: AtomicUsize = AtomicUsize::new(0);
+        for _ in 0..600 {
+            let n = PROBES.fetch_add(1, Ordering::Relaxed);
+            let name = format!("probe-{n}");
+            let created = self.create(mode, &name, n).await?;
+            if labels.iter().flatten().find(|l| created.contains(l)) == want.as_ref() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(Error::Setup(format!("{} never took effect", mode.name())))
+    }
+
+    /// One round of `n` creates at `rate`: p50, p90, p99 (ms), creates per second achieved and
+    /// failed creates.
+    async fn round(&self, mode: Mode, prefix: &str, n: usize, rate: f64) -> [f64; 5] {
+        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let started = Instant::now();
+        let mut tasks = Vec::with_capacity(n);
+        for i in 0..n {
+            ticker.tick().await;
+            let (creator, name) = (self.clone(), format!("{prefix}-{i}"));
+            tasks.push(tokio::spawn(async move {
                 let t = Instant::now();
-                let result = api.create(&PostParams::default(), &child).await;
-                (t.elapsed(), result.is_ok())
-            })
-        } else {
-            let (api, object) = (secrets.clone(), secret(&name));
-            tokio::spawn(async move {
-                let t = Instant::now();
-                let result = api.create(&PostParams::default(), &object).await;
-                (t.elapsed(), result.is_ok())
-            })
-        };
-        tasks.push(create);
-    }
-    let mut latencies = Vec::with_capacity(n);
-    let mut errors = 0;
-    for task in tasks {
-        match task.await {
-            Ok((latency, true)) => latencies.push(latency),
-            _ => errors += 1,
+                creator.create(mode, &name, i).await.map(|_| t.elapsed())
+            }));
         }
-    }
-    let achieved_rate = n as f64 / started.elapsed().as_secs_f64();
-    latencies.sort();
-    Round {
-        mode,
-        round,
-        p50: percentile(&latencies, 50.0),
-        p90: percentile(&latencies, 90.0),
-        p99: percentile(&latencies, 99.0),
-        errors,
-        achieved_rate,
+        let mut latencies = Vec::with_capacity(n);
+        for task in tasks {
+            if let Ok(Ok(latency)) = task.await {
+                latencies.push(latency);
+            }
+        }
+        let achieved = n as f64 / started.elapsed().as_secs_f64();
+        let errors = (n - latencies.len()) as f64;
+        latencies.sort();
+        let p = |q| ms(percentile(&latencies, q));
+        [p(50.0), p(90.0), p(99.0), achieved, errors]
     }
 }
 
-/// Runs the rounds: a warm-up per mode, then `args.rounds` rounds of each mode, interleaved.
-pub async fn run(
+/// Runs a warm-up per mode, then `args.rounds` rounds of each mode, interleaved; the section's
+/// text.
+pub(crate) async fn run(
     cp: &'static ControlPlane,
     webhooks: &Webhooks,
     args: &Args,
-) -> Result<CreateLatency, Error> {
+) -> Result<String, Error> {
     let setup = RingSetup::new(cp, "bench-create", true, 3).await?;
     // Ten owners, each already on the shard the ring picks (settled: the common case).
     let ring = Ring::new((0..3).map(|i| format!("shard-{i}")));
     setup.create_assigned(0..10, &ring).await?;
-    let owners = Owners(
-        setup
-            .secrets()
-            .list(&ListParams::default())
-            .await?
-            .items
+    let owners = setup.secrets().list(&ListParams::default()).await?.items;
+    let creator = Creator {
+        secrets: setup.secrets(),
+        configmaps: setup.configmaps(),
+        owners: owners
             .into_iter()
             .filter(|s| s.name_any().starts_with("object-"))
             .collect(),
-    );
-    let mut rounds = Vec::new();
+    };
     for mode in Mode::ALL {
-        register(&setup, webhooks, mode).await?;
-        wait_effective(&setup, &owners, mode).await?;
-        round(
-            &setup,
-            &owners,
-            mode,
-            0,
-            args.creates.min(100),
-            args.rate,
-            "warmup",
-        )
-        .await;
-    }
-    for r in 1..=args.rounds {
-        for mode in Mode::ALL {
-            register(&setup, webhooks, mode).await?;
-            wait_effective(&setup, &owners, mode).await?;
-            let result = round(
-                &setup,
-                &owners,
+        creator.switch(&setup, webhooks, mode).await?;
+        creator
+            .round(
                 mode,
-                r,
-                args.creates,
+                &format!("warmup-{mode:?}").to_lowercase(),
+                args.creates.min(100),
                 args.rate,
-                &format!("{mode:?}").to_lowercase(),
             )
             .await;
+    }
+    let mut rounds = Vec::new();
+    for r in 1..=args.rounds {
+        for mode in Mode::ALL {
+            creator.switch(&setup, webhooks, mode).await?;
+            let prefix = format!("{mode:?}-{r}").to_lowercase();
+            let figures = creator.round(mode, &prefix, args.creates, args.rate).await;
             eprintln!(
-                "[bench]   round {r} {}: p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms, {} errors",
+                "[bench]   round {r} {}: p50/p90/p99 {:.2}/{:.2}/{:.2} ms",
                 mode.name(),
-                ms(result.p50),
-                ms(result.p90),
-                ms(result.p99),
-                result.errors
+                figures[0],
+                figures[1],
+                figures[2]
             );
-            rounds.push(result);
+            rounds.push((mode, figures));
         }
     }
     register(&setup, webhooks, Mode::None).await?;
-    Ok(CreateLatency {
-        rounds,
-        creates: args.creates,
-        rate: args.rate,
-    })
+    Ok(markdown(&rounds, args))
+}
+
+/// The section's text from the rounds in the order run (mode, then p50/p90/p99 ms, achieved/s,
+/// errors).
+fn markdown(rounds: &[(Mode, [f64; 5])], args: &Args) -> String {
+    let mut out = format!(
+        "Secrets created through kube-apiserver at {}/s, {} per round, rounds interleaved: no webhook registered, the floor webhook (parses the review, answers a fixed one-label patch: the transport cost any webhook pays) and the sharder webhook, each its own process serving TLS on loopback, registered with the same MutatingWebhookConfiguration (only the URL differs). Then controlled objects (ConfigMaps with a controller Secret already on its shard) with no webhook and with the sharder webhook, which reads each new child's owner (one metadata GET) so the child lands on the shard holding the owner now, never ahead of it. Added latency: a main object's against no webhook, a child's against no webhook for children.\n\n",
+        args.rate, args.creates
+    );
+    out += &table(
+        "round | mode | p50 ms | p90 ms | p99 ms | achieved/s | errors",
+        rounds
+            .iter()
+            .enumerate()
+            .map(|(i, (m, [p50, p90, p99, rate, errors]))| {
+                let (r, m) = (i / Mode::ALL.len() + 1, m.name());
+                format!("{r} | {m} | {p50:.2} | {p90:.2} | {p99:.2} | {rate:.0} | {errors}")
+            }),
+    );
+    let median = |mode: Mode, i: usize| median_at(rounds, mode, i);
+    let added = |mode: Mode, i: usize| median(mode, i) - median(mode.base(), i);
+    out += &table(
+        "median over rounds | p50 ms | p90 ms | p99 ms | added p50 ms | added p90 ms",
+        Mode::ALL.map(|m| {
+            let (p50, p90, p99) = (median(m, 0), median(m, 1), median(m, 2));
+            format!(
+                "{} | {p50:.2} | {p90:.2} | {p99:.2} | {:+.2} | {:+.2}",
+                m.name(),
+                added(m, 0),
+                added(m, 1)
+            )
+        }),
+    );
+    let owner_read = added(Mode::SharderChild, 0) - added(Mode::Sharder, 0);
+    out += &format!(
+        "The owner read of a child costs {owner_read:+.2} ms at p50 (a child's added latency against a main object's).\n\n"
+    );
+    // A ratio of two small differences is meaningless when the floor adds ~nothing: the bound
+    // is the floor's added latency with a 0.1 ms allowance for timer resolution.
+    let bound = "<= 1.2x the floor's added + 0.1 ms (timer resolution)";
+    let goal = |what: &str, i: usize| {
+        let (sharder, floor) = (added(Mode::Sharder, i), added(Mode::Floor, i));
+        let figure = format!("{sharder:+.2} ms (floor {floor:+.2} ms)");
+        (
+            what.to_owned(),
+            figure,
+            bound,
+            sharder <= 1.2 * floor.max(0.0) + 0.1,
+        )
+    };
+    out + &goals(&[
+        goal("CREATE latency the sharder webhook adds, p50", 0),
+        goal("the same at p90", 1),
+    ])
 }

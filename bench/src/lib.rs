@@ -1,14 +1,13 @@
 //! The benchmark command (`make bench`): on the local control plane, measures side by side in
 //! one run the CREATE latency the webhook adds (against no webhook and a floor webhook), the
 //! webhook alone under load, the reconciler's memory against object count (against a
-//! metadata-cache baseline), the cost of rebalancing and of a shard crash, and the ring's
-//! lookup cost and balance, and the chart's pods on a real node (memory as kubelet counts it, the
-//! time from `helm install` to Ready); then writes a markdown report (`docs/benchmarks.md`).
+//! metadata-cache baseline), the cost of rebalancing, of shard crashes and of rolling updates,
+//! the ring's lookup cost and balance, the chart's pods on a real node, and what a quiet ring
+//! costs the control plane; then writes a markdown report (`docs/benchmarks.md`).
 //!
 //! Numbers are printed and written, never asserted: the goals are stated beside them.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -25,24 +24,24 @@ use sharder_harness::fixtures::secrets_ring;
 use sharder_harness::launch::{Env, Reconciler, ReconcilerFlags};
 use sharder_harness::world::World;
 
-pub mod create_latency;
+mod create_latency;
 pub mod floor;
-pub mod idle;
-pub mod load;
-pub mod memory;
-pub mod node;
-pub mod rebalance;
-pub mod report;
-pub mod ring_balance;
-pub mod rolling;
-pub mod stats;
-pub mod tracker;
-pub mod webhooks;
-pub mod writes;
+mod idle;
+mod load;
+mod memory;
+mod node;
+mod rebalance;
+mod report;
+mod ring_balance;
+mod rolling;
+mod stats;
+mod tracker;
+mod webhooks;
+mod writes;
 
-/// `--max-concurrent-writes` of the reconciler in the moving benchmarks: twice the reconciler's
-/// default (64); what 128 buys in speed and costs in memory is in `docs/performance-notes.md`
-/// (writes in flight). The memory section runs the reconciler at its default.
+/// `--max-concurrent-writes` of the reconciler in the moving benchmarks (twice its default of
+/// 64), and the concurrency of the raw PATCHes they are compared with. The memory section runs
+/// the reconciler at its default.
 pub const REBALANCE_CONCURRENCY: usize = 128;
 
 /// Flags of the benchmark command.
@@ -65,7 +64,7 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_RATE", default_value_t = 150.0)]
     pub rate: f64,
 
-    /// Rounds of each mode (no webhook, floor, sharder) in the CREATE latency benchmark.
+    /// Rounds of each mode in the CREATE latency benchmark.
     #[arg(long, env = "SHARDER_BENCH_ROUNDS", default_value_t = 5)]
     pub rounds: usize,
 
@@ -78,7 +77,7 @@ pub struct Args {
     )]
     pub sizes: Vec<usize>,
 
-    /// Objects of the rebalancing and crash benchmarks.
+    /// Objects of the rebalancing, crash and rolling update benchmarks.
     #[arg(
         long,
         env = "SHARDER_BENCH_REBALANCE_OBJECTS",
@@ -90,23 +89,12 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_REBALANCE_ROUNDS", default_value_t = 5)]
     pub rebalance_rounds: usize,
 
-    /// `--max-concurrent-writes` of the reconciler in the moving benchmarks (twice its
-    /// default: see [`REBALANCE_CONCURRENCY`]).
-    #[arg(long, env = "SHARDER_BENCH_REBALANCE_CONCURRENCY", default_value_t = REBALANCE_CONCURRENCY)]
-    pub rebalance_concurrency: usize,
-
-    /// Reconcile concurrency of the in-process shards' controllers (0: kube-runtime's default,
-    /// unbounded).
-    #[arg(long, env = "SHARDER_BENCH_SHARD_CONCURRENCY", default_value_t = 0)]
-    pub shard_concurrency: u16,
-
     /// Shard crashes after the rebalancing rounds (each a fresh shard that joins, takes its
     /// share and stops without releasing its Lease).
     #[arg(long, env = "SHARDER_BENCH_CRASHES", default_value_t = 5)]
     pub crashes: usize,
 
-    /// Shard Lease duration in the crash benchmark, in seconds (the bench's shards renew every
-    /// second, so at least 2).
+    /// Shard Lease duration of the moving benchmarks, in seconds (renewed every second).
     #[arg(long, env = "SHARDER_BENCH_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
     pub lease_seconds: u64,
 
@@ -124,45 +112,29 @@ pub struct Args {
     )]
     pub idle_sizes: Vec<usize>,
 
-    /// Seconds of each window of the idle cost section (the reconciler sweeps every second; the
-    /// reference's schedule is compressed so that 10 of its lists come in a window).
+    /// Seconds of each window of the idle cost section.
     #[arg(long, env = "SHARDER_BENCH_IDLE_WINDOW_SECONDS", default_value_t = 90)]
     pub idle_window_seconds: u64,
 
     /// Secrets of another ring, in a namespace of their own, in the cluster throughout the idle
-    /// cost section (a real cluster holds more than the ring: every list across the cluster
-    /// meets them).
+    /// cost section (lists across the cluster meet them).
     #[arg(long, env = "SHARDER_BENCH_IDLE_OTHERS", default_value_t = 10_000)]
     pub idle_others: usize,
 
-    /// How the webhook load section loads each server in-process.
-    #[command(flatten)]
-    pub load: load::LoadOptions,
+    /// Keep-alive connections of the in-process webhook load.
+    #[arg(long, env = "SHARDER_BENCH_LOAD_CONNECTIONS", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub load_connections: u64,
 
-    /// Seconds of load on each webhook process while its memory is read.
-    #[arg(long, env = "SHARDER_BENCH_LOAD_PROCESS_SECONDS", default_value_t = 10)]
-    pub load_process_seconds: u64,
+    /// Seconds per round of the in-process webhook load.
+    #[arg(long, env = "SHARDER_BENCH_LOAD_SECONDS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    pub load_seconds: u64,
 
-    /// `MALLOC_ARENA_MAX` for the webhook processes (the chart sets 2); 0 leaves glibc's default
-    /// (8 arenas per core).
-    #[arg(
-        long,
-        env = "SHARDER_BENCH_WEBHOOK_MALLOC_ARENA_MAX",
-        default_value_t = 2
-    )]
-    pub webhook_malloc_arena_max: u32,
-
-    /// `MALLOC_ARENA_MAX` for the reconciler processes (the chart sets 1); 0 leaves glibc's
-    /// default (8 arenas per core).
-    #[arg(
-        long,
-        env = "SHARDER_BENCH_RECONCILER_MALLOC_ARENA_MAX",
-        default_value_t = 1
-    )]
-    pub reconciler_malloc_arena_max: u32,
+    /// Rounds per server of the in-process webhook load.
+    #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub load_rounds: u64,
 
     /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "SHARDER_BENCH_CRITERION", default_value_t = true, action = clap::ArgAction::Set)]
     pub criterion: bool,
 
     /// The sections to run, comma-separated (the others are reported as not run).
@@ -177,7 +149,7 @@ pub struct Args {
 }
 
 /// One section of the report.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Section {
     /// 1. CREATE latency added by the webhook.
     Latency,
@@ -185,7 +157,7 @@ pub enum Section {
     Load,
     /// 3. Reconciler memory against object count.
     Memory,
-    /// 4-5. Rebalancing and a shard crash.
+    /// 4-5. Rebalancing and shard crashes.
     Rebalance,
     /// 5b. Rolling updates of the shards.
     Rolling,
@@ -197,9 +169,19 @@ pub enum Section {
     Idle,
 }
 
-impl Args {
-    fn runs(&self, section: Section) -> bool {
-        self.sections.contains(&section)
+impl Section {
+    /// The section's heading in the report.
+    pub fn heading(self) -> &'static str {
+        match self {
+            Self::Latency => "1. CREATE latency added by the webhook",
+            Self::Load => "2. The webhook alone under load",
+            Self::Memory => "3. Reconciler memory against object count",
+            Self::Rebalance => "4. Rebalancing 3 -> 4 shards",
+            Self::Rolling => "5b. A rolling update of the shards",
+            Self::Ring => "6. Ring",
+            Self::Node => "7. The chart's pods on a real node",
+            Self::Idle => "8. What a quiet ring costs the control plane",
+        }
     }
 }
 
@@ -238,16 +220,31 @@ impl Error {
     }
 }
 
-/// How long the removal of a benchmark's namespace may take (100 000 Secrets take minutes).
-pub const NAMESPACE_REMOVAL_TIMEOUT: Duration = Duration::from_secs(900);
-
-/// From how many objects on the removal of a benchmark's namespace is waited for (smaller ones
-/// are gone in moments).
-pub const WAIT_FOR_REMOVAL_FROM: usize = 10_000;
+/// The `MALLOC_ARENA_MAX` the chart's template `name` sets (the bench runs each process as the
+/// chart does), read from its text.
+fn chart_arena_max(name: &str) -> Result<u32, Error> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/sharder/templates")
+        .join(name);
+    let text = std::fs::read_to_string(&path).map_err(Error::io("read the chart's templates"))?;
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.contains("name: MALLOC_ARENA_MAX"));
+    lines
+        .nth(1)
+        .and_then(|v| {
+            v.trim()
+                .strip_prefix("value: ")?
+                .trim_matches('"')
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| Error::Setup(format!("{}: no MALLOC_ARENA_MAX value", path.display())))
+}
 
 /// One ring over Secrets of its own namespace (a harness [`World`]: the ring is named after the
 /// namespace and selects it), with shard Leases held for an hour.
-pub struct RingSetup(World);
+struct RingSetup(World);
 
 impl std::ops::Deref for RingSetup {
     type Target = World;
@@ -258,9 +255,9 @@ impl std::ops::Deref for RingSetup {
 }
 
 impl RingSetup {
-    /// A new namespace and ring; `controlled` adds ConfigMaps as controlled resources;
+    /// A new namespace and ring; `controlled` keeps ConfigMaps as controlled resources;
     /// `leases` shard Leases `shard-<i>` held for an hour.
-    pub async fn new(
+    async fn new(
         cp: &'static ControlPlane,
         prefix: &str,
         controlled: bool,
@@ -280,11 +277,10 @@ impl RingSetup {
         Ok(Self(world))
     }
 
-    /// Deletes the namespace and its ring; with `wait`, waits until the namespace is gone (the
-    /// namespace controller deletes its objects one by one: a later measurement must not share
-    /// the apiserver with the deletion of a big one); returns how long it took.
-    pub async fn remove(self, wait: bool) -> Result<Duration, Error> {
-        let started = Instant::now();
+    /// Deletes the namespace and its ring; with `wait`, waits (up to 15 minutes) until the
+    /// namespace is gone: the namespace controller deletes its objects one by one, and a later
+    /// measurement must not share the apiserver with the deletion of a big one.
+    async fn remove(self, wait: bool) -> Result<(), Error> {
         let namespaces = Api::<Namespace>::all(self.client.clone());
         let _ = Api::<ClusterRing>::all(self.client.clone())
             .delete(&self.ring, &DeleteParams::default())
@@ -292,44 +288,28 @@ impl RingSetup {
         namespaces
             .delete(&self.ns, &DeleteParams::default())
             .await?;
-        while wait && started.elapsed() < NAMESPACE_REMOVAL_TIMEOUT {
-            if namespaces.get_opt(&self.ns).await?.is_none() {
-                return Ok(started.elapsed());
+        let started = Instant::now();
+        while wait && namespaces.get_opt(&self.ns).await?.is_some() {
+            if started.elapsed() > Duration::from_secs(900) {
+                return Err(Error::Setup(format!("namespace {} still there", self.ns)));
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        if !wait {
-            return Ok(started.elapsed());
-        }
-        Err(Error::Setup(format!(
-            "namespace {} still there {NAMESPACE_REMOVAL_TIMEOUT:?} after its deletion",
-            self.ns
-        )))
-    }
-
-    /// Creates Secrets `object-<i>` for `range`, each already labelled with its shard on
-    /// `ring` (so no write is needed to assign them), 64 in flight; returns creates per second.
-    pub async fn create_assigned(
-        &self,
-        range: std::ops::Range<usize>,
-        ring: &Ring,
-    ) -> Result<f64, Error> {
-        Ok(self.create(range, Some(ring)).await?.0)
+        Ok(())
     }
 
     /// Creates Secrets `object-<i>` for `range`, 64 in flight, labelled with their shard on
     /// `ring` or (`None`) left to the webhook; creates per second and how many came back from
     /// the CREATE without a shard label.
-    pub async fn create(
+    async fn create(
         &self,
         range: std::ops::Range<usize>,
         ring: Option<&Ring>,
     ) -> Result<(f64, usize), Error> {
         let started = Instant::now();
         let n = range.len();
-        let api = self.secrets();
-        let shard_label = &self.labels.shard;
-        let created = futures::stream::iter(range)
+        let (api, shard_label) = (self.secrets(), &self.labels.shard);
+        let unassigned = futures::stream::iter(range)
             .map(|i| {
                 let name = format!("object-{i}");
                 let labels = ring.map(|ring| {
@@ -347,47 +327,88 @@ impl RingSetup {
                 };
                 let api = api.clone();
                 async move {
-                    api.create(&PostParams::default(), &secret)
-                        .await
-                        .map(|created| created.labels().contains_key(shard_label))
+                    let created = api.create(&PostParams::default(), &secret).await?;
+                    Ok::<_, kube::Error>(usize::from(!created.labels().contains_key(shard_label)))
                 }
             })
             .buffer_unordered(64)
-            .try_collect::<Vec<bool>>()
+            .try_fold(0, |sum, unassigned| async move { Ok(sum + unassigned) })
             .await?;
-        let unassigned = created.iter().filter(|assigned| !**assigned).count();
         Ok((n as f64 / started.elapsed().as_secs_f64(), unassigned))
     }
 
-    /// Lists the Secrets `selector` selects (every one: `None`), metadata only and 500 to a
-    /// page as the reconciler does, handing each to `each`.
-    async fn each_secret(
+    /// Creates Secrets `object-<i>` for `range`, each already labelled with its shard on
+    /// `ring` (no write is needed to assign them); creates per second.
+    async fn create_assigned(
         &self,
-        selector: Option<&str>,
-        each: impl FnMut(&PartialObjectMeta<Secret>),
-    ) -> Result<(), Error> {
-        each_metadata(&self.secrets(), selector, each).await
+        range: std::ops::Range<usize>,
+        ring: &Ring,
+    ) -> Result<f64, Error> {
+        let (rate, _) = self.create(range, Some(ring)).await?;
+        eprintln!("[bench]   objects created in {} ({rate:.0}/s)", self.ns);
+        Ok(rate)
     }
 
-    /// Name -> shard label of every Secret (metadata list, paginated).
-    pub async fn assignment(&self) -> Result<Vec<(String, Option<String>, bool)>, Error> {
+    /// Name, shard label and whether draining, of every Secret (metadata list, paginated).
+    async fn assignment(&self) -> Result<Vec<(String, Option<String>, bool)>, Error> {
         let mut all = Vec::new();
-        self.each_secret(None, |object| {
+        each_metadata(&self.secrets(), None, |object| {
             let labels = object.labels();
+            let shard = labels.get(&self.labels.shard).cloned();
             all.push((
                 object.name_any(),
-                labels.get(&self.labels.shard).cloned(),
+                shard,
                 labels.contains_key(&self.labels.drain),
             ));
         })
         .await?;
         Ok(all)
     }
+
+    /// Starts a reconciler for this ring (leader election in its namespace) with `kubeconfig`,
+    /// calling `webhooks`' sharder webhook, plus `extra` flags, `MALLOC_ARENA_MAX` as the chart
+    /// sets; returns once its first full rebalance of the ring's `n` objects is done.
+    async fn start_reconciler(
+        &self,
+        dir: &Path,
+        kubeconfig: &Path,
+        webhooks: &webhooks::Webhooks,
+        extra: &[&str],
+        n: usize,
+    ) -> Result<Reconciler, Error> {
+        let arenas = chart_arena_max("reconciler.yaml")?.to_string();
+        let env = Env::new(dir, kubeconfig).var("MALLOC_ARENA_MAX", &arenas);
+        let flags = ReconcilerFlags {
+            namespace: self.ns.clone(),
+            identity: "bench".into(),
+            webhook_url: format!("https://{}", webhooks.sharder.addr),
+            ca_file: webhooks.ca_file.clone(),
+            ring_selector: format!("{NAMESPACE_LABEL}={}", self.ns),
+            // The bench's ring selects its namespace, which is also the reconciler's.
+            extra: ["--namespace-selector", "{}"]
+                .iter()
+                .chain(extra)
+                .map(|s| (*s).to_owned())
+                .collect(),
+        };
+        let mut reconciler =
+            Reconciler::start(&format!("reconciler-{}", self.ns), &env, &flags).await?;
+        reconciler
+            .process
+            .wait_for(
+                "the first full rebalance",
+                0,
+                Duration::from_secs(600),
+                |l| rebalanced(l, n),
+            )
+            .await?;
+        Ok(reconciler)
+    }
 }
 
 /// Lists the objects of `api` that `selector` selects (every one: `None`), metadata only and
 /// 500 to a page as the reconciler does, handing each to `each`.
-pub async fn each_metadata<K>(
+async fn each_metadata<K>(
     api: &Api<K>,
     selector: Option<&str>,
     mut each: impl FnMut(&PartialObjectMeta<K>),
@@ -409,119 +430,48 @@ where
     }
 }
 
-/// `env` with `MALLOC_ARENA_MAX` set to `malloc_arena_max` (0: glibc's default), as the chart
-/// sets it for the webhook and the reconciler.
-pub fn with_arena_max(env: Env, malloc_arena_max: u32) -> Env {
-    if malloc_arena_max > 0 {
-        env.var("MALLOC_ARENA_MAX", &malloc_arena_max.to_string())
-    } else {
-        env
-    }
-}
-
-/// Starts a reconciler (`name`, logs in `dir`) for the ring of `setup` (leader election in its
-/// namespace) with `kubeconfig`, calling `webhooks`' sharder webhook, plus `extra` flags;
-/// `MALLOC_ARENA_MAX` as given (0: glibc's default).
-pub async fn start_reconciler(
-    setup: &RingSetup,
-    dir: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    webhooks: &webhooks::Webhooks,
-    extra: &[&str],
-    malloc_arena_max: u32,
-) -> Result<Reconciler, Error> {
-    let env = with_arena_max(Env::new(dir, kubeconfig), malloc_arena_max);
-    let flags = ReconcilerFlags {
-        namespace: setup.ns.clone(),
-        identity: "bench".into(),
-        webhook_url: format!("https://{}", webhooks.sharder.addr),
-        ca_file: webhooks.ca_file.clone(),
-        ring_selector: format!("{NAMESPACE_LABEL}={}", setup.ns),
-        // The bench's ring selects its namespace, which is also the reconciler's.
-        extra: ["--namespace-selector", "{}"]
-            .iter()
-            .chain(extra)
-            .map(|s| (*s).to_owned())
-            .collect(),
-    };
-    Ok(Reconciler::start(&format!("reconciler-{}", setup.ns), &env, &flags).await?)
-}
-
-/// Waits for the reconciler's first full rebalance of the ring's `n` objects; returns its
-/// summary line.
-pub async fn wait_first_rebalance(reconciler: &mut Reconciler, n: usize) -> Result<Value, Error> {
-    Ok(reconciler
-        .process
-        .wait_for(
-            "the first full rebalance",
-            0,
-            Duration::from_secs(600),
-            |l| rebalanced(l, n),
-        )
-        .await?)
-}
-
-/// Whether `line` is a rebalance summary that listed at least `n` objects.
-pub fn rebalanced(line: &Value, n: usize) -> bool {
+/// Whether `line` of the reconciler's log is a rebalance summary that listed at least `n`
+/// objects.
+fn rebalanced(line: &Value, n: usize) -> bool {
     line["message"] == "rebalance" && line["listed"].as_u64().unwrap_or(0) >= n as u64
 }
 
-/// Runs every benchmark and writes the report.
+/// Runs the sections `args` names and writes the report.
 pub async fn run(args: Args) -> Result<(), Error> {
     let started = Instant::now();
     let cp = ControlPlane::shared().await?;
     sharder_harness::crd::install_ring_crds(&cp.client().await?).await?;
-    eprintln!("[bench] control plane up; starting the webhooks");
-    let webhooks = webhooks::start(cp, args.webhook_malloc_arena_max).await?;
-    let mut report = report::Report::new(&args, cp);
-    if args.runs(Section::Latency) {
-        eprintln!("[bench] 1/8 CREATE latency through the apiserver");
-        report.create_latency = Some(create_latency::run(cp, &webhooks, &args).await?);
-    }
-    if args.runs(Section::Load) {
-        eprintln!("[bench] 2/8 webhook alone under load");
-        report.load = load_bench(&args);
-        let setup = RingSetup::new(cp, "bench-load", false, 3).await?;
-        report.load_processes = load::processes_under_load(
-            &webhooks,
-            &setup.ns,
-            Duration::from_secs(args.load_process_seconds),
-        )
-        .await?;
-        setup.remove(false).await?;
-    }
-    if args.runs(Section::Rebalance) {
-        eprintln!("[bench] 4-5/8 rebalancing and a shard crash");
-        report.rebalance = Some(rebalance::run(cp, &webhooks, &args).await?);
-    }
-    if args.runs(Section::Rolling) {
-        eprintln!("[bench] 5b/8 rolling updates of the shards, three ways");
-        report.rolling = Some(rolling::run(cp, &webhooks, &args).await?);
-    }
-    if args.runs(Section::Ring) {
-        eprintln!("[bench] 6/8 ring");
-        report.ring = Some(ring_balance::run(args.criterion));
-    }
-    if args.runs(Section::Idle) {
-        eprintln!("[bench] 8/8 what a quiet ring costs the apiserver and etcd");
-        report.idle = idle::run(cp, &webhooks, &args).await?;
-    }
-    if args.runs(Section::Node) {
-        eprintln!("[bench] 7/8 the chart's pods on a real node");
-        report.node = Some(
-            node::run(args.node_objects)
+    let webhooks = webhooks::start(cp).await?;
+    let mut texts = std::collections::BTreeMap::new();
+    // The node before the memory section: the largest size's namespace is left to the
+    // control plane's end (deleting 300k objects takes longer than measuring them).
+    let order = [
+        Section::Latency,
+        Section::Load,
+        Section::Rebalance,
+        Section::Rolling,
+        Section::Ring,
+        Section::Idle,
+        Section::Node,
+        Section::Memory,
+    ];
+    for section in order.into_iter().filter(|s| args.sections.contains(s)) {
+        eprintln!("[bench] {}", section.heading());
+        let text = match section {
+            Section::Latency => create_latency::run(cp, &webhooks, &args).await?,
+            Section::Load => load::run(&args).await?,
+            Section::Memory => memory::run(cp, &webhooks, &args).await?,
+            Section::Rebalance => rebalance::run(cp, &webhooks, &args).await?,
+            Section::Rolling => rolling::run(cp, &webhooks, &args).await?,
+            Section::Ring => ring_balance::run(args.criterion),
+            Section::Node => node::run(args.node_objects)
                 .await
-                .map_err(|e| e.to_string()),
-        );
+                .unwrap_or_else(|e| format!("Could not run: {e}\n\n")),
+            Section::Idle => idle::run(cp, &webhooks, &args).await?,
+        };
+        texts.insert(section, text);
     }
-    // Last: the largest size's namespace is left to the control plane's end (deleting 300k
-    // objects takes the namespace controller longer than measuring them).
-    if args.runs(Section::Memory) {
-        eprintln!("[bench] 3/8 reconciler memory");
-        report.memory = memory::run(cp, &webhooks, &args).await?;
-    }
-    report.duration = started.elapsed();
-    let text = report.render();
+    let text = report::render(&args, cp, started.elapsed(), &texts);
     if let Some(parent) = args.output.parent() {
         std::fs::create_dir_all(parent).map_err(Error::io("create the report folder"))?;
     }
@@ -531,61 +481,11 @@ pub async fn run(args: Args) -> Result<(), Error> {
     Ok(())
 }
 
-/// Runs `cargo bench -p <package> --bench <bench> -- <args>`; its stdout, or why not.
-pub fn cargo_bench(package: &str, bench: &str, args: &str) -> Result<String, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let output = Command::new(cargo)
-        .args(["bench", "--locked", "--manifest-path"])
-        .arg(manifest)
-        .args(["-p", package, "--bench", bench, "--"])
-        .args(args.split_whitespace())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot run cargo bench: {e}"))?;
-    if !output.status.success() {
-        return Err(format!("cargo bench -p {package} --bench {bench} failed"));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-fn load_bench(args: &Args) -> Option<Result<load::LoadRun, String>> {
-    (args.load.rounds > 0).then(|| load::run_in_process(args.load).map_err(|e| e.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
-    use clap::Parser as _;
-
-    use super::Args;
-
-    /// The `MALLOC_ARENA_MAX` the chart's template `name` sets, read from its text.
-    fn chart_arena_max(name: &str) -> u32 {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../charts/sharder/templates")
-            .join(name);
-        let text = std::fs::read_to_string(&path).expect("the chart's template");
-        let mut lines = text
-            .lines()
-            .skip_while(|l| !l.contains("name: MALLOC_ARENA_MAX"));
-        let value = lines.nth(1).expect("a value under MALLOC_ARENA_MAX");
-        value
-            .trim()
-            .strip_prefix("value: ")
-            .and_then(|v| v.trim_matches('"').parse().ok())
-            .unwrap_or_else(|| panic!("{}: MALLOC_ARENA_MAX is {value:?}", path.display()))
-    }
-
     #[test]
-    fn the_bench_runs_each_process_with_the_malloc_arenas_the_chart_sets() {
-        let args = Args::try_parse_from(["sharder-bench"]).expect("the defaults parse");
-        assert_eq!(
-            args.reconciler_malloc_arena_max,
-            chart_arena_max("reconciler.yaml")
-        );
-        assert_eq!(
-            args.webhook_malloc_arena_max,
-            chart_arena_max("webhook.yaml")
-        );
+    fn the_chart_sets_the_malloc_arenas_the_bench_runs_each_process_with() {
+        assert_eq!(super::chart_arena_max("reconciler.yaml").ok(), Some(1));
+        assert_eq!(super::chart_arena_max("webhook.yaml").ok(), Some(2));
     }
 }

@@ -8,10 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use sharder_common::Ring;
 use sharder_harness::node::Node;
 use sharder_harness::node::chart::{
@@ -20,56 +17,12 @@ use sharder_harness::node::chart::{
 };
 use sharder_harness::world::World;
 
+use crate::report::table;
+use crate::stats::mib;
 use crate::{Error, RingSetup, each_metadata};
 
 /// How long each step may take.
 const TIMEOUT: Duration = Duration::from_secs(900);
-
-/// One pod's memory, in KiB.
-#[derive(Clone, Debug)]
-pub struct PodRow {
-    /// The pod.
-    pub pod: String,
-    /// What it runs: webhook, reconciler (leader or standby), shard.
-    pub role: String,
-    /// Working set once every object is on its shard (`None`: the pod came with the scale-out).
-    pub steady: Option<u64>,
-    /// Working set after the scale-out's moves.
-    pub after_scale_out: u64,
-    /// Highest working set sampled (every second, from the install on).
-    pub peak: u64,
-    /// The cgroup's own peak usage (page cache included), if the kernel keeps it.
-    pub max_usage: Option<u64>,
-    /// The process's resident set after the scale-out (`VmRSS`).
-    pub rss: u64,
-    /// Its anonymous part (`RssAnon`).
-    pub rss_anon: u64,
-    /// The process's peak resident set (`VmHWM`).
-    pub hwm: u64,
-}
-
-/// What the section measured.
-#[derive(Clone, Debug)]
-pub struct NodeResult {
-    /// Secrets created.
-    pub objects: usize,
-    /// From `helm install` to the webhook's and the reconciler's pods all Ready.
-    pub install: Duration,
-    /// From applying the example to its 3 shards Ready and in the ring.
-    pub shards_ready: Duration,
-    /// Creates per second through the webhook (64 in flight).
-    pub create_rate: f64,
-    /// Secrets that came back from their CREATE without a shard label.
-    pub unassigned_at_create: usize,
-    /// From the last create to every object with its checksums on its shard.
-    pub converged: Duration,
-    /// Objects the scale-out moved.
-    pub moved: usize,
-    /// From `kubectl scale` to every object on the shard of the 4-shard ring.
-    pub scale_out: Duration,
-    /// Every pod of the chart and of the example.
-    pub pods: Vec<PodRow>,
-}
 
 /// Samples the working sets of every container in both namespaces, keeping each pod's highest.
 struct Sampler {
@@ -161,31 +114,12 @@ async fn converged(setup: &RingSetup, ring: &Ring) -> Result<(), String> {
         .ok_or(format!("{wrong} of {} not settled", secrets.len()))
 }
 
-/// The pod holding the reconciler's leader election Lease.
-async fn leader(client: &Client) -> Option<String> {
-    let holder = Api::<Lease>::namespaced(client.clone(), RELEASE_NAMESPACE)
-        .get("sharder-reconciler")
-        .await
-        .ok()?
-        .spec?
-        .holder_identity?;
-    Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE)
-        .list(&ListParams::default())
-        .await
-        .ok()?
-        .items
-        .into_iter()
-        .map(|p| p.name_any())
-        .find(|pod| holder == *pod || holder.starts_with(&format!("{pod}-")))
-}
-
 /// Runs the section with `objects` Secrets; the node is left idle (shards scaled to 0, the chart
-/// uninstalled) for the sections after it.
-pub async fn run(objects: usize) -> Result<NodeResult, Error> {
+/// uninstalled) for the sections after it. The section's text.
+pub(crate) async fn run(objects: usize) -> Result<String, Error> {
     let node = Node::shared().await?;
     let cp = node.control_plane();
     let client = cp.client().await?;
-
     let install = node.install_chart(&chart::ring_values(), TIMEOUT).await?;
     eprintln!("[bench]   helm install to all pods Ready: {install:.1?}");
     let sampler = Sampler::start(client.clone());
@@ -208,22 +142,18 @@ pub async fn run(objects: usize) -> Result<NodeResult, Error> {
     })
     .await?;
     let shards_ready = applying.elapsed();
-
-    let (create_rate, unassigned_at_create) = setup.create(0..objects, None).await?;
+    let (create_rate, unassigned) = setup.create(0..objects, None).await?;
     let created = Instant::now();
-    eprintln!("[bench]   {objects} objects created through the webhook ({create_rate:.0}/s)");
-    let three = ring_of(3);
+    let (three, four) = (ring_of(3), ring_of(4));
     until("every object with its checksums on its shard", || {
         converged(&setup, &three)
     })
     .await?;
-    let converged_after = created.elapsed();
+    let settled_after = created.elapsed();
     let steady = memory(&client).await?;
-
     let before = setup.assignment().await?;
     let scaling = Instant::now();
     node.scale_example(4)?;
-    let four = ring_of(4);
     until("rebalanced onto the fourth shard", || {
         converged(&setup, &four)
     })
@@ -239,42 +169,44 @@ pub async fn run(objects: usize) -> Result<NodeResult, Error> {
         .iter()
         .filter(|(name, shard, _)| after.get(name) != Some(shard))
         .count();
-    let now = memory(&client).await?;
+    let mut now = memory(&client).await?;
     let peaks = sampler.stop();
-    let leading = leader(&client).await;
-
-    let mut pods = Vec::new();
-    for c in now {
-        let role = if c.pod.starts_with(STATEFULSET) {
-            "shard".to_owned()
-        } else if c.pod.starts_with(&format!("{RELEASE}-reconciler")) {
-            if leading.as_deref() == Some(c.pod.as_str()) {
-                "reconciler (leader)".to_owned()
-            } else {
-                "reconciler (standby)".to_owned()
-            }
-        } else {
-            "webhook".to_owned()
-        };
-        pods.push(PodRow {
-            steady: steady
-                .iter()
-                .find(|s| s.pod == c.pod)
-                .map(|s| s.working_set),
-            after_scale_out: c.working_set,
-            peak: peaks.get(&c.pod).copied().unwrap_or(c.working_set),
-            max_usage: c.max_usage,
-            rss: c.rss,
-            rss_anon: c.rss_anon,
-            hwm: c.hwm,
-            role,
-            pod: c.pod,
-        });
-    }
-    pods.sort_by(|a, b| (&a.role, &a.pod).cmp(&(&b.role, &b.pod)));
+    let leading = chart::leader(&client).await.ok();
+    let role = |pod: &str| match pod {
+        _ if pod.starts_with(STATEFULSET) => "shard",
+        _ if leading.as_deref() == Some(pod) => "reconciler (leader)",
+        _ if pod.starts_with(&format!("{RELEASE}-reconciler")) => "reconciler (standby)",
+        _ => "webhook",
+    };
+    now.sort_by(|a, b| (role(&a.pod), &a.pod).cmp(&(role(&b.pod), &b.pod)));
+    let pods = now.iter().map(|c| {
+        let settled = steady
+            .iter()
+            .find(|s| s.pod == c.pod)
+            .map_or("-".to_owned(), |s| format!("{:.1}", mib(s.working_set)));
+        let peak = peaks.get(&c.pod).copied().unwrap_or(c.working_set);
+        let usage = c
+            .max_usage
+            .map_or("-".to_owned(), |m| format!("{:.1}", mib(m)));
+        format!(
+            "{} | {} | {settled} | {:.1} | {:.1} | {usage} | {:.1} ({:.1}) | {:.1}",
+            c.pod,
+            role(&c.pod),
+            mib(c.working_set),
+            mib(peak),
+            mib(c.rss),
+            mib(c.rss_anon),
+            mib(c.hwm)
+        )
+    });
+    let pods = table(
+        "pod | runs | working set, settled MiB | working set, after scale-out MiB | working set, peak sampled MiB | cgroup peak usage MiB | process RSS (anonymous) MiB | process peak RSS MiB",
+        pods.collect::<Vec<_>>(),
+    );
 
     // Leave the node idle for the sections after this one.
     node.scale_example(0)?;
+    let kubeconfig = cp.kubeconfig().to_string_lossy().into_owned();
     sharder_harness::helm::Helm::get()?
         .run(&[
             "uninstall",
@@ -283,19 +215,38 @@ pub async fn run(objects: usize) -> Result<NodeResult, Error> {
             "--namespace",
             RELEASE_NAMESPACE,
             "--kubeconfig",
-            &cp.kubeconfig().to_string_lossy(),
+            &kubeconfig,
         ])
         .map_err(|e| Error::Setup(format!("helm uninstall: {e}")))?;
 
-    Ok(NodeResult {
-        objects,
-        install,
-        shards_ready,
-        create_rate,
-        unassigned_at_create,
-        converged: converged_after,
-        moved,
-        scale_out,
-        pods,
-    })
+    let steps = [
+        format!(
+            "`helm install` to all 4 pods Ready | {:.1} s",
+            install.as_secs_f64()
+        ),
+        format!(
+            "the example applied to its 3 shards Ready and in the ring | {:.1} s",
+            shards_ready.as_secs_f64()
+        ),
+        format!(
+            "creates through the webhook | {create_rate:.0}/s, {unassigned} of {objects} without a shard label after CREATE"
+        ),
+        format!(
+            "last create to every object with its checksums on its shard | {:.1} s",
+            settled_after.as_secs_f64()
+        ),
+        format!(
+            "scale-out 3 -> 4 to every object on its shard | {:.1} s, {moved} objects moved",
+            scale_out.as_secs_f64()
+        ),
+    ];
+    Ok(format!(
+        "The chart installed with Helm as the README says (2 webhook and 2 reconciler pods, the image built from this checkout's {} binaries) on a single-node cluster of this machine (`sharder_harness::node`: kubelet, containerd, kube-proxy, kube-scheduler, its own apiserver and etcd); the example shards as the StatefulSet of `docs/examples/statefulset-shards.yaml` (3 replicas); {objects} Secrets created through the webhook's Service (64 in flight), each with its checksums ConfigMap made by its shard; then `kubectl scale --replicas=4`. Working set: the container's memory cgroup usage minus its inactive file pages (what kubelet reports and evicts by), once every object is on its shard, after the scale-out, and the highest sampled every second from the install on; beside it the container's process as `/proc` counts it (VmRSS after the scale-out with its anonymous part RssAnon, peak VmHWM). The process figures include the binary's file pages (RSS minus RssAnon); the container's cgroup is not charged for them (they entered the page cache when containerd unpacked the image), so its working set is close to the anonymous part.\n\n{}{pods}",
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        table("step | measured", steps)
+    ))
 }

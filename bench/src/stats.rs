@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// The `p`-th percentile (0..=100) of `sorted` (nearest rank; the default value when empty).
-pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
+pub(crate) fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     if sorted.is_empty() {
         return T::default();
     }
@@ -11,15 +11,22 @@ pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// The item of `items` at the median of `key` (the upper middle one for an even count).
-pub fn median_item<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
-    let mut sorted: Vec<&T> = items.iter().collect();
-    sorted.sort_by(|a, b| key(a).total_cmp(&key(b)));
-    sorted.get(sorted.len() / 2).copied()
+/// The median of `f` over `items` (mean of the middle two for an even count; NaN if none).
+pub(crate) fn median_of<T>(items: &[T], f: impl Fn(&T) -> f64) -> f64 {
+    median(items.iter().map(f).collect())
 }
 
-/// The median of `values` (mean of the middle two for an even count).
-pub fn median(mut values: Vec<f64>) -> f64 {
+/// The median of figure `i` over the `rows` of `key`.
+pub(crate) fn median_at<K: PartialEq, const N: usize>(
+    rows: &[(K, [f64; N])],
+    key: K,
+    i: usize,
+) -> f64 {
+    median(rows.iter().filter(|r| r.0 == key).map(|r| r.1[i]).collect())
+}
+
+/// The median of `values` (mean of the middle two for an even count; NaN if none).
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }
@@ -33,12 +40,12 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// Milliseconds of a duration.
-pub fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
 /// CPU time (user + system) process `pid` used so far, in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces) start at the state, field 3.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -49,7 +56,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// KiB as MiB.
-pub fn mib(kib: u64) -> f64 {
+pub(crate) fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
@@ -70,14 +77,6 @@ mod tests {
     fn medians_of_odd_and_even_counts() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-    }
-
-    #[test]
-    fn the_median_item_is_the_middle_one_by_its_key() {
-        let items = [("c", 3.0), ("a", 1.0), ("b", 2.0)];
-        assert_eq!(median_item(&items, |i| i.1), Some(&("b", 2.0)));
-        assert_eq!(median_item(&items[..2], |i| i.1), Some(&("c", 3.0)));
-        assert_eq!(median_item(&[] as &[(&str, f64)], |i| i.1), None);
     }
 
     #[test]

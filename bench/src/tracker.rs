@@ -21,11 +21,11 @@ use crate::{Error, RingSetup};
 /// Raised when something the waits rely on stops (a bench shard losing its Lease): a wait on
 /// the objects then ends at once with the reason instead of running into its timeout.
 #[derive(Clone, Debug, Default)]
-pub struct Alarm(watch::Sender<Option<String>>);
+pub(crate) struct Alarm(watch::Sender<Option<String>>);
 
 impl Alarm {
     /// Raises the alarm for `why` (the first reason is kept).
-    pub fn raise(&self, why: String) {
+    pub(crate) fn raise(&self, why: String) {
         self.0.send_if_modified(|raised| {
             let first = raised.is_none();
             raised.get_or_insert(why);
@@ -52,8 +52,6 @@ struct Place {
 #[derive(Default)]
 struct State {
     objects: HashMap<String, Place>,
-    /// Objects seen since the watch (re)started listing.
-    relisting: Option<HashMap<String, Place>>,
     synced: bool,
     /// The ring the objects should converge to, and the namespace (for the objects' keys).
     target: Option<(Ring, String)>,
@@ -104,7 +102,7 @@ impl State {
 }
 
 /// A metadata watch of a namespace's Secrets, counting those not where a given ring puts them.
-pub struct Tracker {
+pub(crate) struct Tracker {
     state: Arc<Mutex<State>>,
     changed: Arc<Notify>,
     task: JoinHandle<()>,
@@ -125,7 +123,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl Tracker {
     /// Starts watching the Secrets of `setup`'s namespace; returns once the first list is in.
     /// Waits end early when `alarm` is raised.
-    pub async fn start(setup: &RingSetup, alarm: &Alarm) -> Result<Self, Error> {
+    pub(crate) async fn start(setup: &RingSetup, alarm: &Alarm) -> Result<Self, Error> {
         let api: Api<PartialObjectMeta<Secret>> = Api::namespaced(setup.client.clone(), &setup.ns);
         let state = Arc::new(Mutex::new(State::default()));
         let changed = Arc::new(Notify::new());
@@ -145,20 +143,16 @@ impl Tracker {
                         draining: labels.is_draining(meta.labels()),
                     };
                     let mut s = lock(&state);
+                    // The benchmarks delete no object: a relist applies what it lists.
                     match event {
-                        Ok(Event::Apply(meta)) => s.set(meta.name_any(), Some(place(&meta)), now),
-                        Ok(Event::Delete(meta)) => s.set(meta.name_any(), None, now),
-                        Ok(Event::Init) => s.relisting = Some(HashMap::new()),
-                        Ok(Event::InitApply(meta)) => {
-                            let p = place(&meta);
-                            s.relisting
-                                .get_or_insert_with(HashMap::new)
-                                .insert(meta.name_any(), p);
+                        Ok(Event::Apply(meta) | Event::InitApply(meta)) => {
+                            s.set(meta.name_any(), Some(place(&meta)), now);
                         }
+                        Ok(Event::Delete(meta)) => s.set(meta.name_any(), None, now),
+                        Ok(Event::Init) => {}
                         Ok(Event::InitDone) => {
-                            s.objects = s.relisting.take().unwrap_or_default();
                             s.synced = true;
-                            s.recount();
+                            s.settle(now);
                         }
                         Err(e) => s.error = Some(e.to_string()),
                     }
@@ -221,7 +215,7 @@ impl Tracker {
     /// Waits until every object is on its shard of `ring` (keys in `setup`'s namespace) and none is
     /// draining; returns when that happened (the watch event that completed it) and every
     /// object's shard.
-    pub async fn converge(
+    pub(crate) async fn converge(
         &self,
         setup: &RingSetup,
         ring: &Ring,

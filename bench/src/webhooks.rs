@@ -15,24 +15,22 @@ use sharder_harness::{ControlPlane, Supervised};
 use crate::Error;
 
 /// The running webhooks.
-pub struct Webhooks {
+pub(crate) struct Webhooks {
     /// The floor webhook's address.
-    pub floor: SocketAddr,
-    /// The floor webhook's process id.
-    pub floor_pid: u32,
+    pub(crate) floor: SocketAddr,
     /// The sharder webhook.
-    pub sharder: Webhook,
+    pub(crate) sharder: Webhook,
     /// The PEM CA both certificates are signed by.
-    pub ca_pem: String,
+    pub(crate) ca_pem: String,
     /// A file holding `ca_pem` (the reconciler's `--webhook-ca-file`).
-    pub ca_file: PathBuf,
+    pub(crate) ca_file: PathBuf,
     _floor_process: Supervised,
     _dir: tempfile::TempDir,
 }
 
 /// The path of one of this crate's binaries, next to the running one (built by
 /// `cargo build -p sharder-bench --bins`, or by cargo for this crate's tests).
-pub fn bench_binary(name: &str) -> Result<PathBuf, Error> {
+fn bench_binary(name: &str) -> Result<PathBuf, Error> {
     let exe = std::env::current_exe().map_err(Error::io("find this executable"))?;
     // <target>/<profile>/sharder-bench, or <target>/<profile>/deps/<test> in tests.
     for dir in exe.ancestors().skip(1).take(2) {
@@ -49,7 +47,7 @@ pub fn bench_binary(name: &str) -> Result<PathBuf, Error> {
 /// Spawns `command` as `name` with its stdout piped and waits for the first line starting with
 /// `prefix` (how the bench's own helper binaries report that they are ready); returns the
 /// process and that line.
-pub async fn spawn_until_line(
+async fn spawn_until_line(
     name: &str,
     mut command: Command,
     prefix: &'static str,
@@ -75,9 +73,26 @@ pub async fn spawn_until_line(
     Ok((process, line))
 }
 
-/// Starts both webhooks (each with `MALLOC_ARENA_MAX` as given, see
-/// [`crate::with_arena_max`]); returns once both serve (the sharder webhook ready).
-pub async fn start(cp: &ControlPlane, malloc_arena_max: u32) -> Result<Webhooks, Error> {
+/// Starts the memory baseline (`metadata-cache`, a kube-rs reflector over the metadata of the
+/// Secrets of `ns`); returns once it holds `n` objects.
+pub(crate) async fn metadata_cache(
+    cp: &ControlPlane,
+    ns: &str,
+    n: usize,
+) -> Result<Supervised, Error> {
+    let mut command = Command::new(bench_binary("metadata-cache")?);
+    command
+        .env("KUBECONFIG", cp.kubeconfig())
+        .args([ns, &n.to_string()]);
+    Ok(spawn_until_line("metadata-cache", command, "synced")
+        .await?
+        .0)
+}
+
+/// Starts both webhooks (each with the `MALLOC_ARENA_MAX` the chart sets); returns once both
+/// serve (the sharder webhook ready).
+pub(crate) async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {
+    let arenas = crate::chart_arena_max("webhook.yaml")?.to_string();
     let ca = TestCa::new("bench-ca")?;
     let cert = ca.serving_cert("bench-webhook")?;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
@@ -88,21 +103,20 @@ pub async fn start(cp: &ControlPlane, malloc_arena_max: u32) -> Result<Webhooks,
     std::fs::write(&ca_file, ca.pem()).map_err(Error::io("write the CA"))?;
 
     let mut command = Command::new(bench_binary("floor-webhook")?);
-    command.arg(&cert_file).arg(&key_file);
-    if malloc_arena_max > 0 {
-        command.env("MALLOC_ARENA_MAX", malloc_arena_max.to_string());
-    }
+    command
+        .arg(&cert_file)
+        .arg(&key_file)
+        .env("MALLOC_ARENA_MAX", &arenas);
     let (floor_process, line) = spawn_until_line("floor-webhook", command, "serving ").await?;
     let floor = line
         .strip_prefix("serving ")
         .and_then(|a| a.parse().ok())
         .ok_or_else(|| Error::Setup(format!("the floor webhook reported {line:?}")))?;
 
-    let env = crate::with_arena_max(Env::new(dir.path(), cp.kubeconfig()), malloc_arena_max);
+    let env = Env::new(dir.path(), cp.kubeconfig()).var("MALLOC_ARENA_MAX", &arenas);
     let sharder = Webhook::start("webhook", &env, &cert_file, &key_file, &[]).await?;
     Ok(Webhooks {
         floor,
-        floor_pid: floor_process.pid(),
         sharder,
         ca_pem: ca.pem(),
         ca_file,

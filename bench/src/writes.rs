@@ -8,15 +8,15 @@ use sharder_harness::control_plane::audited_write;
 
 /// The writes of some users, as the apiserver saw them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Writes {
+pub(crate) struct Writes {
     /// How many.
-    pub count: usize,
+    pub(crate) count: usize,
     /// Seconds from the start until the apiserver received the first.
-    pub first_received: f64,
+    pub(crate) first_received: f64,
     /// Seconds from the start until the apiserver answered the last.
-    pub last_answered: f64,
+    pub(crate) last_answered: f64,
     /// Sum of the apiserver's time per write (received to answered), in seconds.
-    pub busy: f64,
+    pub(crate) busy: f64,
 }
 
 fn timestamp(value: &Value) -> Option<Timestamp> {
@@ -29,13 +29,13 @@ fn is_write_by(e: &Value, ns: &str, user: &str) -> bool {
 }
 
 /// How many writes to `ns`'s Secrets by `user` `audit` holds.
-pub fn count_by(audit: &[Value], ns: &str, user: &str) -> usize {
+pub(crate) fn count_by(audit: &[Value], ns: &str, user: &str) -> usize {
     audit.iter().filter(|e| is_write_by(e, ns, user)).count()
 }
 
 impl Writes {
     /// The writes to `ns`'s Secrets in `audit` by any of `users`, from `start`.
-    pub fn of(start: Timestamp, audit: &[Value], ns: &str, users: &[&str]) -> Self {
+    pub(crate) fn of(start: Timestamp, audit: &[Value], ns: &str, users: &[&str]) -> Self {
         let writes: Vec<(Timestamp, Timestamp)> = audit
             .iter()
             .filter(|e| users.iter().any(|user| is_write_by(e, ns, user)))
@@ -65,12 +65,12 @@ impl Writes {
     }
 
     /// Writes per second from the first received to the last answered.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.count as f64 / (self.last_answered - self.first_received).max(1e-9)
     }
 
     /// Writes in flight at the apiserver on average over the same window (Little's law).
-    pub fn in_flight(&self) -> f64 {
+    pub(crate) fn in_flight(&self) -> f64 {
         self.busy / (self.last_answered - self.first_received).max(1e-9)
     }
 }

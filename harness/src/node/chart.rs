@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
@@ -33,6 +34,28 @@ pub const RING: &str = "checksums";
 /// every namespace but `kube-system` and the release's, cannot exclude those there: the ring
 /// selects its namespace by this label instead.
 pub const SHARDED_NAMESPACE_LABEL: (&str, &str) = ("sharding.example.com/sharded", "true");
+
+/// The reconciler pod of the chart holding the leader election Lease (its identity starts
+/// with its pod's host name), or why there is none.
+pub async fn leader(client: &Client) -> Result<String, String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NAMESPACE)
+        .get(&format!("{RELEASE}-reconciler"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .ok_or("no holder")?;
+    Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .map(|p| p.name_any())
+        .find(|pod| holder == *pod || holder.starts_with(&format!("{pod}-")))
+        .ok_or(format!("holder {holder} is no pod"))
+}
 
 /// The chart values of the README's install: one ClusterRing [`RING`] sharding Secrets and the
 /// ConfigMaps they control, in the namespaces labelled [`SHARDED_NAMESPACE_LABEL`].

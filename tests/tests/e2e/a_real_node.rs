@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt as _, TryStreamExt as _};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, LogParams};
 use kube::{Api, Client, ResourceExt};
@@ -29,7 +28,7 @@ use sharder_harness::helm::Helm;
 use sharder_harness::node::Node;
 use sharder_harness::node::chart::{
     self, Kubectl, RELEASE, RELEASE_NAMESPACE as RELEASE_NS, RING, SHARDS_NAMESPACE as SHARDS_NS,
-    STATEFULSET, Workload,
+    STATEFULSET, Workload, leader,
 };
 use sharder_harness::wait::{eventually, http_get, metric_value};
 use sharder_harness::world::World;
@@ -245,28 +244,6 @@ async fn create_assigned(
             "{name} assigned at CREATE"
         );
     }
-}
-
-/// The reconciler replica holding the leader election Lease (its identity starts with its pod's
-/// host name).
-async fn leader(client: &Client) -> Result<String, String> {
-    let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
-        .get("sharder-reconciler")
-        .await
-        .map_err(|e| e.to_string())?;
-    let holder = lease
-        .spec
-        .and_then(|s| s.holder_identity)
-        .ok_or("no holder")?;
-    Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .items
-        .into_iter()
-        .map(|p| p.name_any())
-        .find(|pod| holder == *pod || holder.starts_with(&format!("{pod}-")))
-        .ok_or(format!("holder {holder} is no pod"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
