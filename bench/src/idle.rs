@@ -153,7 +153,7 @@ impl Meter {
         setup: &RingSetup,
         webhooks: &Webhooks,
         n: usize,
-        flags: &[&str],
+        flags: &str,
     ) -> Result<(Usage, usize, String), Error> {
         let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
         let reconciler = setup
@@ -202,24 +202,11 @@ async fn size(meter: &Meter, webhooks: &Webhooks, n: usize) -> Result<IdleRow, E
     quiet(&meter.client).await?;
     let first_control = meter.measure(async {}).await?;
     let renew = format!("{}ms", RENEW_IN_WINDOW.as_millis());
-    let (leader, swept, _) = meter
-        .reconciler(
-            &setup,
-            webhooks,
-            n,
-            &["--sweep-interval", "1h", "--leader-election-renew", &renew],
-        )
-        .await?;
-    let sweep = format!("{}ms", SWEEP_IN_WINDOW.as_millis());
-    let resync = format!("{}s", RESYNC.as_secs());
-    let (sharder, sweeps, what) = meter
-        .reconciler(
-            &setup,
-            webhooks,
-            n,
-            &["--sweep-interval", &sweep, "--resync-interval", &resync],
-        )
-        .await?;
+    let flags = format!("--sweep-interval 1h --leader-election-renew {renew}");
+    let (leader, swept, _) = meter.reconciler(&setup, webhooks, n, &flags).await?;
+    let (sweep, resync) = (SWEEP_IN_WINDOW.as_millis(), RESYNC.as_secs());
+    let flags = format!("--sweep-interval {sweep}ms --resync-interval {resync}s");
+    let (sharder, sweeps, what) = meter.reconciler(&setup, webhooks, n, &flags).await?;
     if swept != 0 || sweeps == 0 {
         return Err(Error::Setup(format!(
             "at {n} objects the reconciler swept {swept} times in its leader election window, {sweeps} in its sweeps'"

@@ -133,10 +133,6 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub load_rounds: u64,
 
-    /// Run the criterion ring lookup bench (`cargo bench -p sharder-common --bench ring`).
-    #[arg(long, env = "SHARDER_BENCH_CRITERION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub criterion: bool,
-
     /// The sections to run, comma-separated (the others are reported as not run).
     #[arg(
         long,
@@ -366,14 +362,15 @@ impl RingSetup {
     }
 
     /// Starts a reconciler for this ring (leader election in its namespace) with `kubeconfig`,
-    /// calling `webhooks`' sharder webhook, plus `extra` flags, `MALLOC_ARENA_MAX` as the chart
-    /// sets; returns once its first full rebalance of the ring's `n` objects is done.
+    /// calling `webhooks`' sharder webhook, plus `extra` flags (separated by spaces),
+    /// `MALLOC_ARENA_MAX` as the chart sets; returns once its first full rebalance of the ring's
+    /// `n` objects is done.
     async fn start_reconciler(
         &self,
         dir: &Path,
         kubeconfig: &Path,
         webhooks: &webhooks::Webhooks,
-        extra: &[&str],
+        extra: &str,
         n: usize,
     ) -> Result<Reconciler, Error> {
         let arenas = chart_arena_max("reconciler.yaml")?.to_string();
@@ -385,10 +382,9 @@ impl RingSetup {
             ca_file: webhooks.ca_file.clone(),
             ring_selector: format!("{NAMESPACE_LABEL}={}", self.ns),
             // The bench's ring selects its namespace, which is also the reconciler's.
-            extra: ["--namespace-selector", "{}"]
-                .iter()
-                .chain(extra)
-                .map(|s| (*s).to_owned())
+            extra: format!("--namespace-selector {{}} {extra}")
+                .split_whitespace()
+                .map(str::to_owned)
                 .collect(),
         };
         let mut reconciler =
@@ -463,7 +459,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
             Section::Memory => memory::run(cp, &webhooks, &args).await?,
             Section::Rebalance => rebalance::run(cp, &webhooks, &args).await?,
             Section::Rolling => rolling::run(cp, &webhooks, &args).await?,
-            Section::Ring => ring_balance::run(args.criterion),
+            Section::Ring => ring_balance::run(),
             Section::Node => node::run(args.node_objects)
                 .await
                 .unwrap_or_else(|e| format!("Could not run: {e}\n\n")),

@@ -42,16 +42,9 @@ pub(crate) async fn run(
         let created = setup
             .create_assigned(0..n, &Ring::new((0..3).map(|i| format!("shard-{i}"))))
             .await?;
-        let flags = [
-            "--max-writes-per-second",
-            "0",
-            "--resync-interval",
-            "1h",
-            "--sweep-interval",
-            "1h",
-        ];
+        let flags = "--max-writes-per-second 0 --resync-interval 1h --sweep-interval 1h";
         let mut reconciler = setup
-            .start_reconciler(dir.path(), cp.kubeconfig(), webhooks, &flags, n)
+            .start_reconciler(dir.path(), cp.kubeconfig(), webhooks, flags, n)
             .await?;
         let pid = reconciler.process.pid();
         let (steady, _) = settled_rss(pid, "reconciler").await?;

@@ -47,24 +47,104 @@ pub(crate) struct BenchShard {
 }
 
 impl BenchShard {
-    /// Starts shard `name` of the ring of `setup` (Lease in its namespace), renewing every
-    /// second, handling its Lease as `on_stop` says when stopped; a shard that stops by itself
-    /// raises `alarm`.
-    pub(crate) fn start(
-        client: Client,
-        setup: &RingSetup,
-        name: &str,
-        lease: Duration,
+    /// Stops gracefully (the Lease released or kept as the shard was started with).
+    pub(crate) async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Stops at once: no release, no more renewals.
+    pub(crate) fn crash(self) {
+        self.task.abort();
+    }
+}
+
+/// What moves the objects in a moving benchmark, and what watches and measures them: the
+/// reconciler, the shards and the raw PATCH baseline as ServiceAccounts of its namespace (bound
+/// to cluster-admin), so the audit log tells their writes apart and each authenticates as an
+/// in-cluster component does (a ServiceAccount token, verified per request).
+pub(crate) struct Movers {
+    pub(crate) cp: &'static ControlPlane,
+    pub(crate) setup: RingSetup,
+    tracker: Tracker,
+    /// Raised by a shard that stops by itself: the waits on the objects end with its reason.
+    alarm: Alarm,
+    pub(crate) shards: BTreeMap<String, BenchShard>,
+    lease: Duration,
+    /// The audit users and clients of the reconciler, the shards and the raw PATCHes.
+    users: [String; 3],
+    shard_client: Client,
+    raw_client: Client,
+    /// The reconciler's logs.
+    dir: tempfile::TempDir,
+}
+
+impl Movers {
+    /// A namespace (`prefix`) of `args.rebalance_objects` Secrets on shards `names` (started
+    /// with `on_stop`), and the reconciler of the moving benchmarks: writes unlimited in rate,
+    /// at most [`REBALANCE_CONCURRENCY`] in flight, drain checks every 500 ms, no periodic
+    /// sweep, started once every object is on its shard and returned beside.
+    pub(crate) async fn start(
+        cp: &'static ControlPlane,
+        webhooks: &Webhooks,
+        args: &Args,
+        prefix: &str,
+        names: &[String],
         on_stop: OnStop,
-        alarm: &Alarm,
-    ) -> Self {
+    ) -> Result<(Self, Reconciler), Error> {
+        let setup = RingSetup::new(cp, prefix, false, 0).await?;
+        let accounts = ["bench-reconciler", "bench-shard", "bench-raw"];
+        let mut tokens = Vec::new();
+        for account in accounts {
+            tokens.push(cp.cluster_admin_token(&setup.ns, account).await?);
+        }
+        let alarm = Alarm::default();
+        let tracker = Tracker::start(&setup, &alarm).await?;
+        let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
+        let kubeconfig =
+            cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &tokens[0])?;
+        let flags = format!(
+            "--max-writes-per-second 0 --max-concurrent-writes {REBALANCE_CONCURRENCY} --drain-check-interval 500ms --sweep-interval 1h"
+        );
+        let mut m = Self {
+            cp,
+            users: accounts.map(|a| format!("system:serviceaccount:{}:{a}", setup.ns)),
+            shard_client: cp.client_with_token(&tokens[1]).await?,
+            raw_client: cp.client_with_token(&tokens[2]).await?,
+            setup,
+            tracker,
+            alarm,
+            shards: BTreeMap::new(),
+            lease: Duration::from_secs(args.lease_seconds),
+            dir,
+        };
+        for name in names {
+            m.start_shard(name, on_stop);
+            m.wait_ready(name).await?;
+        }
+        m.setup
+            .create_assigned(0..args.rebalance_objects, &Ring::new(names.iter().cloned()))
+            .await?;
+        m.converge(names).await?;
+        let dir = m.dir.path();
+        let n = args.rebalance_objects;
+        let reconciler = m
+            .setup
+            .start_reconciler(dir, &kubeconfig, webhooks, &flags, n)
+            .await?;
+        Ok((m, reconciler))
+    }
+
+    /// Starts shard `name` of the ring in this process (its Lease renewed every second),
+    /// handling its Lease as `on_stop` says when stopped.
+    pub(crate) fn start_shard(&mut self, name: &str, on_stop: OnStop) {
+        let (client, ns) = (self.shard_client.clone(), &self.setup.ns);
         let shard =
-            Shard::new(client.clone(), RingId::cluster_ring(&setup.ns), name).with_on_stop(on_stop);
-        let keeper = shard.lease(&setup.ns, lease, Duration::from_secs(1));
-        let api: Api<Secret> = Api::namespaced(client, &setup.ns);
+            Shard::new(client.clone(), RingId::cluster_ring(ns), name).with_on_stop(on_stop);
+        let keeper = shard.lease(ns, self.lease, Duration::from_secs(1));
+        let api: Api<Secret> = Api::namespaced(client, ns);
         let shutdown = CancellationToken::new();
-        let stop_on = shutdown.clone();
-        let (name, alarm) = (name.to_owned(), alarm.clone());
+        let (stop_on, who, alarm) = (shutdown.clone(), name.to_owned(), self.alarm.clone());
         let task = tokio::spawn(async move {
             let config = shard.watcher_config();
             let reconciler = shard.reconciler(|_: Arc<Secret>, _: Arc<()>| async {
@@ -87,134 +167,25 @@ impl BenchShard {
             // Stopped by the bench it returns Ok; an error (its Lease lost, say to renewals late
             // under load) leaves the ring without a shard the bench counts on.
             if let Err(e) = run {
-                alarm.raise(format!("shard {name} stopped: {e}"));
+                alarm.raise(format!("shard {who} stopped: {e}"));
             }
         });
-        Self { task, shutdown }
+        self.shards
+            .insert(name.to_owned(), BenchShard { task, shutdown });
     }
 
-    /// Stops gracefully (the Lease released or kept as the shard was started with).
-    pub(crate) async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = self.task.await;
-    }
-
-    /// Stops at once: no release, no more renewals.
-    pub(crate) fn crash(self) {
-        self.task.abort();
-    }
-}
-
-/// Waits until shard `name`'s Lease is held and ready.
-pub(crate) async fn wait_ready(setup: &RingSetup, name: &str) -> Result<(), Error> {
-    let api: Api<Lease> = Api::namespaced(setup.client.clone(), &setup.ns);
-    for _ in 0..600 {
-        if let Ok(lease) = api.get(name).await
-            && shard_state(&lease, Timestamp::now()).state == ShardState::Ready
-        {
-            return Ok(());
+    /// Waits until shard `name`'s Lease is held and ready.
+    pub(crate) async fn wait_ready(&self, name: &str) -> Result<(), Error> {
+        let api: Api<Lease> = Api::namespaced(self.setup.client.clone(), &self.setup.ns);
+        for _ in 0..600 {
+            if let Ok(lease) = api.get(name).await
+                && shard_state(&lease, Timestamp::now()).state == ShardState::Ready
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(Error::Setup(format!("{name} never held its lease")))
-}
-
-/// What moves the objects in a moving benchmark: the reconciler and the shards as
-/// ServiceAccounts of its namespace (bound to cluster-admin), so the audit log tells their
-/// writes apart and each authenticates as an in-cluster component does (a ServiceAccount token,
-/// verified per request), and the ring's tracker.
-pub(crate) struct Movers {
-    pub(crate) cp: &'static ControlPlane,
-    pub(crate) setup: RingSetup,
-    pub(crate) tracker: Tracker,
-    pub(crate) alarm: Alarm,
-    pub(crate) reconciler: Reconciler,
-    pub(crate) reconciler_user: String,
-    pub(crate) shard_user: String,
-    pub(crate) shard_client: Client,
-    pub(crate) lease: Duration,
-    pub(crate) shards: BTreeMap<String, BenchShard>,
-    _dir: tempfile::TempDir,
-}
-
-impl Movers {
-    /// A namespace (`prefix`) of `args.rebalance_objects` Secrets on shards `names` (started
-    /// with `on_stop`), and the reconciler of the moving benchmarks: writes unlimited in rate,
-    /// at most [`REBALANCE_CONCURRENCY`] in flight, drain checks every 500 ms, no periodic
-    /// sweep; returns once everything is in place.
-    pub(crate) async fn start(
-        cp: &'static ControlPlane,
-        webhooks: &Webhooks,
-        args: &Args,
-        prefix: &str,
-        names: &[String],
-        on_stop: OnStop,
-    ) -> Result<Self, Error> {
-        let n = args.rebalance_objects;
-        let setup = RingSetup::new(cp, prefix, false, 0).await?;
-        let account = |name: &str| format!("system:serviceaccount:{}:{name}", setup.ns);
-        let reconciler_token = cp
-            .cluster_admin_token(&setup.ns, "bench-reconciler")
-            .await?;
-        let shard_client = cp
-            .client_with_token(&cp.cluster_admin_token(&setup.ns, "bench-shard").await?)
-            .await?;
-        let (alarm, lease) = (Alarm::default(), Duration::from_secs(args.lease_seconds));
-        let mut shards = BTreeMap::new();
-        for name in names {
-            shards.insert(
-                name.clone(),
-                BenchShard::start(shard_client.clone(), &setup, name, lease, on_stop, &alarm),
-            );
-            wait_ready(&setup, name).await?;
-        }
-        setup
-            .create_assigned(0..n, &Ring::new(names.iter().cloned()))
-            .await?;
-        let tracker = Tracker::start(&setup, &alarm).await?;
-        let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
-        let kubeconfig =
-            cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &reconciler_token)?;
-        let concurrency = REBALANCE_CONCURRENCY.to_string();
-        let flags = [
-            "--max-writes-per-second",
-            "0",
-            "--max-concurrent-writes",
-            &concurrency,
-            "--drain-check-interval",
-            "500ms",
-            "--sweep-interval",
-            "1h",
-        ];
-        let reconciler = setup
-            .start_reconciler(dir.path(), &kubeconfig, webhooks, &flags, n)
-            .await?;
-        Ok(Self {
-            cp,
-            reconciler_user: account("bench-reconciler"),
-            shard_user: account("bench-shard"),
-            setup,
-            tracker,
-            alarm,
-            reconciler,
-            shard_client,
-            lease,
-            shards,
-            _dir: dir,
-        })
-    }
-
-    /// Starts shard `name`, handling its Lease as `on_stop` says when stopped.
-    pub(crate) fn start_shard(&mut self, name: &str, on_stop: OnStop) {
-        let shard = BenchShard::start(
-            self.shard_client.clone(),
-            &self.setup,
-            name,
-            self.lease,
-            on_stop,
-            &self.alarm,
-        );
-        self.shards.insert(name.to_owned(), shard);
+        Err(Error::Setup(format!("{name} never held its lease")))
     }
 
     /// Waits until every object is on its shard of the ring of `names`, none draining; when
@@ -228,65 +199,69 @@ impl Movers {
             .await
     }
 
-    /// The writes to the objects by `users` since `mark` (`start`: when the benchmark changed
-    /// something), once the audit log stopped growing (the apiserver writes an event as it
-    /// answers, so the last ones may land just after the client saw its answer).
+    /// The writes to the objects since `mark` (`start`: when the benchmark changed something)
+    /// by the reconciler, the shards and the raw PATCHes (`who`: which of them, by index),
+    /// once the audit log stopped growing (the apiserver writes an event as it answers, so the
+    /// last ones may land just after the client saw its answer); the writes of each of them.
     pub(crate) async fn writes(
         &self,
         mark: AuditMark,
         start: Timestamp,
-        users: &[&str],
-    ) -> (Writes, Vec<serde_json::Value>) {
+        who: &[usize],
+    ) -> (Writes, [usize; 3]) {
         let mut seen = self.cp.audit_mark();
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = self.cp.audit_mark();
             if now == seen {
                 let events = self.cp.audited_writes_since(mark);
-                return (Writes::of(start, &events, &self.setup.ns, users), events);
+                let ns = &self.setup.ns;
+                let users: Vec<&str> = who.iter().map(|i| self.users[*i].as_str()).collect();
+                let counts = [0, 1, 2].map(|i| count_by(&events, ns, &self.users[i]));
+                return (Writes::of(start, &events, ns, &users), counts);
             }
             seen = now;
         }
     }
-}
 
-/// The raw PATCH baseline: the apiserver's plain write rate right beside what is measured.
-struct Raw {
-    user: String,
-    client: Client,
-}
-
-impl Raw {
-    /// Merge PATCHes of `count` of `names` (a new label value `value` each, so every one is a
+    /// The raw PATCH baseline, the apiserver's plain write rate right beside what is measured:
+    /// merge PATCHes of `count` of `names` (a new label value `value` each, so every one is a
     /// real write), answered with the metadata only as the reconciler's and the shards' writes
     /// are, [`REBALANCE_CONCURRENCY`] in flight; their rate from the audit log like the moves'.
-    /// With `through_webhook` each patch also removes the shard label, so the sharder webhook is
-    /// called and puts it back (as it does for every acknowledgement).
-    async fn rate(
+    /// With `through_webhook` each patch also removes the shard label, so the sharder webhook
+    /// is called and puts it back (as it does for every acknowledgement).
+    async fn raw_rate(
         &self,
-        m: &Movers,
         names: &[String],
         count: usize,
         value: usize,
         through_webhook: bool,
     ) -> Result<f64, Error> {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &m.setup.ns);
-        let (mark, start) = (m.cp.audit_mark(), Timestamp::now());
+        let api: Api<Secret> = Api::namespaced(self.raw_client.clone(), &self.setup.ns);
+        let (mark, start) = (self.cp.audit_mark(), Timestamp::now());
         let mut labels = json!({ "bench/raw": value.to_string() });
         if through_webhook {
-            labels[&m.setup.labels.shard] = serde_json::Value::Null;
+            labels[&self.setup.labels.shard] = serde_json::Value::Null;
         }
-        let patch = Patch::Merge(json!({ "metadata": { "labels": labels } }));
-        let params = PatchParams::default();
+        let (patch, params) = (
+            Patch::Merge(json!({ "metadata": { "labels": labels } })),
+            PatchParams::default(),
+        );
         futures::stream::iter(names.iter().cycle().take(count))
             .map(|name| api.patch_metadata(name, &params, &patch))
             .buffer_unordered(REBALANCE_CONCURRENCY)
             .try_for_each(|_| async { Ok(()) })
             .await?;
-        let (writes, _) = m.writes(mark, start, &[&self.user]).await;
-        Ok(writes.rate())
+        Ok(self.writes(mark, start, &[RAW]).await.0.rate())
     }
 }
+
+/// Indexes of [`Movers::writes`]' users.
+pub(crate) const RECONCILER: usize = 0;
+/// See [`RECONCILER`].
+pub(crate) const SHARDS: usize = 1;
+/// See [`RECONCILER`].
+const RAW: usize = 2;
 
 /// One scale-out 3 -> 4 and what was measured beside it.
 #[derive(Clone, Debug, Default)]
@@ -338,19 +313,19 @@ const RAW_AFTER_CRASH: usize = 3;
 /// The fewest writes of a raw PATCH run.
 const RAW_MIN: usize = 1000;
 
-fn three() -> Vec<String> {
-    (0..3).map(|i| format!("shard-{i}")).collect()
+/// The names of `n` shards.
+fn shards(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("shard-{i}")).collect()
 }
 
 /// One round: scale-out 3 -> 4, raw PATCHes, then shard-3 leaves.
-async fn round(m: &mut Movers, raw: &Raw, number: usize) -> Result<Round, Error> {
-    let four: Vec<String> = (0..4).map(|i| format!("shard-{i}")).collect();
-    let (_, before) = m.converge(&three()).await?;
+async fn round(m: &mut Movers, number: usize) -> Result<Round, Error> {
+    let (_, before) = m.converge(&shards(3)).await?;
     let (mark, start, started) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
     m.start_shard("shard-3", OnStop::Release);
-    let (converged, after) = m.converge(&four).await?;
-    let users = [m.reconciler_user.as_str(), m.shard_user.as_str()];
-    let (writes, events) = m.writes(mark, start, &users).await;
+    let (converged, after) = m.converge(&shards(4)).await?;
+    let (writes, [reconciler_writes, shard_writes, _]) =
+        m.writes(mark, start, &[RECONCILER, SHARDS]).await;
     let names: Vec<String> = after.keys().cloned().collect();
     let count = writes.count.max(RAW_MIN);
     let mut r = Round {
@@ -358,25 +333,24 @@ async fn round(m: &mut Movers, raw: &Raw, number: usize) -> Result<Round, Error>
             .iter()
             .filter(|(k, v)| after.get(*k) != Some(v))
             .count(),
-        reconciler_writes: count_by(&events, &m.setup.ns, &m.reconciler_user),
-        shard_writes: count_by(&events, &m.setup.ns, &m.shard_user),
+        reconciler_writes,
+        shard_writes,
         wall: converged - started,
-        raw: raw.rate(m, &names, count, 10 * number, false).await?,
-        raw_webhook: raw.rate(m, &names, count, 10 * number + 1, true).await?,
+        raw: m.raw_rate(&names, count, 10 * number, false).await?,
+        raw_webhook: m.raw_rate(&names, count, 10 * number + 1, true).await?,
         writes,
         ..Round::default()
     };
-    m.converge(&four).await?;
+    m.converge(&shards(4)).await?;
     let (mark, start) = (m.cp.audit_mark(), Timestamp::now());
     if let Some(shard) = m.shards.remove("shard-3") {
         shard.stop().await;
     }
-    m.converge(&three()).await?;
-    r.scale_in = m.writes(mark, start, &[&m.reconciler_user]).await.0;
+    m.converge(&shards(3)).await?;
+    r.scale_in = m.writes(mark, start, &[RECONCILER]).await.0;
     eprintln!(
-        "[bench]   round {number}: {} moved at {:.0} writes/s, {:.2} of the mix",
+        "[bench]   round {number}: {} moved, {:.2} of the mix",
         r.moved,
-        r.writes.rate(),
         r.vs_mix()
     );
     Ok(r)
@@ -384,36 +358,28 @@ async fn round(m: &mut Movers, raw: &Raw, number: usize) -> Result<Round, Error>
 
 /// Crash `number`: shard `crash-<number>` joins the three shards and takes its share, then
 /// stops at once; measured until its objects are back on the three.
-async fn crash(m: &mut Movers, raw: &Raw, number: usize) -> Result<Crash, Error> {
+async fn crash(m: &mut Movers, number: usize) -> Result<Crash, Error> {
     let name = format!("crash-{number}");
     m.start_shard(&name, OnStop::Release);
     let (_, after) = m
-        .converge(
-            &three()
-                .into_iter()
-                .chain([name.clone()])
-                .collect::<Vec<_>>(),
-        )
+        .converge(&[shards(3), vec![name.clone()]].concat())
         .await?;
     let objects = after.values().filter(|s| **s == name).count();
     let (mark, start, crashed) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
     if let Some(shard) = m.shards.remove(&name) {
         shard.crash();
     }
-    let (converged, _) = m.converge(&three()).await?;
-    let (moves, _) = m.writes(mark, start, &[&m.reconciler_user]).await;
+    let (converged, _) = m.converge(&shards(3)).await?;
+    let (moves, _) = m.writes(mark, start, &[RECONCILER]).await;
     // Any object of the namespace will do (each a Secret on a live shard).
     let names: Vec<String> = after.into_keys().collect();
     let count = (RAW_AFTER_CRASH * objects).max(RAW_MIN).min(names.len());
-    let raw = raw.rate(m, &names, count, 1000 + number, false).await?;
-    eprintln!(
-        "[bench]   crash {number}: {objects} objects back after {:?}, {:.0} moves/s",
-        converged - crashed,
-        moves.rate()
-    );
+    let raw = m.raw_rate(&names, count, 1000 + number, false).await?;
+    let recovery = converged - crashed;
+    eprintln!("[bench]   crash {number}: {objects} objects back after {recovery:?}");
     Ok(Crash {
         objects,
-        recovery: converged - crashed,
+        recovery,
         moves,
         raw,
     })
@@ -425,29 +391,22 @@ pub(crate) async fn run(
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<String, Error> {
-    let mut m = Movers::start(
+    let (mut m, _reconciler) = Movers::start(
         cp,
         webhooks,
         args,
         "bench-rebalance",
-        &three(),
+        &shards(3),
         OnStop::Release,
     )
     .await?;
-    let raw_client = cp
-        .client_with_token(&cp.cluster_admin_token(&m.setup.ns, "bench-raw").await?)
-        .await?;
-    let raw = Raw {
-        user: format!("system:serviceaccount:{}:bench-raw", m.setup.ns),
-        client: raw_client,
-    };
     let mut rounds = Vec::new();
     for number in 1..=args.rebalance_rounds.max(1) {
-        rounds.push(round(&mut m, &raw, number).await?);
+        rounds.push(round(&mut m, number).await?);
     }
     let mut crashes = Vec::new();
     for number in 1..=args.crashes.max(1) {
-        crashes.push(crash(&mut m, &raw, number).await?);
+        crashes.push(crash(&mut m, number).await?);
     }
     for shard in std::mem::take(&mut m.shards).into_values() {
         shard.crash();

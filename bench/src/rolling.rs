@@ -10,10 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 use sharder_harness::ControlPlane;
 use sharder_sdk::lease::OnStop;
 
-use crate::rebalance::{Movers, wait_ready};
+use crate::rebalance::Movers;
 use crate::report::{goals, table};
 use crate::webhooks::Webhooks;
-use crate::writes::count_by;
 use crate::{Args, Error};
 
 /// The ways of rolling: the report's name, the Lease on shutdown, and whether names are fresh.
@@ -42,8 +41,8 @@ pub(crate) async fn run(
     args: &Args,
 ) -> Result<String, Error> {
     let mut names: Vec<String> = (0..4).map(|i| format!("shard-{i}")).collect();
-    let mut m = Movers::start(cp, webhooks, args, "bench-roll", &names, OnStop::Keep).await?;
-    m.converge(&names).await?;
+    let (mut m, logs) =
+        Movers::start(cp, webhooks, args, "bench-roll", &names, OnStop::Keep).await?;
     let (mut rows, mut stable) = (Vec::new(), None);
     let mut running = OnStop::Keep;
     for (mode, on_stop, fresh) in ROLLS {
@@ -55,7 +54,7 @@ pub(crate) async fn run(
                     shard.stop().await;
                 }
                 m.start_shard(name, on_stop);
-                wait_ready(&m.setup, name).await?;
+                m.wait_ready(name).await?;
             }
             m.converge(&names).await?;
             running = on_stop;
@@ -63,7 +62,7 @@ pub(crate) async fn run(
         let (mark, start, logged, started) = (
             cp.audit_mark(),
             Timestamp::now(),
-            m.reconciler.process.lines().len(),
+            logs.process.lines().len(),
             Instant::now(),
         );
         for i in 0..names.len() {
@@ -73,31 +72,21 @@ pub(crate) async fn run(
             }
             if on_stop == OnStop::Release {
                 // Its objects move to the others before it (or its successor) is back.
-                m.converge(
-                    &names
-                        .iter()
-                        .filter(|s| **s != old)
-                        .cloned()
-                        .collect::<Vec<_>>(),
-                )
-                .await?;
+                let others: Vec<String> = names.iter().filter(|s| **s != old).cloned().collect();
+                m.converge(&others).await?;
             }
             names[i] = if fresh { format!("{old}-r") } else { old };
             m.start_shard(&names[i], on_stop);
-            wait_ready(&m.setup, &names[i]).await?;
+            m.wait_ready(&names[i]).await?;
             m.converge(&names).await?;
         }
         let wall = started.elapsed().as_secs_f64();
-        let (_, events) = m.writes(mark, start, &[]).await;
-        let lines = m.reconciler.process.lines();
+        let (_, [reconciler, shards, _]) = m.writes(mark, start, &[]).await;
+        let lines = logs.process.lines();
         let moves = lines[logged..]
             .iter()
             .filter(|l| l["message"] == "moved" || l["message"] == "draining")
             .count();
-        let (reconciler, shards) = (
-            count_by(&events, &m.setup.ns, &m.reconciler_user),
-            count_by(&events, &m.setup.ns, &m.shard_user),
-        );
         let per_object = (reconciler + shards) as f64 / args.rebalance_objects.max(1) as f64;
         eprintln!("[bench]   roll, {mode}: {moves} moves, {reconciler} + {shards} writes");
         rows.push(format!(

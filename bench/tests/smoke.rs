@@ -33,8 +33,6 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "1",
         "--load-rounds",
         "1",
-        "--criterion",
-        "false",
         "--node-objects",
         // As the smallest memory size: the report sets the two side by side.
         "100",
