@@ -62,12 +62,14 @@ struct Usage {
 }
 
 impl Usage {
+    /// A usage of `cpu` CPU seconds and `etcd_lists` lists.
+    fn new(cpu: f64, etcd_lists: f64) -> Self {
+        Self { cpu, etcd_lists }
+    }
+
     /// `f` of both figures of `self` and `other`.
     fn with(self, other: Self, f: impl Fn(f64, f64) -> f64) -> Self {
-        Self {
-            cpu: f(self.cpu, other.cpu),
-            etcd_lists: f(self.etcd_lists, other.etcd_lists),
-        }
+        Self::new(f(self.cpu, other.cpu), f(self.etcd_lists, other.etcd_lists))
     }
 }
 
@@ -130,10 +132,10 @@ impl Meter {
             "etcd_request_duration_seconds_count",
             &[("operation", "list")],
         );
-        Ok(Usage {
-            cpu: self.cp.pids().iter().filter_map(|p| cpu_seconds(*p)).sum(),
-            etcd_lists: lists,
-        })
+        Ok(Usage::new(
+            self.cp.pids().iter().filter_map(|p| cpu_seconds(*p)).sum(),
+            lists,
+        ))
     }
 
     /// What the apiserver and etcd used over a window while `during` ran (dropped at its end).
@@ -430,10 +432,7 @@ mod tests {
     fn design(name: &'static str, cpu: f64, speedup: f64) -> Design {
         Design(
             name,
-            Usage {
-                cpu,
-                etcd_lists: 13.0,
-            },
+            Usage::new(cpu, 13.0),
             speedup,
             Usage::default(),
             String::new(),
@@ -442,10 +441,7 @@ mod tests {
 
     /// A row of 90 s windows (40 an hour) with controls of `control` CPU-s and etcd lists.
     fn row(objects: usize, control: [f64; 2], designs: Vec<Design>) -> IdleRow {
-        let control = control.map(|x| Usage {
-            cpu: x,
-            etcd_lists: x,
-        });
+        let control = control.map(|x| Usage::new(x, x));
         IdleRow {
             objects,
             window: Duration::from_secs(90),
@@ -457,23 +453,14 @@ mod tests {
     #[test]
     fn per_hour_is_above_the_mean_control_at_the_real_schedule() {
         let mut sharder = design(SHARDER, 4.0, 10.0);
-        sharder.3 = Usage {
-            cpu: 0.5,
-            etcd_lists: 1.0,
-        };
+        sharder.3 = Usage::new(0.5, 1.0);
         let row = row(
             10,
             [1.0, 3.0],
             vec![sharder.clone(), design(REFLECTOR, 1.0, 1.0)],
         );
         // (4 - 2) CPU-s in 90 s, 40 windows an hour, 10 times compressed, plus what is counted.
-        assert_eq!(
-            row.per_hour(&sharder),
-            Usage {
-                cpu: 8.5,
-                etcd_lists: 45.0
-            }
-        );
+        assert_eq!(row.per_hour(&sharder), Usage::new(8.5, 45.0));
         // Below the control counts as nothing.
         assert_eq!(row.cpu_per_hour(REFLECTOR), Some(0.0));
     }
