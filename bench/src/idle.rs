@@ -346,7 +346,7 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
             true => (
                 sharder / r,
                 format!(
-                    "{sharder:.2} vs {r:.2} CPU-s per hour = {:.2}x (its lists alone {lists:.1} = {:.2}x; the reference's leader election is not counted)",
+                    "{sharder:.2} vs {r:.2} CPU-s per hour = {:.3}x (its lists alone {lists:.1} = {:.3}x; the reference's leader election is not counted)",
                     sharder / r,
                     lists / r
                 ),
@@ -478,7 +478,7 @@ mod tests {
             row(objects, [0.0, 0.0], designs)
         };
         let missed = markdown(&[at(10, 0.5, 40.0), at(100, 1.0, 40.0)], 0);
-        assert!(missed.contains("| 6.00 vs 40.00 CPU-s per hour = 0.15x (its lists alone 1.0 = 0.03x; the reference's leader election is not counted) | <= 0.1x | **missed** |"), "{missed}");
+        assert!(missed.contains("| 6.00 vs 40.00 CPU-s per hour = 0.150x (its lists alone 1.0 = 0.025x; the reference's leader election is not counted) | <= 0.1x | **missed** |"), "{missed}");
         assert!(missed.contains("| 1.1x for 10x the objects (5.5 to 6.0 CPU-s per hour) | < the object count's growth | met |"), "{missed}");
         assert!(
             missed
@@ -487,7 +487,7 @@ mod tests {
         );
         let met = markdown(&[at(10, 0.5, 100.0), at(100, 1.0, 100.0)], 0);
         assert!(
-            met.contains("= 0.06x") && !met.contains("**missed**"),
+            met.contains("= 0.060x") && !met.contains("**missed**"),
             "{met}"
         );
     }

@@ -310,13 +310,13 @@ fn markdown(rounds: &[(&str, Figures)], args: &Args) -> String {
     out += &goals(&[
         (
             "sharder/floor throughput (medians)".into(),
-            format!("{throughput:.2}x"),
+            format!("{throughput:.3}x"),
             ">= 0.95x",
             throughput >= 0.95,
         ),
         (
             "sharder/floor p99 (medians)".into(),
-            format!("{p99:.2}x"),
+            format!("{p99:.3}x"),
             "<= 1.1x",
             p99 <= 1.1,
         ),

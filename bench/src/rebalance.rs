@@ -468,13 +468,13 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
         ),
         (
             "rebalancing writes/s vs the mix's rate beside it (median over the rounds)".into(),
-            format!("{mix:.2}"),
+            format!("{mix:.3}"),
             ">= 0.9",
             mix >= 0.9,
         ),
         (
             "direct moves/s (the fourth shard leaving) vs raw PATCH/s beside them (median)".into(),
-            format!("{back:.2}"),
+            format!("{back:.3}"),
             ">= 0.9",
             back >= 0.9,
         ),
@@ -520,7 +520,7 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
             format!(
                 "dead-shard moves/s vs raw PATCH/s at {c} in flight right after each crash (median)"
             ),
-            format!("{vs_raw:.2}"),
+            format!("{vs_raw:.3}"),
             ">= 0.9",
             vs_raw >= 0.9,
         ),
@@ -572,7 +572,7 @@ mod tests {
         let crashes = [crash(900, 1000.0), crash(1000, 2000.0), crash(1100, 1000.0)];
         let text = markdown(10_000, Duration::from_secs(10), &[], &crashes);
         assert!(
-            text.contains("right after each crash (median) | 0.90 | >= 0.9 | met |"),
+            text.contains("right after each crash (median) | 0.900 | >= 0.9 | met |"),
             "{text}"
         );
         // Bounds 21.9, 21.5 and 22.1 s (20 s of Lease, the writes at the raw rate, 1 s) for 21 s.
