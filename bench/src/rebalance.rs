@@ -306,8 +306,8 @@ impl Crash {
 }
 
 /// The raw PATCH runs after a crash write this many times the crash's objects (at least
-/// [`RAW_MIN`], each object at most once): a run as short as the moves (about 2 s) holds none
-/// or one of the apiserver's garbage collections, which moves its rate by a fifth either way.
+/// [`RAW_MIN`], each object at most once): a run as short as the moves is noisier
+/// (`docs/performance-notes.md`, rebalancing and crashes part by part).
 const RAW_AFTER_CRASH: usize = 3;
 
 /// The fewest writes of a raw PATCH run.

@@ -369,25 +369,7 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
         WAIT,
         || async {
             w.acknowledge_drains().await;
-            let secrets = w.list_secrets().await;
-            let misplaced = secrets
-                .iter()
-                .filter(|(name, s)| {
-                    w.shard_of(*s).as_deref() != three.shard_for(&w.key(name)) || w.draining(*s)
-                })
-                .count();
-            let behind = w
-                .list_configmaps("child-")
-                .await
-                .values()
-                .filter(|c| {
-                    let owner = secrets.get(&c.owner_references()[0].name);
-                    owner.and_then(|o| w.shard_of(o)) != w.shard_of(*c)
-                })
-                .count();
-            (misplaced + behind == 0).then_some(()).ok_or(format!(
-                "{misplaced} objects misplaced, {behind} children behind"
-            ))
+            w.settled(&three).await
         },
     )
     .await;
