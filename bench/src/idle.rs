@@ -26,7 +26,7 @@ use crate::webhooks::{Webhooks, metadata_cache};
 use crate::{Args, Error, RingSetup, each_metadata};
 
 /// The reconciler's default `--sweep-interval`.
-const SWEEP: Duration = Duration::from_secs(120);
+const SWEEP: Duration = Duration::from_secs(300);
 /// The reconciler's default `--resync-interval`.
 const RESYNC: Duration = Duration::from_secs(6 * 3600);
 /// The reference implementation's resync period.

@@ -140,8 +140,8 @@ pub struct Args {
     /// Sweep for objects without a shard or on a shard not in the ring (missed by the webhook,
     /// created with generateName, labelled by hand), answered from the apiserver's watch cache:
     /// a quiet ring reads nothing from etcd between resyncs (its cost: `docs/benchmarks.md`
-    /// section 8).
-    #[arg(long, env = "SHARDER_SWEEP_INTERVAL", default_value = "2m", value_parser = parse_duration)]
+    /// section 8). The default waits as long as the reference implementation's resync period.
+    #[arg(long, env = "SHARDER_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub sweep_interval: Duration,
 
     /// Follow-up sweeps while drains are not acknowledged yet.
