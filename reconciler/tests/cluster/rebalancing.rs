@@ -1282,9 +1282,23 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
     eventually("settled", WAIT, || w.settled(&two)).await;
 
     // Drains acknowledged while the cache lags: nothing is lost meanwhile, and the
-    // acknowledgements reach the reconciler once it catches up.
-    w.add_shard_lease("shard-c", 3600).await;
-    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    // acknowledgements reach the reconciler once it catches up. The joining shard must take
+    // some of the 11 objects, whose keys the namespace's random name decides (none would go to
+    // `shard-c` one time in 57): the first of `shard-c`, `shard-d`, ... that takes one.
+    let names: Vec<String> = w.list_secrets().await.into_keys().collect();
+    let (joining, three) = (b'c'..=b'z')
+        .map(|c| {
+            let joining = format!("shard-{}", char::from(c));
+            let three = Ring::new(["shard-a", "shard-b", joining.as_str()]);
+            (joining, three)
+        })
+        .find(|(joining, three)| {
+            names
+                .iter()
+                .any(|n| three.shard_for(&w.key(n)) == Some(joining.as_str()))
+        })
+        .expect("a shard name that takes one of the objects");
+    w.add_shard_lease(&joining, 3600).await;
     let cached_drains = async || {
         let cached = lagging_secrets
             .list_metadata(&ListParams::default().match_any())
