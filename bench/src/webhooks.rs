@@ -96,9 +96,9 @@ pub(crate) async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {
     let ca = TestCa::new("bench-ca")?;
     let cert = ca.serving_cert("bench-webhook")?;
     let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
-    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert_file, &cert.cert_pem).map_err(Error::io("write the certificate"))?;
-    std::fs::write(&key_file, &cert.key_pem).map_err(Error::io("write the key"))?;
+    let (cert_file, key_file) = cert
+        .write_to(dir.path())
+        .map_err(Error::io("write the certificate"))?;
     let ca_file = dir.path().join("ca.crt");
     std::fs::write(&ca_file, ca.pem()).map_err(Error::io("write the CA"))?;
 

@@ -1,5 +1,7 @@
 //! A throwaway certificate authority for TLS servers started by tests (webhooks on loopback).
 
+use std::path::{Path, PathBuf};
+
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
     SanType,
@@ -23,6 +25,17 @@ pub struct ServingCert {
     pub cert_pem: String,
     /// The private key (PEM, PKCS#8).
     pub key_pem: String,
+}
+
+impl ServingCert {
+    /// Writes the certificate and key as `tls.crt` and `tls.key` in `dir` (the files of a
+    /// mounted `kubernetes.io/tls` Secret); their paths.
+    pub fn write_to(&self, dir: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, &self.cert_pem)?;
+        std::fs::write(&key, &self.key_pem)?;
+        Ok((cert, key))
+    }
 }
 
 impl TestCa {

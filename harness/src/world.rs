@@ -81,8 +81,7 @@ impl World {
             .expect("dir");
         let ca = TestCa::new(&format!("{ns}-ca")).expect("ca");
         let cert = ca.serving_cert("webhook").expect("cert");
-        std::fs::write(dir.path().join("tls.crt"), &cert.cert_pem).expect("cert");
-        std::fs::write(dir.path().join("tls.key"), &cert.key_pem).expect("key");
+        cert.write_to(dir.path()).expect("cert and key");
         std::fs::write(dir.path().join("ca.crt"), ca.pem()).expect("ca");
         Self {
             cp,
