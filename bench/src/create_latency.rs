@@ -239,7 +239,7 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
     );
     // A ratio of two small differences is meaningless when the floor adds ~nothing: the bound
     // is the floor's added latency with a 0.1 ms allowance, under what one mode's p50 moves
-    // between rounds (tenths of a millisecond and more on this machine).
+    // between rounds (the section's table of rounds shows how much).
     let bound = "<= 1.2x the floor's added + 0.1 ms (a mode's p50 moves more between rounds)";
     let goal = |what: &str, i: usize| {
         let (sharder, floor) = (added(MODES[2].0, i), added(MODES[1].0, i));

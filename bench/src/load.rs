@@ -149,12 +149,10 @@ fn start_servers() -> Result<(SocketAddr, SocketAddr, String), Error> {
     let dir = tempfile::tempdir()
         .map_err(Error::io("create a folder"))?
         .keep();
-    let files = sharder_webhook::tls::TlsFiles {
-        cert: dir.join("tls.crt"),
-        key: dir.join("tls.key"),
-    };
-    std::fs::write(&files.cert, &cert.cert_pem).map_err(Error::io("write the cert"))?;
-    std::fs::write(&files.key, &cert.key_pem).map_err(Error::io("write the key"))?;
+    let (cert, key) = cert
+        .write_to(&dir)
+        .map_err(Error::io("write the certificate"))?;
+    let files = sharder_webhook::tls::TlsFiles { cert, key };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -209,7 +207,8 @@ const SERVERS: [&str; 3] = ["floor", "sharder", "sharder, ControllerRing"];
 
 /// Loads the floor and the sharder webhook in-process (see [`start_servers`]) in alternating
 /// rounds after a 1 s warm-up of each, from a runtime of its own (2 worker threads); each
-/// round's server and figures, in the order run. Blocks the calling thread.
+/// round's server and figures, in the order run. Blocks the calling thread, which must not be
+/// a runtime's worker.
 fn in_process(args: &Args) -> Result<Vec<(&'static str, Figures)>, Error> {
     let (floor, sharder, ca) = start_servers()?;
     let body = Bytes::from(sharder_harness::fixtures::secret_create_review(
@@ -240,27 +239,19 @@ fn in_process(args: &Args) -> Result<Vec<(&'static str, Figures)>, Error> {
         .enable_all()
         .build()
         .map_err(Error::io("start the load runtime"))?;
-    std::thread::spawn(move || {
-        runtime.block_on(async {
-            for target in &targets {
-                target.load(connections, Duration::from_secs(1)).await?;
+    runtime.block_on(async {
+        for target in &targets {
+            target.load(connections, Duration::from_secs(1)).await?;
+        }
+        let mut out = Vec::new();
+        for _ in 0..rounds {
+            for (server, target) in SERVERS.into_iter().zip(&targets) {
+                let figures = target.load(connections, Duration::from_secs(seconds));
+                out.push((server, figures.await?));
             }
-            let mut out = Vec::new();
-            for _ in 0..rounds {
-                for (server, target) in SERVERS.into_iter().zip(&targets) {
-                    out.push((
-                        server,
-                        target
-                            .load(connections, Duration::from_secs(seconds))
-                            .await?,
-                    ));
-                }
-            }
-            Ok(out)
-        })
+        }
+        Ok(out)
     })
-    .join()
-    .map_err(|_| Error::Setup("the load generator panicked".to_owned()))?
 }
 
 /// Runs the section's rounds; its text.
@@ -274,7 +265,7 @@ pub(crate) async fn run(args: &Args) -> Result<String, Error> {
     Ok(markdown(&rounds, args))
 }
 
-/// The section's text from the in-process rounds and the process table's rows.
+/// The section's text from the in-process rounds.
 fn markdown(rounds: &[(&str, Figures)], args: &Args) -> String {
     let mut out = format!(
         "In-process: a hyper HTTP/1.1 keep-alive load generator with {} connections and both servers (floor and sharder, same TLS stack) on 2 worker threads each, {} rounds of {} s each alternating after a 1 s warm-up; the sharder webhook also reviews for a ControllerRing of the same spec and shards.\n\n",

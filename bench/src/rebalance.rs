@@ -257,9 +257,9 @@ impl Movers {
 }
 
 /// Indexes of [`Movers::writes`]' users.
-pub(crate) const RECONCILER: usize = 0;
+const RECONCILER: usize = 0;
 /// See [`RECONCILER`].
-pub(crate) const SHARDS: usize = 1;
+const SHARDS: usize = 1;
 /// See [`RECONCILER`].
 const RAW: usize = 2;
 

@@ -1,4 +1,4 @@
-//! Percentiles, medians and process memory (RSS) readings.
+//! Percentiles, medians, a process's CPU time, and units.
 
 use std::time::Duration;
 
