@@ -7,8 +7,10 @@ use std::fmt;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use k8s_openapi::ByteString;
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use serde::Serialize;
 use serde_json::Value;
 use sharder_common::handover::{OwnerState, child_shard};
 use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingId, RingLabels, Role, Roles};
@@ -342,52 +344,78 @@ pub fn decide_child(
     }
 }
 
-/// The response to `request` for `decision`: always allowed; carries the patch of an
-/// assignment, and a warning for a malformed controller reference (which the user can fix).
-pub fn respond(
-    request: &AdmissionRequest<DynamicObject>,
-    decision: &Decision,
-) -> AdmissionResponse {
-    let mut response = AdmissionResponse::from(request);
-    match decision {
-        Decision::Assign { patch, .. } => {
-            // Serializing a patch of strings cannot fail; if it ever did, allowing the write
-            // unassigned is the safe answer (the reconciler's sweep assigns it).
-            let mut bytes = Vec::with_capacity(PATCH_CAPACITY);
-            if serde_json::to_writer(&mut bytes, patch).is_err() {
-                return response;
-            }
-            // kube sets `patchType` only through `with_patch`, which takes the patch by value:
-            // it gets an empty one, which the decision's patch, serialized above from its
-            // reference, replaces (no clone per review).
-            match response.with_patch(Patch(Vec::new())) {
-                Ok(mut patched) => {
-                    patched.patch = Some(bytes);
-                    patched
-                }
-                Err(_) => AdmissionResponse::from(request),
-            }
-        }
-        Decision::Skip {
-            reason: SkipReason::MalformedOwnerReference,
-            detail,
-        } => {
-            response.warnings = Some(vec![format!(
-                "sharder: object not assigned to a shard: {detail}"
-            )]);
-            response
-        }
-        _ => response,
-    }
+/// An AdmissionReview answer as the apiserver reads it. kube's `AdmissionResponse` writes its
+/// patch as a JSON array of byte values (up to four characters a byte, each formatted as a
+/// number); Go's `[]byte` reads base64 as well, which this writes (four characters per three
+/// bytes).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Answer<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    response: AnswerResponse<'a>,
+}
+
+/// The `response` of an [`Answer`].
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AnswerResponse<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<ByteString>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<[String; 1]>,
 }
 
 /// Room for a serialized assignment patch (the label map, the shard label and a drain label's
 /// removal fit), so the buffer is not regrown per review.
 const PATCH_CAPACITY: usize = 256;
 
-/// Room for a serialized response review beside its patch (which kube writes as an array of
-/// byte values: up to four characters a byte).
-const REVIEW_CAPACITY: usize = 256;
+/// Room for a serialized answer beside its patch, so the buffer is not regrown per review.
+const ANSWER_CAPACITY: usize = 256;
+
+/// The response body (an AdmissionReview) for `decision`: always allowed; carries the patch of
+/// an assignment, and a warning for a malformed controller reference (which the user can fix).
+pub fn encode(
+    request: &AdmissionRequest<DynamicObject>,
+    decision: &Decision,
+) -> Result<Vec<u8>, ReviewError> {
+    let (patch, warnings) = match decision {
+        // Serializing a patch of strings cannot fail; if it ever did, allowing the write
+        // unassigned is the safe answer (the reconciler's sweep assigns it).
+        Decision::Assign { patch, .. } => {
+            let mut bytes = Vec::with_capacity(PATCH_CAPACITY);
+            let written = serde_json::to_writer(&mut bytes, patch);
+            (written.ok().map(|()| ByteString(bytes)), None)
+        }
+        Decision::Skip {
+            reason: SkipReason::MalformedOwnerReference,
+            detail,
+        } => (
+            None,
+            Some([format!("sharder: object not assigned to a shard: {detail}")]),
+        ),
+        _ => (None, None),
+    };
+    let patch_len = patch.as_ref().map_or(0, |p| p.0.len());
+    let answer = Answer {
+        api_version: &request.types.api_version,
+        kind: &request.types.kind,
+        response: AnswerResponse {
+            uid: &request.uid,
+            allowed: true,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            warnings,
+        },
+    };
+    let mut body = Vec::with_capacity(ANSWER_CAPACITY + patch_len * 4 / 3);
+    serde_json::to_writer(&mut body, &answer).map_err(ReviewError::Encode)?;
+    Ok(body)
+}
 
 /// Why a request body is not an AdmissionReview the webhook can answer.
 #[derive(Debug, thiserror::Error)]
@@ -398,6 +426,9 @@ pub enum ReviewError {
     /// The AdmissionReview has no `request`.
     #[error("AdmissionReview has no request")]
     NoRequest,
+    /// The answer could not be serialized (not expected: it holds strings only).
+    #[error("could not serialize the AdmissionReview answer: {0}")]
+    Encode(#[source] serde_json::Error),
     /// The AdmissionReview has an apiVersion other than `admission.k8s.io/v1`.
     #[error("AdmissionReview apiVersion {0:?} is not supported (expected admission.k8s.io/v1)")]
     Version(String),
@@ -411,18 +442,6 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ReviewError
         return Err(ReviewError::Version(review.types.api_version));
     }
     review.try_into().map_err(|_| ReviewError::NoRequest)
-}
-
-/// The response body (an AdmissionReview) for `decision`.
-pub fn encode(
-    request: &AdmissionRequest<DynamicObject>,
-    decision: &Decision,
-) -> Result<Vec<u8>, ReviewError> {
-    let response = respond(request, decision);
-    let patch = response.patch.as_ref().map_or(0, Vec::len);
-    let mut body = Vec::with_capacity(REVIEW_CAPACITY + 4 * patch);
-    serde_json::to_writer(&mut body, &response.into_review()).map_err(ReviewError::Parse)?;
-    Ok(body)
 }
 
 /// The pure path from request body to response body for a known owner state: parse the

@@ -115,12 +115,9 @@ fn run_with_owner(
     let response: Value = serde_json::from_slice(&response).expect("json response");
     let mut patched = req.object.clone();
     if let Some(patch) = response["response"].get("patch") {
-        // Go's []byte accepts a base64 string or an array of byte values; kube sends the latter.
-        let bytes: Vec<u8> = match patch {
-            Value::String(b64) => base64_decode(b64),
-            other => serde_json::from_value(other.clone()).expect("patch bytes"),
-        };
-        let ops: Patch = serde_json::from_slice(&bytes).expect("patch json");
+        // Go's []byte as the apiserver reads it: a base64 string.
+        let bytes: ByteString = serde_json::from_value(patch.clone()).expect("base64 patch");
+        let ops: Patch = serde_json::from_slice(&bytes.0).expect("patch json");
         json_patch::patch(&mut patched, &ops).expect("patch applies");
         assert_eq!(response["response"]["patchType"], "JSONPatch");
     }
@@ -130,25 +127,6 @@ fn run_with_owner(
         "705ab4f5-6393-11e8-b7cc-42010a800002"
     );
     (decision, response, patched)
-}
-
-/// Minimal standard base64 decoder for the test (the response carries the patch base64-encoded).
-fn base64_decode(s: &str) -> Vec<u8> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::new();
-    let mut buf = 0u32;
-    let mut bits = 0;
-    for c in s.bytes().filter(|c| *c != b'=') {
-        let v = ALPHABET.iter().position(|a| *a == c).expect("base64") as u32;
-        buf = (buf << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buf >> bits) as u8);
-            buf &= (1 << bits) - 1;
-        }
-    }
-    out
 }
 
 fn shard_of(patched: &Value) -> Option<&str> {

@@ -3,6 +3,7 @@
 use axum::body::Body;
 use axum::http::{Method, Request};
 use http_body_util::BodyExt;
+use k8s_openapi::ByteString;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use sharder_common::{ClusterRingSpec, GroupResource, OwnerState, RingResource};
@@ -259,10 +260,10 @@ async fn a_controller_ring_gets_its_own_label_key_and_metric_label() {
     .await;
     assert_eq!(status, StatusCode::OK);
     let response: Value = serde_json::from_str(&body).expect("json");
-    // The apiserver reads the patch bytes as kube serializes them (an array of bytes).
-    let patch: Vec<u8> =
-        serde_json::from_value(response["response"]["patch"].clone()).expect("a patch");
-    let patch = String::from_utf8(patch).expect("utf-8");
+    // The apiserver reads the patch bytes as Go's []byte: base64.
+    let patch: ByteString =
+        serde_json::from_value(response["response"]["patch"].clone()).expect("a base64 patch");
+    let patch = String::from_utf8(patch.0).expect("utf-8");
     assert!(
         patch.contains("/metadata/labels/shard.alpha.sharding.timebertt.dev~1example"),
         "{patch}"
