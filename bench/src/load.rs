@@ -178,11 +178,11 @@ fn start_servers() -> Result<(SocketAddr, SocketAddr, String), Error> {
     );
     let limits = sharder_webhook::server::Limits::default();
     let sharder = sharder_webhook::server::router(rings, Arc::new(NoOwners), metrics, limits);
+    let (config, _) = files
+        .load()
+        .map_err(|e| Error::Setup(format!("the load TLS files: {e}")))?;
     let mut addrs = Vec::new();
     for app in [crate::floor::floor_router(), sharder] {
-        let (config, _) = files
-            .load()
-            .map_err(|e| Error::Setup(format!("the load TLS files: {e}")))?;
         let listener =
             std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a load server"))?;
         listener
@@ -193,8 +193,8 @@ fn start_servers() -> Result<(SocketAddr, SocketAddr, String), Error> {
                 .local_addr()
                 .map_err(Error::io("bind a load server"))?,
         );
-        let server =
-            axum_server::from_tcp_rustls(listener, config).map_err(Error::io("serve TLS"))?;
+        let server = axum_server::from_tcp_rustls(listener, config.clone())
+            .map_err(Error::io("serve TLS"))?;
         tokio::spawn(server.serve(app.into_make_service()));
     }
     drop(entered);
