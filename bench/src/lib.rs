@@ -442,6 +442,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
         eprintln!("[bench] {}", Section::Load.heading());
         texts.insert(Section::Load, load::run(&args).await?);
     }
+    if args.sections.iter().all(|s| *s == Section::Load) {
+        return write_report(&args, None, started.elapsed(), &texts);
+    }
     let cp = ControlPlane::shared().await?;
     sharder_harness::crd::install_ring_crds(&cp.client().await?).await?;
     let webhooks = webhooks::start(cp).await?;
@@ -472,7 +475,17 @@ pub async fn run(args: Args) -> Result<(), Error> {
         };
         texts.insert(section, text);
     }
-    let text = report::render(&args, cp, started.elapsed(), &texts);
+    write_report(&args, Some(cp), started.elapsed(), &texts)
+}
+
+/// Renders the report of the sections in `texts` and writes it to `args.output`.
+fn write_report(
+    args: &Args,
+    cp: Option<&ControlPlane>,
+    took: Duration,
+    texts: &std::collections::BTreeMap<Section, String>,
+) -> Result<(), Error> {
+    let text = report::render(args, cp, took, texts);
     if let Some(parent) = args.output.parent() {
         std::fs::create_dir_all(parent).map_err(Error::io("create the report folder"))?;
     }

@@ -66,7 +66,7 @@ fn proc_line(file: &str, prefix: &str) -> String {
 /// The whole report: `sections` holds the text of each section that ran.
 pub(crate) fn render(
     args: &Args,
-    cp: &ControlPlane,
+    cp: Option<&ControlPlane>,
     took: Duration,
     sections: &BTreeMap<Section, String>,
 ) -> String {
@@ -83,7 +83,13 @@ pub(crate) fn render(
         format!("rustc | {}", first_line("rustc", &["--version"])),
         format!("kube-apiserver | {}", version("kube-apiserver")),
         format!("etcd | {}", version("etcd")),
-        format!("apiserver | {} (loopback, audit log on)", cp.url()),
+        format!(
+            "apiserver | {}",
+            cp.map_or("not started".into(), |cp| format!(
+                "{} (loopback, audit log on)",
+                cp.url()
+            ))
+        ),
         format!(
             "build | {}",
             if cfg!(debug_assertions) {
