@@ -37,7 +37,7 @@ use crate::report::{goals, table};
 use crate::stats::median_of;
 use crate::tracker::{Alarm, Tracker};
 use crate::webhooks::Webhooks;
-use crate::writes::{Writes, count_by};
+use crate::writes::{Writes, count_by, pooled};
 use crate::{Args, Error, REBALANCE_CONCURRENCY, RingSetup};
 
 /// A minimal shard on the shard SDK, in this process: acknowledges drains, reconciles nothing.
@@ -229,14 +229,14 @@ impl Movers {
     /// real write), answered with the metadata only as the reconciler's and the shards' writes
     /// are, [`REBALANCE_CONCURRENCY`] in flight; their rate from the audit log like the moves'.
     /// With `through_webhook` each patch also removes the shard label, so the sharder webhook
-    /// is called and puts it back (as it does for every acknowledgement).
-    async fn raw_rate(
+    /// is called and puts it back (as it does for every acknowledgement). The run's writes.
+    async fn raw_run(
         &self,
         names: &[String],
         count: usize,
         value: usize,
         through_webhook: bool,
-    ) -> Result<f64, Error> {
+    ) -> Result<Writes, Error> {
         let api: Api<Secret> = Api::namespaced(self.raw_client.clone(), &self.setup.ns);
         let (mark, start) = (self.cp.audit_mark(), Timestamp::now());
         let mut labels = json!({ "bench/raw": value.to_string() });
@@ -252,7 +252,7 @@ impl Movers {
             .buffer_unordered(REBALANCE_CONCURRENCY)
             .try_for_each(|_| async { Ok(()) })
             .await?;
-        Ok(self.writes(mark, start, &[RAW]).await.0.rate())
+        Ok(self.writes(mark, start, &[RAW]).await.0)
     }
 }
 
@@ -294,14 +294,14 @@ struct Crash {
     recovery: Duration,
     moves: Writes,
     /// Raw PATCHes right after the crashed shard's objects were back.
-    raw: f64,
+    raw: Writes,
 }
 
 impl Crash {
     /// The bound on the recovery: 2 x lease (expired, then taken over) + the objects at the
     /// raw rate + 1 s.
     fn bound(&self, lease: Duration) -> f64 {
-        2.0 * lease.as_secs_f64() + self.objects as f64 / self.raw + 1.0
+        2.0 * lease.as_secs_f64() + self.objects as f64 / self.raw.rate() + 1.0
     }
 }
 
@@ -336,8 +336,11 @@ async fn round(m: &mut Movers, number: usize) -> Result<Round, Error> {
         reconciler_writes,
         shard_writes,
         wall: converged - started,
-        raw: m.raw_rate(&names, count, 10 * number, false).await?,
-        raw_webhook: m.raw_rate(&names, count, 10 * number + 1, true).await?,
+        raw: m.raw_run(&names, count, 10 * number, false).await?.rate(),
+        raw_webhook: m
+            .raw_run(&names, count, 10 * number + 1, true)
+            .await?
+            .rate(),
         writes,
         ..Round::default()
     };
@@ -374,7 +377,7 @@ async fn crash(m: &mut Movers, number: usize) -> Result<Crash, Error> {
     // Any object of the namespace will do (each a Secret on a live shard).
     let names: Vec<String> = after.into_keys().collect();
     let count = (RAW_AFTER_CRASH * objects).max(RAW_MIN).min(names.len());
-    let raw = m.raw_rate(&names, count, 1000 + number, false).await?;
+    let raw = m.raw_run(&names, count, 1000 + number, false).await?;
     let recovery = converged - crashed;
     eprintln!("[bench]   crash {number}: {objects} objects back after {recovery:?}");
     Ok(Crash {
@@ -480,7 +483,7 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
         ),
     ]);
     out += &format!(
-        "## 5. Shard crashes\n\nAfter the rounds, {} times: a fresh shard joins the three and takes its share (live moves), then stops at once (its task aborted: no release, no more renewals). A Lease counts as expired after its duration and is taken over one duration later (the protocol's `uncertain` state), then its objects move directly (no drain). Right after each crash's objects are back, raw merge PATCHes of the namespace's objects ({RAW_AFTER_CRASH} times as many as the crash had, each object at most once) at {c} in flight, as in section 4: the apiserver's plain write rate beside the crash. Bound: 2 x lease + N / raw rate + 1 s.\n\n",
+        "## 5. Shard crashes\n\nAfter the rounds, {} times: a fresh shard joins the three and takes its share (live moves), then stops at once (its task aborted: no release, no more renewals). A Lease counts as expired after its duration and is taken over one duration later (the protocol's `uncertain` state), then its objects move directly (no drain). Right after each crash's objects are back, raw merge PATCHes of the namespace's objects ({RAW_AFTER_CRASH} times as many as the crash had, each object at most once) at {c} in flight, as in section 4: the apiserver's plain write rate beside the crash. Bound: 2 x lease + N / raw rate + 1 s. The rate goal takes every crash together: all moves over their time against all raw PATCHes over theirs (a crash's moves take about 2 s, and one garbage collection of the apiserver in them moves their rate by a fifth).\n\n",
         crashes.len()
     );
     out += &table(
@@ -494,8 +497,8 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
                 w.count,
                 w.rate(),
                 w.in_flight(),
-                x.raw,
-                w.rate() / x.raw
+                x.raw.rate(),
+                w.rate() / x.raw.rate()
             )
         }),
     );
@@ -504,7 +507,10 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
         .filter(|x| x.recovery.as_secs_f64() <= x.bound(lease))
         .count();
     let margin = median_of(crashes, |x| x.bound(lease) - x.recovery.as_secs_f64());
-    let vs_raw = median_of(crashes, |x| x.moves.rate() / x.raw);
+    // Pooled: a crash's moves take about 2 s, in which one garbage collection of the apiserver
+    // moves the rate by a fifth; every second of moves and of raw PATCHes weighs the same.
+    let vs_raw = pooled(crashes.iter().map(|x| &x.moves)) / pooled(crashes.iter().map(|x| &x.raw));
+    let per_crash = median_of(crashes, |x| x.moves.rate() / x.raw.rate());
     let exact = crashes.iter().all(|x| x.moves.count == x.objects);
     out + &goals(&[
         (
@@ -518,9 +524,9 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
         ),
         (
             format!(
-                "dead-shard moves/s vs raw PATCH/s at {c} in flight right after each crash (median)"
+                "dead-shard moves/s vs raw PATCH/s at {c} in flight right after each crash (every crash's writes over their time)"
             ),
-            format!("{vs_raw:.3}"),
+            format!("{vs_raw:.3} (median of the crashes' own ratios {per_crash:.3})"),
             ">= 0.9",
             vs_raw >= 0.9,
         ),
@@ -561,18 +567,27 @@ mod tests {
     }
 
     #[test]
-    fn crashes_are_judged_each_against_its_own_raw_rate_then_by_the_median() {
-        // Move rates 900, 1000, 1100 against raw rates that turn the order round: 0.9, 0.5, 1.1.
-        let crash = |moves, raw| Crash {
+    fn crashes_are_judged_on_every_crashs_moves_and_raw_patches_over_their_time() {
+        // Moves 900, 1000, 1100 in 1 s each against raw runs of 1000/s, 2000/s, 1000/s: the
+        // crashes' own ratios 0.9, 0.5, 1.1 (median 0.9); pooled 3000 moves in 3 s against
+        // 10000 raw PATCHes in 8 s: 0.8.
+        let crash = |moves, raw, seconds| Crash {
             objects: moves,
             recovery: Duration::from_secs(21),
             moves: writes(moves),
-            raw,
+            raw: Writes {
+                last_answered: 1.0 + seconds,
+                ..writes(raw)
+            },
         };
-        let crashes = [crash(900, 1000.0), crash(1000, 2000.0), crash(1100, 1000.0)];
+        let crashes = [
+            crash(900, 3000, 3.0),
+            crash(1000, 4000, 2.0),
+            crash(1100, 3000, 3.0),
+        ];
         let text = markdown(10_000, Duration::from_secs(10), &[], &crashes);
         assert!(
-            text.contains("right after each crash (median) | 0.900 | >= 0.9 | met |"),
+            text.contains("over their time) | 0.800 (median of the crashes' own ratios 0.900) | >= 0.9 | **missed** |"),
             "{text}"
         );
         // Bounds 21.9, 21.5 and 22.1 s (20 s of Lease, the writes at the raw rate, 1 s) for 21 s.

@@ -75,6 +75,15 @@ impl Writes {
     }
 }
 
+/// Writes per second over several runs together: all their writes over all their time (each
+/// run from its first received to its last answered).
+pub(crate) fn pooled<'a>(runs: impl Iterator<Item = &'a Writes>) -> f64 {
+    let (count, seconds) = runs.fold((0, 0.0), |(n, s), w| {
+        (n + w.count, s + w.last_answered - w.first_received)
+    });
+    count as f64 / seconds.max(1e-9)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -111,5 +120,18 @@ mod tests {
             Writes::of(start, &audit, "ns", &["nobody"]),
             Writes::default()
         );
+    }
+
+    #[test]
+    fn pooled_runs_weigh_every_second_alike() {
+        let run = |count, seconds| Writes {
+            count,
+            first_received: 1.0,
+            last_answered: 1.0 + seconds,
+            busy: 0.0,
+        };
+        // 1000/s for 1 s and 250/s for 4 s: 2000 writes in 5 s, not the mean of the rates.
+        assert_eq!(pooled([run(1000, 1.0), run(1000, 4.0)].iter()), 400.0);
+        assert_eq!(pooled([].iter()), 0.0);
     }
 }
