@@ -191,9 +191,9 @@ pub(crate) async fn run(
     for &n in &args.idle_sizes {
         rows.push(size(&meter, webhooks, n).await?);
     }
-    // The sections after this one measure too: the deletions end first (the node section's
-    // cluster shares this machine's CPU with this control plane).
-    others.remove(true).await?;
+    // The sections after this one measure too (the node section's cluster shares this
+    // machine's CPU with this control plane): every deletion ends first.
+    others.remove(false).await?;
     quiet(&meter.client).await?;
     Ok(markdown(&rows, args.idle_others))
 }

@@ -507,8 +507,7 @@ fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]
         .filter(|x| x.recovery.as_secs_f64() <= x.bound(lease))
         .count();
     let margin = median_of(crashes, |x| x.bound(lease) - x.recovery.as_secs_f64());
-    // Pooled: a crash's moves take about 2 s, in which one garbage collection of the apiserver
-    // moves the rate by a fifth; every second of moves and of raw PATCHes weighs the same.
+    // Every crash together (why: the section's text above).
     let vs_raw = pooled(crashes.iter().map(|x| &x.moves)) / pooled(crashes.iter().map(|x| &x.raw));
     let per_crash = median_of(crashes, |x| x.moves.rate() / x.raw.rate());
     let exact = crashes.iter().all(|x| x.moves.count == x.objects);
