@@ -43,13 +43,14 @@ for lane, e2e in (("e2e", True), ("crates", False)):
                 out.write(f"{package}\t{executable}\t{name}\n")
 EOF
 
-# Runs the binaries of lane file $1 one after another; a failed one is noted in $plan/failed.
+# Runs the binaries of lane file $1 one after another; a failed one is noted in $plan/failed and
+# its output kept in $plan/<binary>.log for the summary.
 lane() {
   local package executable binary started
   while IFS=$'\t' read -r package executable binary; do
     started=$(date +%s)
     echo "=== $binary ($(date -u +%H:%M:%S))"
-    if ! (cd "$package" && "$executable") < /dev/null; then
+    if ! (cd "$package" && "$executable") < /dev/null 2>&1 | tee "$plan/$binary.log"; then
       echo "$binary" >> "$plan/failed"
     fi
     echo "=== $binary: $(( $(date +%s) - started )) s"
@@ -71,6 +72,11 @@ wait "$e2e" "$crates"
 
 echo "=== every test binary ran in $(( $(date +%s) - started )) s"
 if [ -s "$plan/failed" ]; then
+  # Each failure's panic again, last: in a long log the lines above are far from its tail.
+  while read -r binary; do
+    echo "=== $binary failed:"
+    grep -A 12 -e '^---- ' -e 'panicked at' "$plan/$binary.log" 2>/dev/null | head -80 || true
+  done < "$plan/failed"
   echo "=== failed:"
   sed 's/^/  /' "$plan/failed"
   exit 1
