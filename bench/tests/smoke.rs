@@ -67,6 +67,7 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| stable names, lease kept (`--stable-name`) | 0 | 0 | 0 |",
         "| 100 | ",
         "| 200 | ",
+        "| every run's peak MiB |",
         "| objects moved, worst round off the ideal | ",
         "| rebalancing writes/s vs the mix's rate beside it (median over the rounds) | ",
         "| goal | figure | bound | verdict |",
