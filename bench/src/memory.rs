@@ -26,7 +26,7 @@ type Row = (usize, [f64; 4]);
 const GOAL_OBJECTS: usize = 100_000;
 
 /// Reconciler runs per size: a peak is one process's high-water mark over a scale-out of well
-/// under a second at 1,000 objects, and moves by half a MiB from run to run.
+/// under a second at 1,000 objects, noisy from process to process (docs/performance-notes.md).
 const RUNS: usize = 3;
 
 /// The RSS and peak RSS (MiB) of process `pid`, read after 2 s of settling.
