@@ -135,21 +135,14 @@ async fn put_back(setup: &RingSetup) -> Result<(), Error> {
         draining.push(o.name_any());
     })
     .await?;
-    let (api, patch) = (
-        setup.secrets(),
+    let (api, params) = (setup.secrets(), PatchParams::default());
+    let patch = Patch::Merge(
         serde_json::json!({"metadata": {"labels": {setup.labels.drain.as_str(): null}}}),
     );
-    futures::stream::iter(draining)
-        .map(|name| {
-            let (api, patch) = (&api, &patch);
-            async move {
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .map(drop)
-            }
-        })
+    futures::stream::iter(&draining)
+        .map(|name| api.patch_metadata(name, &params, &patch))
         .buffer_unordered(64)
-        .try_collect::<()>()
+        .try_for_each(|_| async { Ok(()) })
         .await?;
     Ok(())
 }
