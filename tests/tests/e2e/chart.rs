@@ -11,7 +11,7 @@ use kube::api::DynamicObject;
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use serde_json::{Value, json};
-use sharder_common::ClusterRing;
+use sharder_common::{ClusterRing, ClusterRingSpec};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::NAMESPACE_LABEL;
 use sharder_harness::helm::{Helm, documents};
@@ -79,6 +79,11 @@ fn the_chart_lints_clean_and_bad_values_are_named() {
         (
             json!({ "clusterRings": [{ "name": "Bad Name", "resources": [{ "resource": "secrets" }] }] }),
             "/clusterRings/0/name",
+        ),
+        // A ControllerRing's name is the value of its Leases' ring label: 63 characters at most.
+        (
+            json!({ "controllerRings": [{ "name": "r".repeat(64), "resources": [{ "resource": "secrets" }] }] }),
+            "/controllerRings/0/name",
         ),
         (
             json!({ "reconciler": { "namespaceSelector": { "matchExpressions": [{ "key": "a", "operator": "Near" }] } } }),
@@ -251,11 +256,20 @@ fn the_ring_selector_reaches_the_reconciler_under_its_name_or_its_former_one() {
 }
 
 #[test]
-fn rings_from_values_grant_exactly_their_resources() {
+fn rings_of_both_kinds_from_values_grant_exactly_their_resources() {
     let helm = Helm::get().expect("helm");
+    let controller_ring = json!({
+        "name": "other-operator",
+        "resources": [{
+            "group": "apps",
+            "resource": "deployments",
+            "controlledResources": [{ "group": "apps", "resource": "replicasets" }]
+        }],
+    });
     let values = json!({
         "clusterRings": [ring_values("my-operator", "team-a")],
-        "shardedResources": [{ "group": "apps", "resources": ["deployments"] }],
+        "controllerRings": [controller_ring],
+        "shardedResources": [{ "group": "batch", "resources": ["jobs"] }],
         "serviceMonitor": { "enabled": true },
     });
     let docs = helm
@@ -268,6 +282,15 @@ fn rings_from_values_grant_exactly_their_resources() {
         "configmaps"
     );
     typed.spec.validate().expect("valid");
+    // A ControllerRing has a ClusterRing's spec under its own kind.
+    let ring = find(&docs, "ControllerRing", "other-operator").expect("controller ring");
+    let spec: ClusterRingSpec =
+        serde_json::from_value(ring["spec"].clone()).expect("a valid ControllerRing spec");
+    assert_eq!(
+        spec.resources[0].controlled_resources[0].resource,
+        "replicasets"
+    );
+    spec.validate().expect("valid");
     let role = find(&docs, "ClusterRole", "sharder-reconciler").expect("role");
     let sharded: Vec<&Value> = role["rules"]
         .as_array()
@@ -279,7 +302,8 @@ fn rings_from_values_grant_exactly_their_resources() {
         sharded,
         [
             &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "patch"] }),
-            &json!({ "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "patch"] }),
+            &json!({ "apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["get", "list", "patch"] }),
+            &json!({ "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "patch"] }),
         ]
     );
     let webhook_role = find(&docs, "ClusterRole", "sharder-webhook").expect("role");
@@ -293,7 +317,8 @@ fn rings_from_values_grant_exactly_their_resources() {
         owners,
         [
             &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get"] }),
-            &json!({ "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"] }),
+            &json!({ "apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["get"] }),
+            &json!({ "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"] }),
         ],
         "the webhook only reads owners of the sharded resources"
     );
@@ -302,7 +327,8 @@ fn rings_from_values_grant_exactly_their_resources() {
         .notes(&values, "sharder", "sharder-system")
         .expect("notes");
     assert!(
-        notes.contains("ClusterRings created: my-operator"),
+        notes.contains("ClusterRings created: my-operator")
+            && notes.contains("ControllerRings created: other-operator"),
         "{notes}"
     );
 }
