@@ -2,7 +2,7 @@
 //! combinations, an install into the real apiserver (every object accepted, the CRD established,
 //! the generated certificate kept across an upgrade), then the webhook and the reconciler run as
 //! local processes authenticated as the chart's own ServiceAccounts, with RBAC on, through the
-//! happy path: assignment, scale-out, a shard crash.
+//! happy path: assignment, scale-out, a shard crash, and a ControllerRing's objects assigned.
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -11,11 +11,12 @@ use kube::api::DynamicObject;
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use serde_json::{Value, json};
-use sharder_common::{ClusterRing, ClusterRingSpec};
+use sharder_common::{ClusterRing, ClusterRingSpec, RingKind};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::NAMESPACE_LABEL;
 use sharder_harness::helm::{Helm, documents};
 use sharder_harness::wait::eventually;
+use sharder_harness::world::World;
 use sharder_tests::system::{Options, System, WAIT};
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
@@ -423,12 +424,24 @@ async fn assert_installed(cp: &ControlPlane, docs: &[Value], namespace: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn installed_chart_rbac_is_enough_for_assignment_scale_out_and_a_crash() {
+async fn installed_chart_rbac_is_enough_for_assignment_scale_out_a_crash_and_a_controller_ring() {
     let helm = Helm::get().expect("helm");
     let cp = ControlPlane::shared().await.expect("control plane");
     let release_ns = cp.namespace("sharder-system").await.expect("namespace");
     let ns = cp.namespace("chart").await.expect("namespace");
-    let values = json!({ "clusterRings": [ring_values(&ns, &ns)] });
+    // A ControllerRing beside the ClusterRing, over a namespace of its own, labelled for the
+    // same reconciler (its ring selector is the ClusterRing's namespace label).
+    let cr_ns = cp.namespace("chart-cr").await.expect("namespace");
+    let controller_ring = json!({
+        "name": cr_ns,
+        "labels": { NAMESPACE_LABEL: ns },
+        "resources": [{ "group": "", "resource": "secrets" }],
+        "namespaceSelector": { "matchLabels": { NAMESPACE_LABEL: cr_ns } }
+    });
+    let values = json!({
+        "clusterRings": [ring_values(&ns, &ns)],
+        "controllerRings": [controller_ring],
+    });
 
     let release = helm
         .deploy("install", &values, "sharder", &release_ns, cp.kubeconfig())
@@ -510,6 +523,31 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_and_a_crash() {
         .wait_converged("the crashed shard's objects reassigned under the chart's RBAC")
         .await;
     eprintln!("under the chart's RBAC: {:?}", system.holdings().await);
+    // The ControllerRing: its webhook configuration made and its objects assigned at CREATE
+    // by the chart's webhook, its status written, under the same RBAC.
+    let mut controller_ring = World::in_namespace(cp, cr_ns.clone())
+        .await
+        .with_kind(RingKind::ControllerRing);
+    controller_ring.add_shard_lease("cr-shard-0", 3600).await;
+    controller_ring.wait_until_webhook_assigns().await;
+    let rings = controller_ring.rings();
+    eventually(
+        "the ControllerRing's status: 1 shard, Ready",
+        WAIT,
+        || async {
+            let ring = rings.get_status(&cr_ns).await.map_err(|e| e.to_string())?;
+            let status = &ring.data["status"];
+            let ready = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            (ready && status["availableShards"] == 1)
+                .then_some(())
+                .ok_or_else(|| status.to_string())
+        },
+    )
+    .await;
     let ring = Api::<ClusterRing>::all(client.clone())
         .get(&ns)
         .await
