@@ -339,6 +339,32 @@ impl World {
             .ok_or(format!("{} objects not settled: {wrong:?}", wrong.len()))
     }
 
+    /// Waits until the ring's status counts `shards` shards, every one available, and says
+    /// `Ready`.
+    pub async fn wait_until_ring_ready(&self, shards: u64) {
+        let rings = self.rings();
+        eventually(
+            "the ring's status: its shards available, Ready",
+            WAIT,
+            || async {
+                let ring = rings
+                    .get_status(&self.ring)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = &ring.data["status"];
+                let ready = status["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                (ready && status["shards"] == shards && status["availableShards"] == shards)
+                    .then_some(())
+                    .ok_or_else(|| status.to_string())
+            },
+        )
+        .await;
+    }
+
     /// The shard label of `object`.
     pub fn shard_of<K: Resource>(&self, object: &K) -> Option<String> {
         self.labels.shard_of(object.labels()).map(str::to_owned)

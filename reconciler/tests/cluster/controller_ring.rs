@@ -70,19 +70,7 @@ async fn shards_of_the_controller_ring_contract_are_assigned_drained_and_recover
     }
 
     // Status, by the shared schema.
-    eventually("the ControllerRing's status", WAIT, || async {
-        let ring = w.rings().get(&w.ring).await.map_err(|e| e.to_string())?;
-        let status = &ring.data["status"];
-        let ready = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        (status["shards"] == 3 && status["availableShards"] == 3 && ready)
-            .then_some(())
-            .ok_or(format!("{status}"))
-    })
-    .await;
+    w.wait_until_ring_ready(3).await;
 
     // Scale-out: only the objects that move are drained; acknowledged as a shard does, they
     // and their children land on the new shard.

@@ -530,24 +530,7 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_a_crash_and_a_c
         .with_kind(RingKind::ControllerRing);
     controller_ring.add_shard_lease("cr-shard-0", 3600).await;
     controller_ring.wait_until_webhook_assigns().await;
-    let rings = controller_ring.rings();
-    eventually(
-        "the ControllerRing's status: 1 shard, Ready",
-        WAIT,
-        || async {
-            let ring = rings.get_status(&cr_ns).await.map_err(|e| e.to_string())?;
-            let status = &ring.data["status"];
-            let ready = status["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            (ready && status["availableShards"] == 1)
-                .then_some(())
-                .ok_or_else(|| status.to_string())
-        },
-    )
-    .await;
+    controller_ring.wait_until_ring_ready(1).await;
     let ring = Api::<ClusterRing>::all(client.clone())
         .get(&ns)
         .await
