@@ -141,7 +141,7 @@ mkdir -p "$tree/.go/src/k8s.io"
 ln -sfn ../../.. "$tree/.go/src/k8s.io/kubernetes"
 for what in "${BUILT[@]}"; do
   [ -x "$ASSETS/$what" ] && continue
-  log "building $what $K8S_VERSION (first run on this machine only; about 10 minutes for all on 2 cores)"
+  log "building $what $K8S_VERSION (first run on this machine only; about 7 minutes for all on 2 cores)"
   (cd "$tree" && GOPATH="$tree/.go" CGO_ENABLED=0 \
     make WHAT="cmd/$what" >&2)
   cp "$tree/_output/bin/$what" "$ASSETS/$what.tmp"
