@@ -4,6 +4,8 @@
 //! local processes authenticated as the chart's own ServiceAccounts, with RBAC on, through the
 //! happy path: assignment, scale-out, a shard crash, and a ControllerRing's objects assigned.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -17,6 +19,7 @@ use sharder_harness::control_plane::NAMESPACE_LABEL;
 use sharder_harness::helm::{Helm, documents};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::World;
+use sharder_runtime::logging::LogFormat;
 use sharder_tests::system::{Options, System, WAIT};
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
@@ -202,6 +205,74 @@ fn the_defaults_render_a_hardened_webhook_and_reconciler() {
             .expect("notes")
             .contains("Next steps")
     );
+}
+
+/// The webhook's or the reconciler's flags as the chart renders them for `deployment`, parsed
+/// by the component's own flag parser.
+fn parsed<A: clap::Parser>(binary: &str, deployment: &Value) -> A {
+    A::try_parse_from(std::iter::once(binary.to_owned()).chain(args(deployment)))
+        .unwrap_or_else(|e| panic!("{binary} refuses the chart's flags: {e}"))
+}
+
+#[test]
+fn every_value_that_becomes_a_flag_reaches_its_component_as_it_reads_it() {
+    let helm = Helm::get().expect("helm");
+    let values = json!({
+        "logFormat": "plain",
+        "webhook": {
+            "port": 9444,
+            "adminPort": 9191,
+            "timeoutSeconds": 7,
+            "extraArgs": ["--max-body-bytes=1048576"],
+        },
+        "reconciler": {
+            "leaderElection": { "duration": "20s", "renew": "4s" },
+            "sweepInterval": "2m",
+            "resyncInterval": "3h",
+            "maxWritesPerSecond": 50,
+            "maxConcurrentWrites": 16,
+            "ringSelector": "team=a",
+            "namespaceSelector": { "matchLabels": { "sharded": "true" } },
+            "adminPort": 9292,
+            "extraArgs": ["--list-page-size=100"],
+        },
+    });
+    let docs = helm
+        .render(&values, "sharder", "sharder-system")
+        .expect("render");
+
+    let webhook = find(&docs, "Deployment", "sharder-webhook").expect("webhook");
+    let webhook: sharder_webhook::Args = parsed("sharder-webhook", webhook);
+    assert_eq!(webhook.listen_addr.port(), 9444);
+    assert_eq!(webhook.common.admin.admin_addr.port(), 9191);
+    assert_eq!(webhook.common.log.log_format, LogFormat::Plain);
+    assert_eq!(webhook.max_body_bytes, 1_048_576);
+    let service = find(&docs, "Service", "sharder-webhook").expect("service");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "https");
+
+    let reconciler = find(&docs, "Deployment", "sharder-reconciler").expect("reconciler");
+    let reconciler: sharder_reconciler::Args = parsed("sharder-reconciler", reconciler);
+    let secs = Duration::from_secs;
+    assert_eq!(reconciler.leader_election_name, "sharder-reconciler");
+    assert_eq!(reconciler.leader_election_duration, secs(20));
+    assert_eq!(reconciler.leader_election_renew, secs(4));
+    assert_eq!(reconciler.webhook_service_name, "sharder-webhook");
+    assert_eq!(reconciler.webhook_timeout_seconds, 7);
+    assert_eq!(reconciler.sweep_interval, secs(120));
+    assert_eq!(reconciler.resync_interval, secs(3 * 3600));
+    assert_eq!(reconciler.max_writes_per_second, 50);
+    assert_eq!(reconciler.max_concurrent_writes, 16);
+    assert_eq!(reconciler.ring_selector, "team=a");
+    assert_eq!(
+        reconciler
+            .namespace_selector
+            .and_then(|s| s.match_labels)
+            .unwrap_or_default(),
+        [("sharded".to_owned(), "true".to_owned())].into()
+    );
+    assert_eq!(reconciler.common.admin.admin_addr.port(), 9292);
+    assert_eq!(reconciler.common.log.log_format, LogFormat::Plain);
+    assert_eq!(reconciler.list_page_size, 100);
 }
 
 #[test]
