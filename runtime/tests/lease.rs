@@ -99,11 +99,17 @@ async fn a_holder_whose_lease_is_taken_loses_it() {
     let (a, _, api) = keepers("taken", ["replica-1", "replica-2"]).await;
     let shutdown = CancellationToken::new();
     let held = a.acquire(&shutdown).await.expect("acquire");
-    let mut lease = api.get("taken").await.expect("get");
-    lease.spec.as_mut().expect("spec").holder_identity = Some("shardlease-controller".into());
-    api.replace("taken", &PostParams::default(), &lease)
-        .await
-        .expect("take over");
+    // The holder renews every 300 ms: a renewal may land between the read and the write (409),
+    // then the Lease is read again.
+    loop {
+        let mut lease = api.get("taken").await.expect("get");
+        lease.spec.as_mut().expect("spec").holder_identity = Some("shardlease-controller".into());
+        match api.replace("taken", &PostParams::default(), &lease).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("take over: {e}"),
+        }
+    }
     tokio::time::timeout(Duration::from_secs(5), held.lost().cancelled())
         .await
         .expect("the holder learns it lost the lease");
