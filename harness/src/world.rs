@@ -54,6 +54,21 @@ pub struct World {
     probes: usize,
 }
 
+/// Gives Lease `name` of `leases` to `holder` (`""` releases it), as a takeover or a release
+/// by hand: read, then written with the resourceVersion read; a write that lost to another (a
+/// holder's renewal, the reconciler's state label) reads again.
+pub async fn set_lease_holder(leases: &Api<Lease>, name: &str, holder: &str) {
+    loop {
+        let mut lease = leases.get(name).await.expect("the lease");
+        lease.spec.get_or_insert_default().holder_identity = Some(holder.to_owned());
+        match leases.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("give lease {name} to {holder:?}: {e}"),
+        }
+    }
+}
+
 impl World {
     /// A new namespace `<prefix>-<random>` (the ring is not created yet), a CA and a webhook
     /// serving certificate signed by it (`tls.crt`, `tls.key`, `ca.crt` in [`dir`](Self::dir)).

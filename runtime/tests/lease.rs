@@ -9,10 +9,11 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use sharder_common::{ShardState, shard_state};
 use sharder_harness::ControlPlane;
 use sharder_harness::proxy::Proxy;
+use sharder_harness::world::set_lease_holder;
 use sharder_runtime::lease::{Attempt, HoldError, LeaseConfig, LeaseKeeper, OnStop, hold};
 use tokio_util::sync::CancellationToken;
 
@@ -99,17 +100,8 @@ async fn a_holder_whose_lease_is_taken_loses_it() {
     let (a, _, api) = keepers("taken", ["replica-1", "replica-2"]).await;
     let shutdown = CancellationToken::new();
     let held = a.acquire(&shutdown).await.expect("acquire");
-    // The holder renews every 300 ms: a renewal may land between the read and the write (409),
-    // then the Lease is read again.
-    loop {
-        let mut lease = api.get("taken").await.expect("get");
-        lease.spec.as_mut().expect("spec").holder_identity = Some("shardlease-controller".into());
-        match api.replace("taken", &PostParams::default(), &lease).await {
-            Ok(_) => break,
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("take over: {e}"),
-        }
-    }
+    // The holder renews every 300 ms meanwhile.
+    set_lease_holder(&api, "taken", "shardlease-controller").await;
     tokio::time::timeout(Duration::from_secs(5), held.lost().cancelled())
         .await
         .expect("the holder learns it lost the lease");

@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use sharder_common::{RingId, RingKind};
-use sharder_harness::world::World;
+use sharder_harness::world::{World, set_lease_holder};
 use sharder_sdk::shard::{Shard, ShardError, ShardReconcileError};
 use tokio_util::sync::CancellationToken;
 
@@ -59,23 +59,8 @@ async fn a_lost_lease_stops_the_controllers_at_once() {
             !dropped.load(Ordering::SeqCst),
             "controllers run while the lease is held"
         );
-        // The shard renews every 200 ms: a renewal may land between the read and the write
-        // (409), then the Lease is read again, as a takeover by the reconciler does.
-        let mut stolen = held;
-        loop {
-            stolen.spec.as_mut().expect("spec").holder_identity =
-                Some("shardlease-controller".into());
-            match leases
-                .replace("shard-a", &PostParams::default(), &stolen)
-                .await
-            {
-                Ok(_) => break,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    stolen = leases.get("shard-a").await.expect("the lease");
-                }
-                Err(e) => panic!("take over: {e}"),
-            }
-        }
+        // The shard renews every 200 ms meanwhile.
+        set_lease_holder(&leases, "shard-a", "shardlease-controller").await;
     };
     let (result, ()) = tokio::join!(tokio::time::timeout(Duration::from_secs(20), run), thief);
     let result = result.expect("run returns once the lease is lost");

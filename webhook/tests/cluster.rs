@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -27,7 +26,7 @@ use sharder_harness::certs::TestCa;
 use sharder_harness::fixtures::{child_of, secret, shard_lease};
 use sharder_harness::launch::Webhook;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
-use sharder_harness::world::World;
+use sharder_harness::world::{World, set_lease_holder};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -359,17 +358,7 @@ async fn with_no_shard_available_creates_succeed_unlabelled_until_one_is() {
     assert!(skipped.is_some_and(|n| n >= 5.0), "{skipped:?}");
 
     // Once a shard holds its lease, new objects are assigned to it.
-    Api::<Lease>::namespaced(s.client.clone(), &s.ns)
-        .replace("released", &pp, &{
-            let mut lease = Api::<Lease>::namespaced(s.client.clone(), &s.ns)
-                .get("released")
-                .await
-                .expect("get");
-            lease.spec.as_mut().expect("spec").holder_identity = Some("released".into());
-            lease
-        })
-        .await
-        .expect("hold the lease");
+    set_lease_holder(&s.leases(), "released", "released").await;
     let mut attempt = 0;
     let s = &s;
     eventually("new objects are assigned to the shard", WAIT, || {

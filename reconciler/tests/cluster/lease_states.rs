@@ -14,6 +14,7 @@ use kube::api::PostParams;
 use sharder_common::labels::STATE_LABEL;
 use sharder_harness::fixtures::shard_lease;
 use sharder_harness::wait::eventually;
+use sharder_harness::world::set_lease_holder;
 
 use crate::{Test, WAIT};
 
@@ -53,12 +54,7 @@ async fn lease_states_are_labelled_and_a_silent_shard_is_taken_over_then_deleted
             .ok_or(format!("{:?}", state_of(&l)))
     })
     .await;
-    let mut released = w.leases().get("released").await.expect("get");
-    released.spec.as_mut().expect("spec").holder_identity = Some(String::new());
-    w.leases()
-        .replace("released", &PostParams::default(), &released)
-        .await
-        .expect("release");
+    set_lease_holder(&w.leases(), "released", "").await;
 
     // Watch the silent lease's state label over time.
     let started = Instant::now();
