@@ -1038,9 +1038,8 @@ async fn create_ring_of_two_shards(w: &Test, ring: &ClusterRing) -> Ring {
 /// allows 15 s, the page holds about 30 MB (objects with big annotations, which a metadata list
 /// carries), and the reconciler writes 3 objects a second, 2 at a time: its 200 objects take
 /// 67 s, and a reading that waited on the writes would stall for 20-45 s past what the
-/// sockets hold (10-20 MB on loopback). Sending the page takes 1-1.3 s here on a quiet machine
-/// and took over 6 s once in a fresh-clone `make test` beside the real node's journey, which
-/// failed this test when the apiserver allowed 6 s.
+/// sockets hold (10-20 MB on loopback). What sending the page takes: `docs/performance-notes.md`,
+/// "The slow-page test".
 #[tokio::test]
 async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
     const OBJECTS: usize = 200;
