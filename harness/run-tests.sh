@@ -37,9 +37,8 @@ for line in open(os.path.join(plan, "build.json")):
 # By name, the bench smoke test last (sort is stable).
 binaries.sort()
 binaries.sort(key=lambda b: b[0] == "bench:smoke")
-# These run in the end-to-end lane, after its binaries: the crates lane (its bench smoke after
-# everything else) ended 85-90 s after the end-to-end lane in three runs, about twice what
-# they take.
+# These run in the end-to-end lane, after its binaries, to even the lanes (the crates lane, with
+# the bench smoke, is the longer one: docs/performance-notes.md, "Where make test's CPU goes").
 late_in_e2e = ("harness:control_plane", "webhook:cluster")
 e2e = [b for b in binaries if b[0].startswith("tests:")]
 e2e += [b for b in binaries if b[0] in late_in_e2e]
