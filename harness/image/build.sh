@@ -56,15 +56,19 @@ if [ ! -d "$base" ]; then
   log "assembling the base layer from Debian's libc6 and libgcc-s1 into $base"
   debs=$(mktemp -d)
   (cd "$debs" && apt-get download libc6 libgcc-s1 >&2) || die "apt-get download libc6 libgcc-s1 failed"
-  rm -rf "$base.tmp" && mkdir -p "$base.tmp"
-  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$base.tmp"; done
-  rm -rf "$debs" "$base.tmp/usr/share/doc" "$base.tmp/usr/share/lintian" "$base.tmp/usr/share/locale"
-  mkdir -p "$base.tmp/etc" "$base.tmp/tmp" "$base.tmp/home/nonroot"
-  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$base.tmp/etc/passwd"
-  printf 'root:x:0:\nnonroot:x:65532:\n' >"$base.tmp/etc/group"
-  chmod 1777 "$base.tmp/tmp"
-  chown 65532:65532 "$base.tmp/home/nonroot"
-  mv "$base.tmp" "$base"
+  # A folder of this build's own, renamed into place at the end: two builds at once (two test
+  # binaries starting their nodes) each assemble one and the first rename wins.
+  mkdir -p "$(dirname "$base")"
+  tmp=$(mktemp -d "$base.XXXXXX")
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$tmp"; done
+  rm -rf "$debs" "$tmp/usr/share/doc" "$tmp/usr/share/lintian" "$tmp/usr/share/locale"
+  mkdir -p "$tmp/etc" "$tmp/tmp" "$tmp/home/nonroot"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$tmp/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$tmp/etc/group"
+  chmod 1777 "$tmp/tmp"
+  chown 65532:65532 "$tmp/home/nonroot"
+  chmod 0755 "$tmp"
+  mv -T "$tmp" "$base" 2>/dev/null || rm -rf "$tmp"
 fi
 
 work=$(mktemp -d)

@@ -119,13 +119,12 @@ impl Node {
                 )));
             }
         }
-        tokio::task::spawn_blocking(lock_machine)
-            .await
-            .map_err(|e| Error::Provision(e.to_string()))??;
-        let dir = node_dir();
-
-        // The images first: a build error should not leave a half-started node behind.
+        // The images first: a build error should not leave a half-started node behind; and
+        // before the machine's node lock, so a binary waiting for another's node has them ready.
         let images = std::env::temp_dir().join(format!("sharder-images-{}", std::process::id()));
+        let mut remove = Command::new("rm");
+        remove.arg("-rf").arg(&images);
+        run_at_exit(remove);
         let binaries = binaries::binary("pause")?
             .parent()
             .map(Path::to_path_buf)
@@ -140,6 +139,10 @@ impl Node {
                 .args(["--out", &path_str(&images)])
                 .stderr(Stdio::inherit()),
         )?;
+        tokio::task::spawn_blocking(lock_machine)
+            .await
+            .map_err(|e| Error::Provision(e.to_string()))??;
+        let dir = node_dir();
 
         let mut clean = Command::new("bash");
         clean
