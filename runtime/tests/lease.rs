@@ -112,11 +112,16 @@ async fn a_holder_keeps_its_lease_while_others_write_its_labels() {
     let (a, _, api) = keepers("relabelled", ["relabelled", "other"]).await;
     let held = a.acquire(&CancellationToken::new()).await.expect("acquire");
     // The shard lease controller writes its state label with merge patches (no
-    // resourceVersion). Here one label write follows another for 3 s: about 10 renewals, each
-    // of which finds the Lease changed between its read and its write.
+    // resourceVersion). Here a label write every 100 ms for 3 s (the controller writes one on a
+    // state change): each renewal, every 300 ms, finds the Lease changed since it last wrote it,
+    // past the 1.7 s renewal deadline. Back to back, on a loaded machine, the writes left a read
+    // and its write no gap at all (CI: lost to 83 writes in 3 s).
     let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut writes = 0_u32;
     while tokio::time::Instant::now() < until && !held.lost().is_cancelled() {
+        pace.tick().await;
         let patch =
             serde_json::json!({"metadata": {"labels": {"test/written": writes.to_string()}}});
         api.patch("relabelled", &PatchParams::default(), &Patch::Merge(&patch))
