@@ -48,8 +48,14 @@ const START: Duration = Duration::from_secs(240);
 const FIRST_LEASE: &str = "45s";
 /// The one change to the example's shard arguments that stays through the rolling update.
 const RECORD: &str = "--record-file=/dev/stdout";
-/// A rebalance or a reassignment: twice the lease duration plus a sweep and the writes.
+/// A rebalance or a reassignment: twice the lease duration plus the writes.
 const MOVE: Duration = Duration::from_secs(150);
+/// The chart's `reconciler.sweepInterval` (checked against `values.yaml` below).
+const SWEEP: Duration = Duration::from_secs(300);
+/// Objects created through the webhook until each, and each child its shard makes, is on its
+/// shard: a child whose webhook call or owner read missed its bound (a loaded machine) is
+/// created unlabelled and assigned by the next sweep.
+const ASSIGNED: Duration = Duration::from_secs(MOVE.as_secs() + SWEEP.as_secs());
 
 /// The shards' records, read from their containers' logs as the containers run: one text per
 /// container instance, and when its log ended (the container exited).
@@ -248,6 +254,16 @@ async fn create_assigned(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_the_chart_through_the_operators_day() {
+    let values = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/sharder/values.yaml"
+    ))
+    .expect("the chart's values");
+    let sweep = values
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("sweepInterval:"))
+        .and_then(|v| sharder_runtime::duration::parse_duration(v.trim()).ok());
+    assert_eq!(sweep, Some(SWEEP), "the chart's sweepInterval");
     let node = Node::shared().await.expect("a node");
     let cp = node.control_plane();
     let client = cp.client().await.expect("client");
@@ -291,7 +307,7 @@ async fn runs_the_chart_through_the_operators_day() {
     create_assigned(&world, &objects, 0..OBJECTS, 3).await;
     eventually(
         "every object with its checksums on its shard",
-        MOVE,
+        ASSIGNED,
         || async { objects_converged(&world, &ring_of(3)).await },
     )
     .await;
@@ -410,7 +426,7 @@ async fn runs_the_chart_through_the_operators_day() {
 
     // A rolling update of the shards (the example applied again with its own Lease duration)
     // moves nothing and writes nothing: each successor takes its stable name's Lease back.
-    eventually("converged before the rolling update", MOVE, || async {
+    eventually("converged before the rolling update", ASSIGNED, || async {
         objects_converged(&world, &ring_of(4)).await
     })
     .await;
