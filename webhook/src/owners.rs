@@ -1,10 +1,12 @@
 //! Reading the owner of a controlled object under admission, so the object goes where its owner
 //! is held now (`sharder_common::handover`): one metadata-only GET per new controlled object.
-//! The owner's resource is found through discovery (its kind to its plural), cached; the owner
-//! itself is never cached.
+//! The owner's resource is found through discovery (its kind to its plural), once per kind: the
+//! first children after a start all wait on one discovery instead of each sending its own (each
+//! within the owner read's bound, on an apiserver busy with them); the owner itself is never
+//! cached.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -13,6 +15,7 @@ use kube::discovery::Scope;
 use kube::{Api, Client};
 use sharder_common::OwnerState;
 use sharder_common::key::group_of_api_version;
+use tokio::sync::OnceCell;
 
 use crate::admission::{OwnerRef, RingSnapshot};
 
@@ -29,9 +32,9 @@ pub trait Owners: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<OwnerState, String>>;
 }
 
-/// Resolved owner resources by (group, version, kind): the API resource and whether it is
-/// namespaced.
-type Resources = HashMap<(String, String, String), (ApiResource, bool)>;
+/// Owner resources by (group, version, kind): the API resource and whether it is namespaced,
+/// once discovered (a failed discovery leaves the cell empty for the next caller).
+type Resources = HashMap<(String, String, String), Arc<OnceCell<(ApiResource, bool)>>>;
 
 /// Owners read from the apiserver.
 pub struct ApiOwners {
@@ -48,22 +51,23 @@ impl ApiOwners {
         }
     }
 
-    /// The API resource of `api_version`/`kind` and whether it is namespaced (discovery,
-    /// cached).
+    /// The API resource of `api_version`/`kind` and whether it is namespaced (discovery, once
+    /// per kind: concurrent callers wait on the one in flight).
     async fn resource(&self, api_version: &str, kind: &str) -> Result<(ApiResource, bool), String> {
         let group = group_of_api_version(api_version).map_err(|e| e.to_string())?;
         let version = api_version.rsplit('/').next().unwrap_or(api_version);
         let id = (group.to_owned(), version.to_owned(), kind.to_owned());
-        if let Some(found) = self.lock().get(&id) {
-            return Ok(found.clone());
-        }
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
-            .await
-            .map_err(|e| format!("discovery of {api_version} {kind}: {e}"))?;
-        let found = (resource, caps.scope == Scope::Namespaced);
-        self.lock().insert(id, found.clone());
-        Ok(found)
+        let cell = Arc::clone(self.lock().entry(id).or_default());
+        let found = cell
+            .get_or_try_init(|| async {
+                let gvk = GroupVersionKind::gvk(group, version, kind);
+                let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+                    .await
+                    .map_err(|e| format!("discovery of {api_version} {kind}: {e}"))?;
+                Ok::<_, String>((resource, caps.scope == Scope::Namespaced))
+            })
+            .await?;
+        Ok(found.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Resources> {
@@ -103,5 +107,62 @@ impl Owners for ApiOwners {
                 .await
                 .unwrap_or_else(|_| Err(format!("reading owner {} took too long", owner.name)))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{Request, Response};
+    use kube::client::Body;
+    use sharder_common::RingId;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_first_children_after_a_start_wait_on_one_discovery_of_their_owners_kind() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let owners = ApiOwners::new(Client::new(service, "default"));
+        let spec = sharder_harness::fixtures::secrets_ring("ring", None).spec;
+        let ring = RingSnapshot::new(&RingId::cluster_ring("ring"), &spec, ["shard-1"]);
+        let shard_label = ring.labels.shard.clone();
+        let apiserver = tokio::spawn(async move {
+            let mut discoveries = 0;
+            while let Some((request, respond)) = handle.next_request().await {
+                let body = match request.uri().path() {
+                    "/api/v1" => {
+                        discoveries += 1;
+                        serde_json::json!({"kind": "APIResourceList", "apiVersion": "v1",
+                            "groupVersion": "v1", "resources": [{"name": "secrets",
+                            "singularName": "secret", "namespaced": true, "kind": "Secret",
+                            "verbs": ["get", "list", "watch"]}]})
+                    }
+                    "/api/v1/namespaces/ns/secrets/owner" => {
+                        serde_json::json!({"kind": "PartialObjectMetadata",
+                            "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "owner",
+                            "namespace": "ns", "labels": {shard_label.as_str(): "shard-1"}}})
+                    }
+                    other => panic!("unexpected request {other}"),
+                };
+                let body = Body::from(serde_json::to_vec(&body).expect("json"));
+                respond.send_response(Response::builder().body(body).expect("response"));
+            }
+            discoveries
+        });
+        let owner = OwnerRef {
+            api_version: "v1".into(),
+            kind: "Secret".into(),
+            namespace: Some("ns".into()),
+            name: "owner".into(),
+        };
+        // Eight reads at once: each sends its requests before the apiserver answers any.
+        let states = futures::future::join_all((0..8).map(|_| owners.state(&ring, &owner))).await;
+        assert!(
+            states
+                .iter()
+                .all(|s| s == &Ok(OwnerState::Settled("shard-1".into()))),
+            "{states:?}"
+        );
+        drop(owners);
+        assert_eq!(apiserver.await.expect("apiserver"), 1, "discoveries");
     }
 }
