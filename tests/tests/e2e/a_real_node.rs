@@ -30,7 +30,7 @@ use sharder_harness::node::chart::{
     self, Kubectl, RELEASE, RELEASE_NAMESPACE as RELEASE_NS, RING, SHARDS_NAMESPACE as SHARDS_NS,
     STATEFULSET, Workload, leader,
 };
-use sharder_harness::wait::{eventually, http_get, metric_value};
+use sharder_harness::wait::{eventually, http_get, metric_sum, metric_value};
 use sharder_harness::world::World;
 use sharder_tests::history::History;
 use sharder_tests::ownership;
@@ -230,6 +230,28 @@ async fn pod_ip(client: &Client, ns: &str, name: &str) -> IpAddr {
         .expect("a pod IP")
 }
 
+/// The webhook pods' owner reads that failed or missed their bound (each child left unassigned
+/// at CREATE for the reconciler's sweep), from their metrics.
+async fn owner_lookup_errors(client: &Client) -> f64 {
+    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await
+        .expect("webhook pods");
+    let mut errors = 0.0;
+    for pod in pods.items {
+        let ip = pod_ip(client, RELEASE_NS, &pod.name_any()).await;
+        let (_, metrics) = http_get(SocketAddr::new(ip, 8080), "/metrics")
+            .await
+            .expect("the webhook's metrics");
+        errors += metric_sum(
+            &metrics,
+            "sharder_webhook_owner_lookups_total",
+            &[("result", "error")],
+        );
+    }
+    errors
+}
+
 /// Creates Secrets `object-<i>` for `range`; each must come back from the CREATE labelled with
 /// the shard the ring of `shards` shards picks (the webhook assigned it).
 async fn create_assigned(
@@ -304,6 +326,7 @@ async fn runs_the_chart_through_the_operators_day() {
 
     // Objects: assigned at CREATE by the webhook, through its Service.
     let objects = Objects::new(world.secrets());
+    let creating = Instant::now();
     create_assigned(&world, &objects, 0..OBJECTS, 3).await;
     eventually(
         "every object with its checksums on its shard",
@@ -311,6 +334,12 @@ async fn runs_the_chart_through_the_operators_day() {
         || async { objects_converged(&world, &ring_of(3)).await },
     )
     .await;
+    eprintln!(
+        "{OBJECTS} objects and their checksums on their shards {:?} after the first CREATE; \
+         owner reads over their bound (children left to the sweep): {}",
+        creating.elapsed(),
+        owner_lookup_errors(&client).await
+    );
     eventually("the shards' records read from their logs", MOVE, || async {
         let shards: BTreeSet<String> = records.lines().into_iter().map(|l| l.shard).collect();
         (shards.len() == 3)
