@@ -1,8 +1,9 @@
 //! Reading the owner of a controlled object under admission, so the object goes where its owner
 //! is held now (`sharder_common::handover`): one metadata-only GET per new controlled object.
-//! The owner's resource is found through discovery (its kind to its plural), once per kind: the
-//! first children after a start all wait on one discovery instead of each sending its own (each
-//! within the owner read's bound, on an apiserver busy with them); the owner itself is never
+//! The owner's resource is found through discovery (its kind to its plural), once per kind, in a
+//! task of its own: the first children after a start all wait on one discovery instead of each
+//! sending its own, and one slower than the owner read's bound still ends and serves the children
+//! after it (tied to its caller, it would start over with each). The owner itself is never
 //! cached.
 
 use std::collections::HashMap;
@@ -52,22 +53,36 @@ impl ApiOwners {
     }
 
     /// The API resource of `api_version`/`kind` and whether it is namespaced (discovery, once
-    /// per kind: concurrent callers wait on the one in flight).
+    /// per kind, in a task that outlives a caller who stops waiting; concurrent callers wait on
+    /// the one in flight).
     async fn resource(&self, api_version: &str, kind: &str) -> Result<(ApiResource, bool), String> {
         let group = group_of_api_version(api_version).map_err(|e| e.to_string())?;
         let version = api_version.rsplit('/').next().unwrap_or(api_version);
         let id = (group.to_owned(), version.to_owned(), kind.to_owned());
         let cell = Arc::clone(self.lock().entry(id).or_default());
-        let found = cell
-            .get_or_try_init(|| async {
-                let gvk = GroupVersionKind::gvk(group, version, kind);
-                let (resource, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
-                    .await
-                    .map_err(|e| format!("discovery of {api_version} {kind}: {e}"))?;
-                Ok::<_, String>((resource, caps.scope == Scope::Namespaced))
-            })
-            .await?;
-        Ok(found.clone())
+        if let Some(found) = cell.get() {
+            return Ok(found.clone());
+        }
+        let (client, gvk) = (
+            self.client.clone(),
+            GroupVersionKind::gvk(group, version, kind),
+        );
+        let discovery = tokio::spawn(async move {
+            let found = cell
+                .get_or_try_init(|| async {
+                    let (resource, caps) = kube::discovery::pinned_kind(&client, &gvk)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>((resource, caps.scope == Scope::Namespaced))
+                })
+                .await?;
+            Ok::<_, String>(found.clone())
+        });
+        match discovery.await {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => Err(format!("discovery of {api_version} {kind}: {e}")),
+            Err(e) => Err(format!("discovery of {api_version} {kind}: {e}")),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Resources> {
@@ -162,6 +177,52 @@ mod tests {
                 .all(|s| s == &Ok(OwnerState::Settled("shard-1".into()))),
             "{states:?}"
         );
+        drop(owners);
+        assert_eq!(apiserver.await.expect("apiserver"), 1, "discoveries");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_discovery_slower_than_the_owner_reads_bound_still_serves_the_reads_after_it() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let owners = ApiOwners::new(Client::new(service, "default"));
+        let spec = sharder_harness::fixtures::secrets_ring("ring", None).spec;
+        let ring = RingSnapshot::new(&RingId::cluster_ring("ring"), &spec, ["shard-1"]);
+        let apiserver = tokio::spawn(async move {
+            let mut discoveries = 0;
+            while let Some((request, respond)) = handle.next_request().await {
+                let body = match request.uri().path() {
+                    "/api/v1" => {
+                        discoveries += 1;
+                        // A busy apiserver: the answer comes after the first read's bound.
+                        tokio::time::sleep(OWNER_LOOKUP_TIMEOUT + Duration::from_secs(1)).await;
+                        serde_json::json!({"kind": "APIResourceList", "apiVersion": "v1",
+                            "groupVersion": "v1", "resources": [{"name": "secrets",
+                            "singularName": "secret", "namespaced": true, "kind": "Secret",
+                            "verbs": ["get"]}]})
+                    }
+                    "/api/v1/namespaces/ns/secrets/owner" => {
+                        serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                            "status": "Failure", "reason": "NotFound", "code": 404})
+                    }
+                    other => panic!("unexpected request {other}"),
+                };
+                let status = body["code"].as_u64().unwrap_or(200) as u16;
+                let body = Body::from(serde_json::to_vec(&body).expect("json"));
+                let response = Response::builder().status(status).body(body);
+                respond.send_response(response.expect("response"));
+            }
+            discoveries
+        });
+        let owner = OwnerRef {
+            api_version: "v1".into(),
+            kind: "Secret".into(),
+            namespace: Some("ns".into()),
+            name: "owner".into(),
+        };
+        let first = owners.state(&ring, &owner).await;
+        assert!(first.is_err(), "{first:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(owners.state(&ring, &owner).await, Ok(OwnerState::Missing));
         drop(owners);
         assert_eq!(apiserver.await.expect("apiserver"), 1, "discoveries");
     }
