@@ -130,80 +130,35 @@ mod tests {
     use axum::http::{Request, Response};
     use kube::client::Body;
     use sharder_common::RingId;
+    use tokio::task::JoinHandle;
 
     use super::*;
 
-    #[tokio::test]
-    async fn the_first_children_after_a_start_wait_on_one_discovery_of_their_owners_kind() {
+    /// A ring over Secrets with shard `shard-1`, owner Secret `ns/owner`, and owners read from a
+    /// mock apiserver that answers discovery after `delay` and the owner's GET with `owner`
+    /// (an object's metadata, or a Status whose `code` is the answer's); it returns how many
+    /// discoveries it answered once the owners are dropped.
+    fn setup(
+        delay: Duration,
+        owner: impl Fn(&RingSnapshot) -> serde_json::Value + Send + 'static,
+    ) -> (ApiOwners, RingSnapshot, OwnerRef, JoinHandle<usize>) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let owners = ApiOwners::new(Client::new(service, "default"));
         let spec = sharder_harness::fixtures::secrets_ring("ring", None).spec;
         let ring = RingSnapshot::new(&RingId::cluster_ring("ring"), &spec, ["shard-1"]);
-        let shard_label = ring.labels.shard.clone();
+        let answer = owner(&ring);
         let apiserver = tokio::spawn(async move {
             let mut discoveries = 0;
             while let Some((request, respond)) = handle.next_request().await {
                 let body = match request.uri().path() {
                     "/api/v1" => {
                         discoveries += 1;
-                        serde_json::json!({"kind": "APIResourceList", "apiVersion": "v1",
-                            "groupVersion": "v1", "resources": [{"name": "secrets",
-                            "singularName": "secret", "namespaced": true, "kind": "Secret",
-                            "verbs": ["get", "list", "watch"]}]})
-                    }
-                    "/api/v1/namespaces/ns/secrets/owner" => {
-                        serde_json::json!({"kind": "PartialObjectMetadata",
-                            "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "owner",
-                            "namespace": "ns", "labels": {shard_label.as_str(): "shard-1"}}})
-                    }
-                    other => panic!("unexpected request {other}"),
-                };
-                let body = Body::from(serde_json::to_vec(&body).expect("json"));
-                respond.send_response(Response::builder().body(body).expect("response"));
-            }
-            discoveries
-        });
-        let owner = OwnerRef {
-            api_version: "v1".into(),
-            kind: "Secret".into(),
-            namespace: Some("ns".into()),
-            name: "owner".into(),
-        };
-        // Eight reads at once: each sends its requests before the apiserver answers any.
-        let states = futures::future::join_all((0..8).map(|_| owners.state(&ring, &owner))).await;
-        assert!(
-            states
-                .iter()
-                .all(|s| s == &Ok(OwnerState::Settled("shard-1".into()))),
-            "{states:?}"
-        );
-        drop(owners);
-        assert_eq!(apiserver.await.expect("apiserver"), 1, "discoveries");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_discovery_slower_than_the_owner_reads_bound_still_serves_the_reads_after_it() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let owners = ApiOwners::new(Client::new(service, "default"));
-        let spec = sharder_harness::fixtures::secrets_ring("ring", None).spec;
-        let ring = RingSnapshot::new(&RingId::cluster_ring("ring"), &spec, ["shard-1"]);
-        let apiserver = tokio::spawn(async move {
-            let mut discoveries = 0;
-            while let Some((request, respond)) = handle.next_request().await {
-                let body = match request.uri().path() {
-                    "/api/v1" => {
-                        discoveries += 1;
-                        // A busy apiserver: the answer comes after the first read's bound.
-                        tokio::time::sleep(OWNER_LOOKUP_TIMEOUT + Duration::from_secs(1)).await;
+                        tokio::time::sleep(delay).await;
                         serde_json::json!({"kind": "APIResourceList", "apiVersion": "v1",
                             "groupVersion": "v1", "resources": [{"name": "secrets",
                             "singularName": "secret", "namespaced": true, "kind": "Secret",
                             "verbs": ["get"]}]})
                     }
-                    "/api/v1/namespaces/ns/secrets/owner" => {
-                        serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                            "status": "Failure", "reason": "NotFound", "code": 404})
-                    }
+                    "/api/v1/namespaces/ns/secrets/owner" => answer.clone(),
                     other => panic!("unexpected request {other}"),
                 };
                 let status = body["code"].as_u64().unwrap_or(200) as u16;
@@ -219,6 +174,37 @@ mod tests {
             namespace: Some("ns".into()),
             name: "owner".into(),
         };
+        let owners = ApiOwners::new(Client::new(service, "default"));
+        (owners, ring, owner, apiserver)
+    }
+
+    #[tokio::test]
+    async fn the_first_children_after_a_start_wait_on_one_discovery_of_their_owners_kind() {
+        let (owners, ring, owner, apiserver) = setup(Duration::ZERO, |ring| {
+            serde_json::json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                "metadata": {"name": "owner", "namespace": "ns",
+                    "labels": {ring.labels.shard.as_str(): "shard-1"}}})
+        });
+        // Eight reads at once: each sends its requests before the apiserver answers any.
+        let states = futures::future::join_all((0..8).map(|_| owners.state(&ring, &owner))).await;
+        assert!(
+            states
+                .iter()
+                .all(|s| s == &Ok(OwnerState::Settled("shard-1".into()))),
+            "{states:?}"
+        );
+        drop(owners);
+        assert_eq!(apiserver.await.expect("apiserver"), 1, "discoveries");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_discovery_slower_than_the_owner_reads_bound_still_serves_the_reads_after_it() {
+        // A busy apiserver: discovery is answered after the first read's bound.
+        let (owners, ring, owner, apiserver) =
+            setup(OWNER_LOOKUP_TIMEOUT + Duration::from_secs(1), |_| {
+                serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "status": "Failure", "reason": "NotFound", "code": 404})
+            });
         let first = owners.state(&ring, &owner).await;
         assert!(first.is_err(), "{first:?}");
         tokio::time::sleep(Duration::from_secs(2)).await;
