@@ -63,26 +63,20 @@ impl ApiOwners {
         if let Some(found) = cell.get() {
             return Ok(found.clone());
         }
-        let (client, gvk) = (
-            self.client.clone(),
-            GroupVersionKind::gvk(group, version, kind),
-        );
+        let client = self.client.clone();
+        let gvk = GroupVersionKind::gvk(group, version, kind);
         let discovery = tokio::spawn(async move {
-            let found = cell
-                .get_or_try_init(|| async {
-                    let (resource, caps) = kube::discovery::pinned_kind(&client, &gvk)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok::<_, String>((resource, caps.scope == Scope::Namespaced))
-                })
-                .await?;
-            Ok::<_, String>(found.clone())
+            cell.get_or_try_init(|| async {
+                let (resource, caps) = kube::discovery::pinned_kind(&client, &gvk)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((resource, caps.scope == Scope::Namespaced))
+            })
+            .await
+            .cloned()
         });
-        match discovery.await {
-            Ok(Ok(found)) => Ok(found),
-            Ok(Err(e)) => Err(format!("discovery of {api_version} {kind}: {e}")),
-            Err(e) => Err(format!("discovery of {api_version} {kind}: {e}")),
-        }
+        let found = discovery.await.unwrap_or_else(|e| Err(e.to_string()));
+        found.map_err(|e| format!("discovery of {api_version} {kind}: {e}"))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Resources> {
