@@ -107,10 +107,9 @@ async fn answers_far_larger_than_the_read_buffer_arrive_whole() {
     }
 }
 
-/// `api.get(name)`, again (up to 3 times) while the apiserver answers with a server error: such an
-/// answer arrived whole (it is the apiserver's own, once its etcd read broke off: "rpc error:
-/// code = Internal desc = unexpected EOF" seen once in CI on a fresh control plane), so it says
-/// nothing of how the client reads; any other error fails at once.
+/// `api.get(name)`, again (up to 3 times) while the apiserver answers with a server error (its
+/// etcd read broke off: "unexpected EOF"): such an answer arrived whole, so it says nothing of
+/// how the client reads; any other error fails at once.
 async fn get_served(api: &Api<ConfigMap>, name: &str) -> ConfigMap {
     let mut tries = 1;
     loop {

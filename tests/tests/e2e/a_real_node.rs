@@ -24,7 +24,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, ObjectKey, Ring};
 use sharder_example::record::{self, Line};
-use sharder_harness::helm::Helm;
+use sharder_harness::helm::{self, Helm};
 use sharder_harness::node::Node;
 use sharder_harness::node::chart::{
     self, Kubectl, RELEASE, RELEASE_NAMESPACE as RELEASE_NS, RING, SHARDS_NAMESPACE as SHARDS_NS,
@@ -32,6 +32,7 @@ use sharder_harness::node::chart::{
 };
 use sharder_harness::wait::{eventually, http_get, metric_sum, metric_value};
 use sharder_harness::world::World;
+use sharder_runtime::duration::parse_duration;
 use sharder_tests::history::History;
 use sharder_tests::ownership;
 use sharder_tests::system::{Objects, objects_converged, unix_nanos};
@@ -230,15 +231,20 @@ async fn pod_ip(client: &Client, ns: &str, name: &str) -> IpAddr {
         .expect("a pod IP")
 }
 
+/// The chart's webhook pods.
+async fn webhook_pods(client: &Client) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await
+        .expect("webhook pods")
+        .items
+}
+
 /// The webhook pods' owner reads that failed or missed their bound (each child left unassigned
 /// at CREATE for the reconciler's sweep), from their metrics.
 async fn owner_lookup_errors(client: &Client) -> f64 {
-    let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
-        .await
-        .expect("webhook pods");
     let mut errors = 0.0;
-    for pod in pods.items {
+    for pod in webhook_pods(client).await {
         let ip = pod_ip(client, RELEASE_NS, &pod.name_any()).await;
         let (_, metrics) = http_get(SocketAddr::new(ip, 8080), "/metrics")
             .await
@@ -276,16 +282,16 @@ async fn create_assigned(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_the_chart_through_the_operators_day() {
-    let values = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../charts/sharder/values.yaml"
-    ))
-    .expect("the chart's values");
-    let sweep = values
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("sweepInterval:"))
-        .and_then(|v| sharder_runtime::duration::parse_duration(v.trim()).ok());
-    assert_eq!(sweep, Some(SWEEP), "the chart's sweepInterval");
+    let values = std::fs::read_to_string(helm::chart_dir().join("values.yaml")).expect("values");
+    let values = helm::documents(&values).expect("the chart's values");
+    let sweep = values[0]["reconciler"]["sweepInterval"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        parse_duration(sweep).ok(),
+        Some(SWEEP),
+        "the chart's sweepInterval"
+    );
     let node = Node::shared().await.expect("a node");
     let cp = node.control_plane();
     let client = cp.client().await.expect("client");
@@ -438,11 +444,8 @@ async fn runs_the_chart_through_the_operators_day() {
     .await;
 
     // One webhook pod goes: creates keep being assigned at CREATE.
-    let webhook = Api::<Pod>::namespaced(client.clone(), RELEASE_NS)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+    let webhook = webhook_pods(&client)
         .await
-        .expect("webhook pods")
-        .items
         .into_iter()
         .next()
         .expect("a webhook pod")
