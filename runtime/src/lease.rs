@@ -206,9 +206,18 @@ impl LeaseKeeper {
                 Err(e) => return Err(self.err(e)),
             }
         }
+        self.rereading(|| self.read_plan_write()).await
+    }
+
+    /// Runs `read_and_write` (a read of the Lease and a write on it) again while its write
+    /// loses a race (409), up to [`CONFLICT_REREADS`] more times.
+    async fn rereading<T, Fut>(&self, read_and_write: impl Fn() -> Fut) -> Result<T, LeaseError>
+    where
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
         let mut rereads = 0;
         loop {
-            match self.read_plan_write().await {
+            match read_and_write().await {
                 Err(e) if Self::is_conflict(&e) && rereads < CONFLICT_REREADS => rereads += 1,
                 result => return result.map_err(|e| self.err(e)),
             }
@@ -306,14 +315,17 @@ impl LeaseKeeper {
     }
 
     /// Releases the Lease if we hold it: empty holder, duration 1 s, so others may take it at
-    /// once and the reconciler sees the shard dead without waiting for expiry.
+    /// once and the reconciler sees the shard dead without waiting for expiry. A release that
+    /// loses a race (the shard lease controller wrote its state label between the read and the
+    /// write) reads the Lease again, as [`try_acquire_or_renew`](Self::try_acquire_or_renew)
+    /// does.
     pub async fn release(&self) -> Result<(), LeaseError> {
-        let Some(mut lease) = self
-            .api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(|e| self.err(e))?
-        else {
+        self.rereading(|| self.release_once()).await
+    }
+
+    /// One read of the Lease and, if we hold it, the write releasing it.
+    async fn release_once(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.config.name).await? else {
             return Ok(());
         };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -327,8 +339,7 @@ impl LeaseKeeper {
         spec.acquire_time = Some(now);
         self.api
             .replace(&self.config.name, &PostParams::default(), &lease)
-            .await
-            .map_err(|e| self.err(e))?;
+            .await?;
         info!(lease = %self.config.name, namespace = %self.config.namespace, "lease released");
         Ok(())
     }
@@ -605,43 +616,65 @@ mod tests {
         ));
     }
 
-    #[tokio::test]
-    async fn a_renewal_is_one_write_on_the_lease_as_last_written_and_a_conflict_reads_it_again() {
+    /// A keeper of Lease `ns/l` as `me` talking to a mock apiserver, and the Lease as the
+    /// apiserver holds it at resourceVersion `rv`.
+    mod mock {
+        use super::*;
         use http::{Method, Request, Response};
         use kube::client::Body;
 
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let keeper = LeaseKeeper::new(
-            Client::new(service, "default"),
-            LeaseConfig {
+        pub(super) type Apiserver = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+        const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l";
+
+        pub(super) fn keeper() -> (LeaseKeeper, Apiserver) {
+            let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let config = LeaseConfig {
                 namespace: "ns".into(),
                 name: "l".into(),
                 identity: "me".into(),
                 duration: Duration::from_secs(10),
                 renew_interval: Duration::from_secs(1),
                 labels: [("app".to_owned(), "test".to_owned())].into(),
-            },
-        );
-        let lease = |rv: &str| Lease {
-            metadata: ObjectMeta {
-                name: Some("l".into()),
-                namespace: Some("ns".into()),
-                resource_version: Some(rv.into()),
-                labels: Some([("app".to_owned(), "test".to_owned())].into()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(spec("me", 0, 10, 1)),
-        };
-        type Apiserver = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-        const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l";
+            };
+            (
+                LeaseKeeper::new(Client::new(service, "default"), config),
+                handle,
+            )
+        }
+
+        pub(super) fn lease(rv: &str) -> Lease {
+            Lease {
+                metadata: ObjectMeta {
+                    name: Some("l".into()),
+                    namespace: Some("ns".into()),
+                    resource_version: Some(rv.into()),
+                    labels: Some([("app".to_owned(), "test".to_owned())].into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec("me", 0, 10, 1)),
+            }
+        }
+
         fn json(status: u16, body: Vec<u8>) -> Response<Body> {
             Response::builder()
                 .status(status)
                 .body(Body::from(body))
                 .expect("response")
         }
-        // Answers a PUT of our renewed Lease at `rv`: as written at `rv + 1`, or a conflict.
-        async fn put(handle: &mut Apiserver, rv: &str, status: u16) {
+
+        /// Answers a GET of the Lease with `found`.
+        pub(super) async fn get(handle: &mut Apiserver, found: &Lease) {
+            let (request, respond) = handle.next_request().await.expect("a request");
+            assert_eq!(
+                (request.method(), request.uri().path()),
+                (&Method::GET, PATH)
+            );
+            respond.send_response(json(200, serde_json::to_vec(found).expect("json")));
+        }
+
+        /// Answers a PUT of the Lease at `rv`: as written at `rv + 1`, or a conflict
+        /// (`status` 409). Returns what was sent.
+        pub(super) async fn put(handle: &mut Apiserver, rv: &str, status: u16) -> Lease {
             let (request, respond) = handle.next_request().await.expect("a request");
             assert_eq!(
                 (request.method(), request.uri().path()),
@@ -650,9 +683,6 @@ mod tests {
             let body = request.into_body().collect_bytes().await.expect("body");
             let mut sent: Lease = serde_json::from_slice(&body).expect("a Lease");
             assert_eq!(sent.metadata.resource_version.as_deref(), Some(rv));
-            let spec = sent.spec.as_ref().expect("spec");
-            assert_eq!(spec.holder_identity.as_deref(), Some("me"));
-            assert!(spec.renew_time.as_ref().expect("renewTime").0 > at(0));
             if status == 409 {
                 let conflict = serde_json::json!({"kind": "Status", "apiVersion": "v1",
                     "status": "Failure", "reason": "Conflict", "code": 409,
@@ -663,22 +693,30 @@ mod tests {
                 sent.metadata.resource_version = Some(next.to_string());
                 respond.send_response(json(200, serde_json::to_vec(&sent).expect("json")));
             }
+            sent
         }
-        let found = lease("9");
+    }
+
+    #[tokio::test]
+    async fn a_renewal_is_one_write_on_the_lease_as_last_written_and_a_conflict_reads_it_again() {
+        let (keeper, mut handle) = mock::keeper();
+        let renewed = |sent: Lease| {
+            let spec = sent.spec.expect("spec");
+            assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+            assert!(spec.renew_time.expect("renewTime").0 > at(0));
+        };
         let apiserver = tokio::spawn(async move {
             // A renewal from the Lease as last written: one PUT, nothing read.
-            put(&mut handle, "7", 200).await;
+            renewed(mock::put(&mut handle, "7", 200).await);
             // The next from what that PUT returned; the Lease changed since (a label write).
-            put(&mut handle, "8", 409).await;
-            let (request, respond) = handle.next_request().await.expect("a request");
-            assert_eq!(
-                (request.method(), request.uri().path()),
-                (&Method::GET, PATH)
-            );
-            respond.send_response(json(200, serde_json::to_vec(&found).expect("json")));
-            put(&mut handle, "9", 200).await;
+            mock::put(&mut handle, "8", 409).await;
+            mock::get(&mut handle, &mock::lease("9")).await;
+            renewed(mock::put(&mut handle, "9", 200).await);
         });
-        let (attempt, written) = keeper.attempt(Some(lease("7"))).await.expect("renewed");
+        let (attempt, written) = keeper
+            .attempt(Some(mock::lease("7")))
+            .await
+            .expect("renewed");
         assert_eq!(attempt, Attempt::Held);
         let written = written.expect("the Lease as written");
         assert_eq!(written.metadata.resource_version.as_deref(), Some("8"));
@@ -691,6 +729,24 @@ mod tests {
         apiserver
             .await
             .expect("one write a renewal; a read only after a conflict");
+    }
+
+    #[tokio::test]
+    async fn a_release_that_meets_a_label_write_reads_the_lease_again_and_releases_it() {
+        let (keeper, mut handle) = mock::keeper();
+        let apiserver = tokio::spawn(async move {
+            mock::get(&mut handle, &mock::lease("5")).await;
+            // The shard lease controller wrote its state label between the read and the write.
+            mock::put(&mut handle, "5", 409).await;
+            mock::get(&mut handle, &mock::lease("6")).await;
+            let sent = mock::put(&mut handle, "6", 200).await.spec.expect("spec");
+            assert_eq!(sent.holder_identity.as_deref(), Some(""));
+            assert_eq!(sent.lease_duration_seconds, Some(1));
+        });
+        keeper.release().await.expect("released");
+        apiserver
+            .await
+            .expect("the release written on the Lease read again");
     }
 
     #[test]
