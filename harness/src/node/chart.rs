@@ -215,9 +215,15 @@ impl Node {
         let helm = Helm::get()?;
         let started = Instant::now();
         Kubectl::of(self)?.run(&["create", "namespace", RELEASE_NAMESPACE])?;
+        let set: Vec<String> = values
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| format!(" --set-json '{key}={value}'"))
+            .collect();
         eprintln!(
-            "$ helm install {RELEASE} charts/sharder -n {RELEASE_NAMESPACE} --set-json 'clusterRings={}'",
-            values["clusterRings"]
+            "$ helm install {RELEASE} charts/sharder -n {RELEASE_NAMESPACE}{}",
+            set.concat()
         );
         helm.deploy(
             "install",
