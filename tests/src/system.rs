@@ -589,6 +589,28 @@ impl System {
         ownership::check(&self.record_lines(), &self.ended, unix_nanos())
     }
 
+    /// Waits until the shards that reconciled each of `names` are `enough`, and returns that
+    /// report. A shard records its reconcile after what [`converged`](Self::converged) reads
+    /// from the apiserver (an owner's label, its child moved by the reconciler).
+    pub async fn wait_reconciled<S: AsRef<str>>(
+        &self,
+        names: &[S],
+        enough: impl Fn(&BTreeSet<String>) -> bool,
+    ) -> Report {
+        eventually("the reconciles recorded", WAIT, || async {
+            let report = self.ownership();
+            let short = names
+                .iter()
+                .map(|n| (n.as_ref(), self.reconcilers_of(&report, n.as_ref())))
+                .find(|(_, shards)| !enough(shards));
+            match short {
+                Some((name, shards)) => Err(format!("{name} reconciled by {shards:?}")),
+                None => Ok(report),
+            }
+        })
+        .await
+    }
+
     /// The longest time any object of the namespace stayed unassigned (so far).
     pub fn longest_unassigned(&self) -> Duration {
         self.history.longest_unassigned(unix_nanos())

@@ -78,37 +78,18 @@ async fn objects_spread_over_shards_and_follow_scale_out_and_graceful_scale_in()
         moved.iter().all(|n| after[*n] == "shard-3"),
         "objects only move to the new shard"
     );
-    // Converged is read from the apiserver: a moved owner's label and its child (moved by the
-    // reconciler) can be in place before shard-3's reconcile of it and the old shard's log
-    // line of its acknowledgement are written, so the records are waited for.
-    let count_acks = || -> usize {
-        ["shard-0", "shard-1", "shard-2"]
+    let report = system
+        .wait_reconciled(&moved, |shards| shards.contains("shard-3"))
+        .await;
+    // The old shard logs its acknowledgement once the apiserver answered it.
+    let acks = eventually("one acknowledged drain per moved object", WAIT, || async {
+        let acks: usize = ["shard-0", "shard-1", "shard-2"]
             .iter()
             .map(|s| count_lines(&system, s, "drain acknowledged"))
-            .sum()
-    };
-    let report = eventually(
-        "every moved object's drain acknowledged and reconciled by shard-3",
-        WAIT,
-        || async {
-            let report = system.ownership();
-            let pending = moved
-                .iter()
-                .filter(|n| !system.reconcilers_of(&report, n).contains("shard-3"))
-                .count();
-            let acks = count_acks();
-            if pending == 0 && acks >= moved.len() {
-                Ok(report)
-            } else {
-                Err(format!(
-                    "{pending} not reconciled by shard-3, {acks} acknowledgements"
-                ))
-            }
-        },
-    )
+            .sum();
+        (acks == moved.len()).then_some(acks).ok_or(acks)
+    })
     .await;
-    let acks = count_acks();
-    assert_eq!(acks, moved.len(), "one acknowledged drain per moved object");
     for name in &moved {
         let shards = system.reconcilers_of(&report, name);
         assert!(
@@ -279,19 +260,10 @@ async fn a_crashed_shards_objects_are_reassigned_once_its_lease_expires() {
     system
         .wait_converged("converged without the crashed shard")
         .await;
-    // Converged is read from the apiserver; the new shards' reconciles may still be on their
-    // way to the records.
-    eventually("every victim reconciled by its new shard", WAIT, || async {
-        let report = system.ownership();
-        match victims
-            .iter()
-            .find(|n| system.reconcilers_of(&report, n).len() < 2)
-        {
-            Some(name) => Err(format!("{name} reconciled only by shard-1")),
-            None => Ok(()),
-        }
-    })
-    .await;
+    // Each victim reconciled by its new shard as well.
+    system
+        .wait_reconciled(&victims, |shards| shards.len() >= 2)
+        .await;
     system.assert_single_ownership();
 }
 
