@@ -64,9 +64,8 @@ impl Process {
             .open(&log)
             .map_err(Error::io("open a component log"))?;
         let mut command = Command::new(binary(binary_name)?);
-        // No backtrace on an error exit, as CI runs (whatever this shell says): resolving one
-        // from a debug build's symbols takes a shard that lost its Lease 0.4-0.7 s longer to
-        // exit beside three busy loops, and the fault tests time that exit against its Lease.
+        // No backtrace on an error exit, as in CI whatever this shell says: resolving one from a
+        // debug build's symbols delays a shard's exit on a lost Lease, which the fault tests time.
         command
             .env("KUBECONFIG", &env.kubeconfig)
             .env("NO_COLOR", "1")

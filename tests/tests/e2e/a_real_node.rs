@@ -50,13 +50,12 @@ const FIRST_LEASE: &str = "45s";
 const RECORD: &str = "--record-file=/dev/stdout";
 /// A rebalance or a reassignment: twice the lease duration plus the writes.
 const MOVE: Duration = Duration::from_secs(150);
-/// The install's `reconciler.sweepInterval` (the chart's default is 5 minutes): on a loaded
-/// machine a child whose owner read missed its bound is created unlabelled and assigned by the
-/// next sweep, and the journey would wait for it (a `make test` here: 170 s for one child).
+/// The install's `reconciler.sweepInterval`, shorter than the chart's 5 minutes: on a loaded
+/// machine a child whose webhook call or owner read missed its bound is created unlabelled and
+/// waits for the next sweep.
 const SWEEP: Duration = Duration::from_secs(30);
 /// Objects created through the webhook until each, and each child its shard makes, is on its
-/// shard: a child whose webhook call or owner read missed its bound (a loaded machine) is
-/// created unlabelled and assigned by the next sweep.
+/// shard (a sweep included).
 const ASSIGNED: Duration = Duration::from_secs(MOVE.as_secs() + SWEEP.as_secs());
 
 /// The shards' records, read from their containers' logs as the containers run: one text per
