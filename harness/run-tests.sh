@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make test`: builds every test target of the workspace once (`cargo test --workspace --no-run`),
-# then runs the test binaries in two lanes side by side, as cargo would run them (from their
-# package's folder), each line prefixed with its lane:
+# `make test`: builds every target of the workspace once, the tests and the product's binaries in
+# one feature resolution (`cargo build --workspace --all-targets`; the end-to-end tests take the
+# binaries from there through SHARDER_BINARIES instead of building them again without the
+# dev-dependencies' features), then runs the test binaries in two lanes side by side, as cargo
+# would run them (from their package's folder), each line prefixed with its lane:
 #   e2e    sharder-tests (the end-to-end tests, the journey on the real node first), then the
 #          harness's control plane tests and the webhook's cluster tests;
 #   crates every other crate's binaries in cargo's order (the bench's smoke test last: its real
@@ -18,7 +20,7 @@ export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$(( $(nproc) > 3 ? $(nproc) : 3 )
 plan=$(mktemp -d)
 trap 'rm -rf "$plan"' EXIT
 
-"$CARGO" test --workspace --locked --no-run --message-format=json-render-diagnostics \
+"$CARGO" build --workspace --all-targets --locked --message-format=json-render-diagnostics \
   > "$plan/build.json"
 
 # Lane files: one "<package folder>\t<executable>\t<name>" per line, in cargo's order.
@@ -29,9 +31,15 @@ plan = sys.argv[1]
 binaries = []  # (name as "<package folder>:<target>", package folder, executable)
 for line in open(os.path.join(plan, "build.json")):
     message = json.loads(line)
-    if message.get("reason") == "compiler-artifact" and message.get("executable") \
-            and message["profile"]["test"]:
-        package = os.path.dirname(message["manifest_path"])
+    if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+        continue
+    package = os.path.dirname(message["manifest_path"])
+    kind = message["target"]["kind"]
+    if not message["profile"]["test"]:
+        if kind == ["bin"]:  # the product's binaries, where the harness takes them from
+            with open(os.path.join(plan, "binaries"), "w") as out:
+                out.write(os.path.dirname(message["executable"]))
+    elif kind != ["bench"]:  # what `cargo test` runs; benchmarks are `cargo bench`'s
         name = f"{os.path.basename(package)}:{message['target']['name']}"
         binaries.append((name, package, message["executable"]))
 # By name, the bench smoke test last (sort is stable).
@@ -64,6 +72,9 @@ lane() {
 }
 
 prefix() { sed -u "s/^/[$1] /"; }
+
+SHARDER_BINARIES=$(cat "$plan/binaries")
+export SHARDER_BINARIES
 
 started=$(date +%s)
 lane "$plan/e2e" 2>&1 | prefix e2e &

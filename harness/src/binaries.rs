@@ -1,5 +1,10 @@
-//! The product's binaries for end-to-end tests, built on first use (a no-op when `cargo test
-//! --workspace` built them already) into the same target directory and profile as the test.
+//! The product's binaries for end-to-end tests: built on first use into the same target
+//! directory and profile as the test, or taken as they are from `SHARDER_BINARIES`.
+//!
+//! The build here resolves features without the workspace's dev-dependencies, so after a
+//! `cargo test --workspace` it compiles the product's dependencies once more: `make test`
+//! (harness/run-tests.sh) builds every target in one resolution and names the folder in
+//! `SHARDER_BINARIES` instead.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -15,7 +20,13 @@ const PACKAGES: [&str; 4] = [
     "sharder-harness",
 ];
 
+/// The folder of binaries already built (`make test` sets it), used without building.
+const BUILT: &str = "SHARDER_BINARIES";
+
 fn build() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os(BUILT) {
+        return Ok(PathBuf::from(dir));
+    }
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     // <target>/<profile>/deps/<test binary>, or <target>/<profile>/<binary> (`cargo run`).
     let dir = exe.parent().ok_or("the binary has no folder")?;
@@ -62,9 +73,20 @@ fn build() -> Result<PathBuf, String> {
 }
 
 /// The path of the binary `name` (`sharder-webhook`, `sharder-reconciler`,
-/// `checksum-controller`, `pause`), built first if needed.
+/// `checksum-controller`, `pause`), built first if needed (unless `SHARDER_BINARIES` is set).
 pub fn binary(name: &str) -> Result<PathBuf, Error> {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let dir = BUILT.get_or_init(build).clone().map_err(Error::Build)?;
-    Ok(dir.join(name))
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let path = DIR
+        .get_or_init(build)
+        .clone()
+        .map_err(Error::Build)?
+        .join(name);
+    if !path.is_file() {
+        return Err(Error::Build(format!(
+            "{} is missing ({BUILT}, when set, names a folder holding the binaries of {})",
+            path.display(),
+            PACKAGES.join(", ")
+        )));
+    }
+    Ok(path)
 }
