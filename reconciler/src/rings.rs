@@ -284,7 +284,9 @@ async fn rebalance(
     } = work;
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
-    let targets = discovery::targets(&ctx.client, roles).await;
+    let targets = discovery::targets(&ctx.client, roles)
+        .await
+        .map_err(Error::Kube)?;
     let namespaces =
         namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector).await?;
     let ring_of_shards = Ring::new(available.iter().cloned());
