@@ -75,7 +75,8 @@ mod tests {
         Response::new(Body::from(serde_json::to_vec(&body).expect("json")))
     }
 
-    /// Answers discovery requests with `answer` (by path), once each, until the client is done.
+    /// An apiserver answering every request with `answer` (by path) until the client is
+    /// dropped; its task returns the paths asked for.
     fn apiserver(
         answer: impl Fn(&str) -> Response<Body> + Send + 'static,
     ) -> (Client, tokio::task::JoinHandle<Vec<String>>) {
@@ -92,6 +93,7 @@ mod tests {
         (Client::new(service, "default"), served)
     }
 
+    /// Discovery of an apiserver serving Secrets and ConfigMaps and no API group but the core.
     fn core(path: &str) -> Response<Body> {
         match path {
             "/api" => ok(json!({"kind": "APIVersions", "versions": ["v1"],
