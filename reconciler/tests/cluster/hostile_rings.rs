@@ -60,7 +60,7 @@ async fn a_ring_deleted_during_its_rebalance_gets_no_more_writes_and_the_next_ri
     // rebalance takes 12 s.
     w.start_reconciler_with(
         std::time::Duration::from_secs(1),
-        &["--max-writes-per-second", "10"],
+        &[("--max-writes-per-second", "10")],
     )
     .await;
     eventually("the first rebalance under way", WAIT, || async {

@@ -110,8 +110,9 @@ impl Test {
             .await;
     }
 
-    /// The same with sweeps every `sweep` and `extra` flags.
-    async fn start_reconciler_with(&mut self, sweep: Duration, extra: &[&str]) {
+    /// The same with sweeps every `sweep` and `extra` flags (each replacing the harness's value
+    /// of the same flag).
+    async fn start_reconciler_with(&mut self, sweep: Duration, extra: &[(&str, &str)]) {
         let i = self.reconcilers.len();
         let mut flags = self.world.reconciler_flags(
             &format!("replica-{i}"),
@@ -119,7 +120,9 @@ impl Test {
             &self.webhook_url(),
             sweep,
         );
-        flags.extra.extend(extra.iter().map(|s| (*s).to_owned()));
+        for (flag, value) in extra {
+            flags.set(flag, value);
+        }
         let reconciler = self
             .world
             .start_reconciler(&format!("reconciler-{i}"), &self.reconciler_env, &flags)

@@ -238,7 +238,7 @@ async fn a_rotated_ca_reaches_every_configuration_without_a_failed_call() {
     w.webhook = Some(webhook);
     w.start_reconciler_with(
         Duration::from_secs(3600),
-        &["--webhook-ca-reload-interval", "100ms"],
+        &[("--webhook-ca-reload-interval", "100ms")],
     )
     .await;
     w.create_ring().await;
