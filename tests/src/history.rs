@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -94,7 +95,11 @@ async fn record<K>(
 ) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+    // With a backoff after an error: a watch whose client is already gone (the test ending)
+    // fails at once, and without a pause this task would never yield to its abort, holding the
+    // test's runtime (and the test binary) at its shutdown, one core busy.
+    let mut events =
+        std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
     while let Some(event) = events.next().await {
         let (object, deleted) = match event {
             Ok(Event::Apply(o) | Event::InitApply(o)) => (o, false),
@@ -129,5 +134,43 @@ async fn record<K>(
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(version);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    use super::*;
+
+    #[test]
+    fn a_history_whose_client_is_gone_lets_its_runtime_stop() {
+        // As at a test's end: the client's connection is gone before the history's watches are
+        // aborted, and each watch request fails at once. A watch that never yields keeps its
+        // worker (and this thread) busy for good, so the runtime lives in a thread of its own.
+        let (stopped, stop) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+                drop(handle);
+                let client = Client::new(service, "default");
+                let labels = sharder_common::RingId::cluster_ring("ring").labels();
+                let history = History::start(&client, "ns", &labels);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                drop(history);
+            });
+            drop(runtime);
+            let _ = stopped.send(());
+        });
+        assert!(
+            stop.recv_timeout(Duration::from_secs(20)).is_ok(),
+            "the runtime did not stop: a watch task never yields to its abort"
+        );
     }
 }
