@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use sharder_common::{ObjectKey, Ring, RingLabels};
@@ -133,11 +132,10 @@ impl Tracker {
             let state = Arc::clone(&state);
             let changed = Arc::clone(&changed);
             tokio::spawn(async move {
-                // Backing off after an error, as the tests' history does (tests/src/history.rs).
-                let mut events = std::pin::pin!(
-                    watcher::watcher(api, watcher::Config::default().page_size(500))
-                        .default_backoff()
-                );
+                let mut events = std::pin::pin!(watcher::watcher(
+                    api,
+                    watcher::Config::default().page_size(500)
+                ));
                 while let Some(event) = events.next().await {
                     let now = Instant::now();
                     let place = |meta: &PartialObjectMeta<Secret>| Place {

@@ -10,7 +10,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -95,16 +94,20 @@ async fn record<K>(
 ) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    // With a backoff after an error: a watch whose client is already gone (the test ending)
-    // fails at once, and without a pause this task would never yield to its abort, holding the
-    // test's runtime (and the test binary) at its shutdown, one core busy.
-    let mut events =
-        std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
+    let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
     while let Some(event) = events.next().await {
         let (object, deleted) = match event {
             Ok(Event::Apply(o) | Event::InitApply(o)) => (o, false),
             Ok(Event::Delete(o)) => (o, true),
-            Ok(Event::Init | Event::InitDone) | Err(_) => continue,
+            Ok(Event::Init | Event::InitDone) => continue,
+            // Connecting again at once (a backoff would leave gaps in the history after an
+            // apiserver restart, seen as children ahead of their owners), but yielding: a watch
+            // whose client is already gone (the test ending) fails without waiting, and a task
+            // that never yields is never aborted, holding the test's runtime at its shutdown.
+            Err(_) => {
+                tokio::task::yield_now().await;
+                continue;
+            }
         };
         let namespace = object.namespace().unwrap_or_default();
         let owner = object
