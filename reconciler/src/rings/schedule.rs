@@ -10,6 +10,9 @@
 //! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
 //!   left the ring ([`Scope::Stray`]), from the apiserver's watch cache, so a quiet ring reads
 //!   nothing from etcd between resyncs.
+//! - After a rebalance in which a list or a write failed, its work again after a backoff
+//!   ([`FIRST_RETRY`], doubled at each failure in a row, at most the sweep interval): the same
+//!   lists (a failed sweep is a sweep again).
 //!
 //! A full list covers everything the others would, so it replaces them.
 
@@ -26,6 +29,9 @@ pub(crate) const MAX_AWAITING: usize = 10_000;
 
 /// The shortest requeue, so a busy ring never spins.
 pub(crate) const MIN_REQUEUE: Duration = Duration::from_millis(100);
+
+/// The wait before a failed rebalance's work is tried again the first time.
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(2);
 
 /// Timing of rebalances.
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +76,9 @@ pub(crate) struct Progress {
     /// More objects waited than [`MAX_AWAITING`], or a full list failed: the next reconcile
     /// lists everything.
     pub relist: bool,
+    /// Rebalances in a row in which a list or a write failed (their work is tried again after
+    /// [`retry_delay`]).
+    pub failures: u32,
 }
 
 /// How a rebalance went.
@@ -117,7 +126,11 @@ pub(crate) fn scopes(
         .collect();
     if p.draining {
         scopes.insert(Scope::Unassigned);
-    } else if now.saturating_duration_since(p.last_sweep) >= intervals.sweep {
+    } else if (p.failures > 0 && scopes.is_empty())
+        || now.saturating_duration_since(p.last_sweep) >= intervals.sweep
+    {
+        // A failed sweep is swept again at the retry (a dead shard's list, listed again while
+        // the shard's objects were not all moved, selects what failed there).
         scopes.insert(Scope::Stray);
     }
     scopes
@@ -126,7 +139,8 @@ pub(crate) fn scopes(
 /// What to remember after a reconcile at `now`: the observed ring and how the rebalance went
 /// (`None`: nothing was listed). After a failed rebalance the previous shard set is kept and a
 /// failed full list is listed again, so the next reconcile retries the same work; controlled
-/// objects whose write failed are in `ran.awaiting`, looked at again at every drain check.
+/// objects whose write failed are in `ran.awaiting`, looked at again at every drain check; the
+/// failures in a row are counted for the retry's backoff.
 pub(crate) fn progress_after(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
@@ -143,6 +157,7 @@ pub(crate) fn progress_after(
         draining: previous.is_some_and(|p| p.draining),
         awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
         relist: previous.is_some_and(|p| p.relist),
+        failures: 0,
     };
     if let Some(ran) = ran {
         if ran.full {
@@ -157,13 +172,25 @@ pub(crate) fn progress_after(
         next.draining = ran.draining || too_many || !next.awaiting.is_empty();
         if ran.failed {
             next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
+            next.failures = previous.map_or(0, |p| p.failures).saturating_add(1);
         }
     }
     next
 }
 
-/// How long until the ring needs the controller again: the next resync or sweep, and every
-/// drain check while drains are pending; at least [`MIN_REQUEUE`].
+/// The wait after `failures` failed rebalances in a row: [`FIRST_RETRY`] doubled for each
+/// failure after the first, at most the sweep interval (a refusal that lasts is tried again as
+/// often as a quiet ring is swept).
+pub(crate) fn retry_delay(failures: u32, intervals: &Intervals) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    FIRST_RETRY
+        .saturating_mul(1 << doublings)
+        .min(intervals.sweep)
+}
+
+/// How long until the ring needs the controller again: the next resync or sweep, every drain
+/// check while drains are pending, and the retry after a failed rebalance; at least
+/// [`MIN_REQUEUE`].
 pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Instant) -> Duration {
     let until_resync = intervals
         .resync
@@ -174,6 +201,9 @@ pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Ins
     let mut wait = until_resync.min(until_sweep);
     if progress.draining {
         wait = wait.min(intervals.drain_check);
+    }
+    if progress.failures > 0 {
+        wait = wait.min(retry_delay(progress.failures, intervals));
     }
     wait.max(MIN_REQUEUE)
 }
@@ -210,6 +240,7 @@ mod tests {
             draining: false,
             awaiting: Vec::new(),
             relist: false,
+            failures: 0,
         }
     }
 
@@ -329,7 +360,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_resync_or_spec_change_is_listed_again_and_a_failed_sweep_is_not() {
+    async fn a_failed_resync_or_spec_change_is_listed_again_and_a_failed_sweep_swept_again() {
         let t0 = Instant::now();
         let later = t0 + Duration::from_secs(7);
         let ab = set(&["a", "b"]);
@@ -363,9 +394,79 @@ mod tests {
         );
         assert!(!listed.relist, "once it went through");
 
-        // A failed sweep: what it selects by label, the next sweep selects again.
+        // A failed sweep: swept again at the retry, before the sweep interval passed.
         let after = progress_after(Some(&known), &observed(&ab, 1), Some(failed(false)), later);
-        assert!(scopes(Some(&after), &observed(&ab, 1), &INTERVALS, later).is_empty());
+        assert_eq!(
+            scopes(Some(&after), &observed(&ab, 1), &INTERVALS, later),
+            [Scope::Stray].into()
+        );
+        let swept = progress_after(
+            Some(&after),
+            &observed(&ab, 1),
+            Some(Ran {
+                failed: false,
+                ..failed(false)
+            }),
+            later,
+        );
+        assert!(
+            scopes(Some(&swept), &observed(&ab, 1), &INTERVALS, later).is_empty(),
+            "once it went through, the sweep interval again"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_rebalance_is_tried_again_after_a_backoff_up_to_the_sweep_interval() {
+        let t0 = Instant::now();
+        let (a, abc) = (set(&["a"]), set(&["a", "b", "c"]));
+        let known = progress(&["a", "b", "c"], t0);
+        let failed = Ran {
+            full: false,
+            draining: false,
+            failed: true,
+            awaiting: Vec::new(),
+        };
+        // Shards b and c died; moving their objects failed three times in a row.
+        let mut after = known.clone();
+        for _ in 0..3 {
+            after = progress_after(Some(&after), &observed(&a, 1), Some(failed.clone()), t0);
+        }
+        assert_eq!(after.failures, 3);
+        assert_eq!(
+            after.available, abc,
+            "the dead shards are still to be emptied"
+        );
+        assert_eq!(
+            scopes(Some(&after), &observed(&a, 1), &INTERVALS, t0),
+            [Scope::OnShard("b".into()), Scope::OnShard("c".into())].into(),
+            "their lists again"
+        );
+        assert_eq!(
+            requeue_after(&after, &INTERVALS, t0),
+            Duration::from_secs(8),
+            "2 s doubled twice, long before the next sweep"
+        );
+        let delays: Vec<u64> = (1..=6)
+            .map(|n| retry_delay(n, &INTERVALS).as_secs())
+            .collect();
+        assert_eq!(delays, [2, 4, 8, 16, 30, 30], "at most the sweep interval");
+        assert_eq!(retry_delay(u32::MAX, &INTERVALS), INTERVALS.sweep);
+
+        let moved = progress_after(
+            Some(&after),
+            &observed(&a, 1),
+            Some(Ran {
+                failed: false,
+                ..failed
+            }),
+            t0,
+        );
+        assert_eq!((moved.failures, &moved.available), (0, &a));
+        assert_eq!(
+            requeue_after(&moved, &INTERVALS, t0),
+            INTERVALS.sweep,
+            "once it went through, the next sweep"
+        );
     }
 
     fn child(name: &str) -> ObjectId {

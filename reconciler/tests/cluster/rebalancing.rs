@@ -375,6 +375,96 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
     .await;
 }
 
+/// A dead shard's objects whose moves the apiserver refused are moved once it accepts them
+/// again, seconds later (the failed rebalance is tried again after a backoff), not at the next
+/// sweep (an hour here) or when the dead shard's Lease is deleted (a minute after it expired).
+#[tokio::test]
+async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep() {
+    const REFUSE: &str = "sharder-test/refuse-updates";
+    let mut w = Test::new("retry").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    let keep_alive = w.add_mortal_shard_lease("mortal", 2).await;
+    w.start_webhook().await;
+    w.start_reconciler_with(Duration::from_secs(3600), &[])
+        .await;
+    w.wait_until_webhook_assigns().await;
+    // Every update of these Secrets will be refused; their CREATEs are assigned by the webhook.
+    for i in 0..30 {
+        let mut s = secret(&format!("object-{i}"));
+        s.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(REFUSE.to_owned(), w.ns.clone());
+        w.secrets()
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("create");
+    }
+    let refusing = format!("sharder-test-refuse-{}", w.ns);
+    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    configurations
+        .create(
+            &PostParams::default(),
+            &refusing_configuration(&refusing, "UPDATE", "secrets", (REFUSE, &w.ns)),
+        )
+        .await
+        .expect("the refusing configuration");
+    w.wait_until_admission_sees_configurations().await;
+    let on_mortal = |secrets: &std::collections::BTreeMap<String, Secret>| {
+        secrets
+            .values()
+            .filter(|s| w.shard_of(*s).as_deref() == Some("mortal"))
+            .count()
+    };
+    assert!(on_mortal(&w.list_secrets().await) > 0, "objects on mortal");
+
+    // The moves are refused when the shard leaves the ring (at its Lease's takeover), and again
+    // at once when the ring's status changes with it; after that nothing changes until the dead
+    // Lease is deleted, a minute after it expired.
+    keep_alive.abort();
+    eventually("two rebalances with refused moves", WAIT, || async {
+        let failed = w
+            .reconciler_log(0)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["message"] == "rebalance" && l["errors"].as_u64() > Some(0))
+            .count();
+        (failed >= 2)
+            .then_some(())
+            .ok_or(format!("{failed} failed rebalances"))
+    })
+    .await;
+    configurations
+        .delete(&refusing, &DeleteParams::default())
+        .await
+        .expect("delete the refusing configuration");
+    let accepted = Instant::now();
+    // The retries come 2, 4, 8 s... after the failures: well within 20 s.
+    let within = Duration::from_secs(20);
+    eventually("the dead shard's objects moved", within, || async {
+        let left = on_mortal(&w.list_secrets().await);
+        (left == 0)
+            .then_some(())
+            .ok_or(format!("{left} objects still on the dead shard"))
+    })
+    .await;
+    println!(
+        "a dead shard's refused moves went through {:?} after the refusal ended",
+        accepted.elapsed()
+    );
+    let two = Ring::new(["shard-a", "shard-b"]);
+    for (name, s) in w.list_secrets().await {
+        assert_eq!(
+            w.shard_of(&s).as_deref(),
+            two.shard_for(&w.key(&name)),
+            "{name}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_alone() {
     use kube::core::DynamicObject;
