@@ -317,12 +317,41 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
     .await;
 }
 
+/// Label of the objects whose updates [`Test::refuse_updates`] refuses (value: the namespace).
+const REFUSE: &str = "sharder-test/refuse-updates";
+
+impl Test {
+    /// From now on (once the apiserver's admission sees it) every UPDATE of the `resource`
+    /// objects labelled [`REFUSE`] is refused: a webhook configuration pointing nowhere, with
+    /// failurePolicy Fail.
+    async fn refuse_updates(&mut self, resource: &str) {
+        let refusing = format!("sharder-test-refuse-{}", self.ns);
+        let configuration =
+            refusing_configuration(&refusing, "UPDATE", resource, (REFUSE, &self.ns));
+        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .expect("the refusing configuration");
+        self.wait_until_admission_sees_configurations().await;
+    }
+
+    /// Ends [`Test::refuse_updates`].
+    async fn accept_updates(&self) {
+        Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+            .delete(
+                &format!("sharder-test-refuse-{}", self.ns),
+                &DeleteParams::default(),
+            )
+            .await
+            .expect("delete the refusing configuration");
+    }
+}
+
 /// A controlled object whose move fails (here the apiserver refuses it; an apiserver restart
 /// does the same) is looked at again at the next drain check, like one still waiting for its
 /// owner, instead of staying behind its owner until the next full resync (6 hours here).
 #[tokio::test]
 async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_again() {
-    const REFUSE: &str = "sharder-test/refuse-updates";
     let mut w = Test::new("failedchild").await;
     w.start_ring(&["shard-a", "shard-b"]).await;
     w.create_objects(40).await;
@@ -335,16 +364,7 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
             .await
             .expect("mark a child");
     }
-    let refusing = format!("sharder-test-refuse-{}", w.ns);
-    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    configurations
-        .create(
-            &PostParams::default(),
-            &refusing_configuration(&refusing, "UPDATE", "configmaps", (REFUSE, &w.ns)),
-        )
-        .await
-        .expect("the refusing configuration");
-    w.wait_until_admission_sees_configurations().await;
+    w.refuse_updates("configmaps").await;
 
     // A scale-out: owners drained and acknowledged (the webhook assigns them their new shard),
     // then their children's moves are refused.
@@ -360,10 +380,7 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
     })
     .await;
 
-    configurations
-        .delete(&refusing, &DeleteParams::default())
-        .await
-        .expect("delete the refusing configuration");
+    w.accept_updates().await;
     eventually(
         "every object on its shard, every child with its owner",
         WAIT,
@@ -380,7 +397,6 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
 /// sweep (an hour here) or when the dead shard's Lease is deleted (a minute after it expired).
 #[tokio::test]
 async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep() {
-    const REFUSE: &str = "sharder-test/refuse-updates";
     let mut w = Test::new("retry").await;
     w.create_ring().await;
     for shard in ["shard-a", "shard-b"] {
@@ -403,16 +419,7 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
             .await
             .expect("create");
     }
-    let refusing = format!("sharder-test-refuse-{}", w.ns);
-    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    configurations
-        .create(
-            &PostParams::default(),
-            &refusing_configuration(&refusing, "UPDATE", "secrets", (REFUSE, &w.ns)),
-        )
-        .await
-        .expect("the refusing configuration");
-    w.wait_until_admission_sees_configurations().await;
+    w.refuse_updates("secrets").await;
     let on_mortal = |secrets: &std::collections::BTreeMap<String, Secret>| {
         secrets
             .values()
@@ -437,10 +444,7 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
             .ok_or(format!("{failed} failed rebalances"))
     })
     .await;
-    configurations
-        .delete(&refusing, &DeleteParams::default())
-        .await
-        .expect("delete the refusing configuration");
+    w.accept_updates().await;
     let accepted = Instant::now();
     // The retries come 2, 4, 8 s... after the failures: well within 20 s.
     let within = Duration::from_secs(20);
