@@ -3,22 +3,12 @@
 
 use clap::Parser as _;
 
-/// Every section but the node's, then the node's alone: in `make test` the real node is the
-/// end-to-end journey's until it ends, and the sections before it in the bench's order (memory is
-/// after it) would otherwise wait for it too.
-const RUNS: [&str; 2] = ["latency,load,memory,rebalance,rolling,ring,idle", "node"];
-
+/// Every section but the node's, and the node's in a test of its own beside them: in `make test`
+/// the real node is the end-to-end journey's until it ends, so the node's section waits for it
+/// while the others run.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_small_run_writes_every_section_of_the_report() {
-    let dir = tempfile::tempdir().expect("dir");
-    let mut report = String::new();
-    for (i, sections) in RUNS.into_iter().enumerate() {
-        let output = dir.path().join(format!("benchmarks-{i}.md"));
-        sharder_bench::run(args(&output, sections))
-            .await
-            .expect("the benchmarks run");
-        report += &std::fs::read_to_string(&output).expect("report");
-    }
+async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
+    let report = small_run("latency,load,memory,rebalance,rolling,ring,idle").await;
     for heading in [
         "## Machine and versions",
         "## 1. CREATE latency added by the webhook",
@@ -28,7 +18,6 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "## 5. Shard crash",
         "## 5b. A rolling update of the shards",
         "## 6. Ring",
-        "## 7. The chart's pods on a real node",
         "## 8. What a quiet ring costs the control plane",
     ] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
@@ -54,12 +43,6 @@ async fn a_small_run_writes_every_section_of_the_report() {
         "| 1 | sharder, ControllerRing | ",
         "A ControllerRing's reviews against a ClusterRing's on the same webhook",
         "| sharder/floor throughput (medians) | ",
-        "| `helm install` to all 4 pods Ready | ",
-        "| creates through the webhook | ",
-        " 0 of 100 without a shard label after CREATE |",
-        "| checksum-controller-3 | shard | ",
-        " | reconciler (leader) | ",
-        " | webhook | ",
         "| 100 | sharder reconciler: sweeps and resyncs | ",
         "| 100 | sharder reconciler: leader election and watches | ",
         "| 200 | sharder reconciler (both) | ",
@@ -70,6 +53,32 @@ async fn a_small_run_writes_every_section_of_the_report() {
     ] {
         assert!(report.contains(row), "{row} missing:\n{report}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_small_run_writes_the_node_section() {
+    let report = small_run("node").await;
+    for row in [
+        "## 7. The chart's pods on a real node",
+        "| `helm install` to all 4 pods Ready | ",
+        "| creates through the webhook | ",
+        " 0 of 100 without a shard label after CREATE |",
+        "| checksum-controller-3 | shard | ",
+        " | reconciler (leader) | ",
+        " | webhook | ",
+    ] {
+        assert!(report.contains(row), "{row} missing:\n{report}");
+    }
+}
+
+/// The report of a run of `sections` with tiny sizes.
+async fn small_run(sections: &str) -> String {
+    let dir = tempfile::tempdir().expect("dir");
+    let output = dir.path().join("benchmarks.md");
+    sharder_bench::run(args(&output, sections))
+        .await
+        .expect("the benchmarks run");
+    std::fs::read_to_string(&output).expect("report")
 }
 
 /// The smoke's flags: tiny sizes, `sections` only, the report written to `output`.
