@@ -160,16 +160,9 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
 #[tokio::test]
 async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
     let mut w = Test::new("dead").await;
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    // Keep "mortal" alive from now until the objects are created (however long the
-    // components take to start), then let it die.
-    let keep_alive = w.add_mortal_shard_lease("mortal", 2).await;
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_webhook_assigns().await;
+    let keep_alive = w
+        .start_ring_with_a_mortal_shard(Duration::from_secs(1))
+        .await;
     w.create_objects(60).await;
     let three = Ring::new(["mortal", "shard-a", "shard-b"]);
     let two = Ring::new(["shard-a", "shard-b"]);
@@ -317,6 +310,27 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
     .await;
 }
 
+impl Test {
+    /// The ring with shards `shard-a` and `shard-b` (Leases held for an hour) and `mortal`
+    /// (a 2 s Lease renewed until the returned task is aborted, however long the components
+    /// take to start), the webhook and a reconciler sweeping every `sweep`, once the webhook
+    /// assigns.
+    async fn start_ring_with_a_mortal_shard(
+        &mut self,
+        sweep: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        self.create_ring().await;
+        for shard in ["shard-a", "shard-b"] {
+            self.add_shard_lease(shard, 3600).await;
+        }
+        let keep_alive = self.add_mortal_shard_lease("mortal", 2).await;
+        self.start_webhook().await;
+        self.start_reconciler_with(sweep, &[]).await;
+        self.wait_until_webhook_assigns().await;
+        keep_alive
+    }
+}
+
 /// Label of the objects whose updates [`Test::refuse_updates`] refuses (value: the namespace).
 const REFUSE: &str = "sharder-test/refuse-updates";
 
@@ -398,15 +412,9 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
 #[tokio::test]
 async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep() {
     let mut w = Test::new("retry").await;
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    let keep_alive = w.add_mortal_shard_lease("mortal", 2).await;
-    w.start_webhook().await;
-    w.start_reconciler_with(Duration::from_secs(3600), &[])
+    let keep_alive = w
+        .start_ring_with_a_mortal_shard(Duration::from_secs(3600))
         .await;
-    w.wait_until_webhook_assigns().await;
     // Every update of these Secrets will be refused; their CREATEs are assigned by the webhook.
     for i in 0..30 {
         let mut s = secret(&format!("object-{i}"));
