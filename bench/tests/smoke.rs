@@ -9,65 +9,75 @@ use clap::Parser as _;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
     let report = small_run("latency,load,memory,rebalance,rolling,ring,idle").await;
-    for heading in [
-        "## Machine and versions",
-        "## 1. CREATE latency added by the webhook",
-        "## 2. The webhook alone under load",
-        "## 3. Reconciler memory against object count",
-        "## 4. Rebalancing 3 -> 4 shards",
-        "## 5. Shard crash",
-        "## 5b. A rolling update of the shards",
-        "## 6. Ring",
-        "## 8. What a quiet ring costs the control plane",
-    ] {
-        assert!(report.contains(heading), "{heading} missing:\n{report}");
-    }
-    for row in [
-        "| 1 | no webhook |",
-        "| 1 | floor webhook |",
-        "| 1 | sharder webhook |",
-        "| 1 | sharder webhook, children |",
-        "| stable names, lease kept (`--stable-name`) | 0 | 0 | 0 |",
-        "| 100 | ",
-        "| 200 | ",
-        "| every run's peak MiB |",
-        "| objects moved, worst round off the ideal | ",
-        "| rebalancing writes/s vs the mix's rate beside it (median over the rounds) | ",
-        "| goal | figure | bound | verdict |",
-        "| crash-1 | ",
-        "| writes per dead-shard move, every crash | ",
-        "| dead-shard moves/s vs raw PATCH/s at ",
-        "| 50 | ",
-        "| 1 | floor | ",
-        "| 1 | sharder | ",
-        "| 1 | sharder, ControllerRing | ",
-        "A ControllerRing's reviews against a ClusterRing's on the same webhook",
-        "| sharder/floor throughput (medians) | ",
-        "| 100 | sharder reconciler: sweeps and resyncs | ",
-        "| 100 | sharder reconciler: leader election and watches | ",
-        "| 200 | sharder reconciler (both) | ",
-        "| 200 | reference schedule (full list every 5 min) | ",
-        "| 200 | metadata reflector (after its first list) | ",
-        "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference schedule's | ",
-        "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
-    ] {
-        assert!(report.contains(row), "{row} missing:\n{report}");
-    }
+    assert_holds(
+        &report,
+        &[
+            "## Machine and versions",
+            "## 1. CREATE latency added by the webhook",
+            "## 2. The webhook alone under load",
+            "## 3. Reconciler memory against object count",
+            "## 4. Rebalancing 3 -> 4 shards",
+            "## 5. Shard crash",
+            "## 5b. A rolling update of the shards",
+            "## 6. Ring",
+            "## 8. What a quiet ring costs the control plane",
+        ],
+    );
+    assert_holds(
+        &report,
+        &[
+            "| 1 | no webhook |",
+            "| 1 | floor webhook |",
+            "| 1 | sharder webhook |",
+            "| 1 | sharder webhook, children |",
+            "| stable names, lease kept (`--stable-name`) | 0 | 0 | 0 |",
+            "| 100 | ",
+            "| 200 | ",
+            "| every run's peak MiB |",
+            "| objects moved, worst round off the ideal | ",
+            "| rebalancing writes/s vs the mix's rate beside it (median over the rounds) | ",
+            "| goal | figure | bound | verdict |",
+            "| crash-1 | ",
+            "| writes per dead-shard move, every crash | ",
+            "| dead-shard moves/s vs raw PATCH/s at ",
+            "| 50 | ",
+            "| 1 | floor | ",
+            "| 1 | sharder | ",
+            "| 1 | sharder, ControllerRing | ",
+            "A ControllerRing's reviews against a ClusterRing's on the same webhook",
+            "| sharder/floor throughput (medians) | ",
+            "| 100 | sharder reconciler: sweeps and resyncs | ",
+            "| 100 | sharder reconciler: leader election and watches | ",
+            "| 200 | sharder reconciler (both) | ",
+            "| 200 | reference schedule (full list every 5 min) | ",
+            "| 200 | metadata reflector (after its first list) | ",
+            "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference schedule's | ",
+            "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_small_run_writes_the_node_section() {
     let report = small_run("node").await;
-    for row in [
-        "## 7. The chart's pods on a real node",
-        "| `helm install` to all 4 pods Ready | ",
-        "| creates through the webhook | ",
-        " 0 of 100 without a shard label after CREATE |",
-        "| checksum-controller-3 | shard | ",
-        " | reconciler (leader) | ",
-        " | webhook | ",
-    ] {
-        assert!(report.contains(row), "{row} missing:\n{report}");
+    assert_holds(
+        &report,
+        &[
+            "## 7. The chart's pods on a real node",
+            "| `helm install` to all 4 pods Ready | ",
+            "| creates through the webhook | ",
+            " 0 of 100 without a shard label after CREATE |",
+            "| checksum-controller-3 | shard | ",
+            " | reconciler (leader) | ",
+            " | webhook | ",
+        ],
+    );
+}
+
+/// Asserts that `report` holds each of `parts` (headings and rows).
+fn assert_holds(report: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(report.contains(part), "{part} missing:\n{report}");
     }
 }
 

@@ -52,8 +52,8 @@ pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 /// nothing, see [`triggers`]).
 pub(crate) const DEBOUNCE: Duration = Duration::from_millis(200);
 
-/// When to retry after a failed reconcile.
-pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(2);
+/// When to retry after a failed reconcile: as soon as after a failed rebalance's first failure.
+pub(crate) const ERROR_REQUEUE: Duration = schedule::FIRST_RETRY;
 
 /// Context of the ring controller of one ring kind.
 pub(crate) struct Context {

@@ -244,6 +244,17 @@ mod tests {
         }
     }
 
+    /// A rebalance that listed everything (`full`) or not, and `failed` or not, with no drain
+    /// pending and no child waiting.
+    fn ran(full: bool, failed: bool) -> Ran {
+        Ran {
+            full,
+            draining: false,
+            failed,
+            awaiting: Vec::new(),
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_new_recreated_changed_or_grown_ring_is_listed_in_full() {
         let t0 = Instant::now();
@@ -327,10 +338,8 @@ mod tests {
         assert_eq!(idle, known, "nothing ran: nothing changes");
 
         let full = Ran {
-            full: true,
             draining: true,
-            failed: false,
-            awaiting: Vec::new(),
+            ..ran(true, false)
         };
         let after = progress_after(Some(&known), &observed(&abc, 1), Some(full.clone()), later);
         assert_eq!(
@@ -365,15 +374,14 @@ mod tests {
         let later = t0 + Duration::from_secs(7);
         let ab = set(&["a", "b"]);
         let known = progress(&["a", "b"], t0);
-        let failed = |full| Ran {
-            full,
-            draining: false,
-            failed: true,
-            awaiting: Vec::new(),
-        };
         // The full list of a spec change (generation 2) failed: the shards did not change, so
         // only the failure brings the next full list.
-        let after = progress_after(Some(&known), &observed(&ab, 2), Some(failed(true)), later);
+        let after = progress_after(
+            Some(&known),
+            &observed(&ab, 2),
+            Some(ran(true, true)),
+            later,
+        );
         assert_eq!(
             scopes(Some(&after), &observed(&ab, 2), &INTERVALS, later),
             [Scope::All].into(),
@@ -386,16 +394,18 @@ mod tests {
         let listed = progress_after(
             Some(&after),
             &observed(&ab, 2),
-            Some(Ran {
-                failed: false,
-                ..failed(true)
-            }),
+            Some(ran(true, false)),
             later,
         );
         assert!(!listed.relist, "once it went through");
 
         // A failed sweep: swept again at the retry, before the sweep interval passed.
-        let after = progress_after(Some(&known), &observed(&ab, 1), Some(failed(false)), later);
+        let after = progress_after(
+            Some(&known),
+            &observed(&ab, 1),
+            Some(ran(false, true)),
+            later,
+        );
         assert_eq!(
             scopes(Some(&after), &observed(&ab, 1), &INTERVALS, later),
             [Scope::Stray].into()
@@ -403,10 +413,7 @@ mod tests {
         let swept = progress_after(
             Some(&after),
             &observed(&ab, 1),
-            Some(Ran {
-                failed: false,
-                ..failed(false)
-            }),
+            Some(ran(false, false)),
             later,
         );
         assert!(
@@ -420,16 +427,10 @@ mod tests {
         let t0 = Instant::now();
         let (a, abc) = (set(&["a"]), set(&["a", "b", "c"]));
         let known = progress(&["a", "b", "c"], t0);
-        let failed = Ran {
-            full: false,
-            draining: false,
-            failed: true,
-            awaiting: Vec::new(),
-        };
         // Shards b and c died; moving their objects failed three times in a row.
         let mut after = known.clone();
         for _ in 0..3 {
-            after = progress_after(Some(&after), &observed(&a, 1), Some(failed.clone()), t0);
+            after = progress_after(Some(&after), &observed(&a, 1), Some(ran(false, true)), t0);
         }
         assert_eq!(after.failures, 3);
         assert_eq!(
@@ -452,15 +453,7 @@ mod tests {
         assert_eq!(delays, [2, 4, 8, 16, 30, 30], "at most the sweep interval");
         assert_eq!(retry_delay(u32::MAX, &INTERVALS), INTERVALS.sweep);
 
-        let moved = progress_after(
-            Some(&after),
-            &observed(&a, 1),
-            Some(Ran {
-                failed: false,
-                ..failed
-            }),
-            t0,
-        );
+        let moved = progress_after(Some(&after), &observed(&a, 1), Some(ran(false, false)), t0);
         assert_eq!((moved.failures, &moved.available), (0, &a));
         assert_eq!(
             requeue_after(&moved, &INTERVALS, t0),
@@ -482,24 +475,20 @@ mod tests {
         let t0 = Instant::now();
         let ab = set(&["a", "b"]);
         let known = progress(&["a", "b"], t0);
-        let ran = Ran {
-            full: false,
-            draining: false,
-            failed: false,
+        let waiting = Ran {
             awaiting: vec![child("c-1")],
+            ..ran(false, false)
         };
-        let after = progress_after(Some(&known), &observed(&ab, 1), Some(ran), t0);
+        let after = progress_after(Some(&known), &observed(&ab, 1), Some(waiting), t0);
         assert_eq!(after.awaiting, [child("c-1")]);
         assert!(after.draining, "a waiting child keeps the ring draining");
         assert_eq!(requeue_after(&after, &INTERVALS, t0), INTERVALS.drain_check);
 
         let too_many = Ran {
-            full: false,
-            draining: false,
-            failed: false,
             awaiting: (0..=MAX_AWAITING)
                 .map(|i| child(&format!("c-{i}")))
                 .collect(),
+            ..ran(false, false)
         };
         let after = progress_after(Some(&known), &observed(&ab, 1), Some(too_many), t0);
         assert!(after.awaiting.is_empty(), "not remembered one by one");

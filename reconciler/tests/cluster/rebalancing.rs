@@ -329,12 +329,7 @@ impl Test {
         self.wait_until_webhook_assigns().await;
         keep_alive
     }
-}
 
-/// Label of the objects whose updates [`Test::refuse_updates`] refuses (value: the namespace).
-const REFUSE: &str = "sharder-test/refuse-updates";
-
-impl Test {
     /// From now on (once the apiserver's admission sees it) every UPDATE of the `resource`
     /// objects labelled [`REFUSE`] is refused: a webhook configuration pointing nowhere, with
     /// failurePolicy Fail.
@@ -359,7 +354,20 @@ impl Test {
             .await
             .expect("delete the refusing configuration");
     }
+
+    /// Secret `name` labelled [`REFUSE`].
+    fn refused_secret(&self, name: &str) -> Secret {
+        let mut s = secret(name);
+        s.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(REFUSE.to_owned(), self.ns.clone());
+        s
+    }
 }
+
+/// Label of the objects whose updates [`Test::refuse_updates`] refuses (value: the namespace).
+const REFUSE: &str = "sharder-test/refuse-updates";
 
 /// A controlled object whose move fails (here the apiserver refuses it; an apiserver restart
 /// does the same) is looked at again at the next drain check, like one still waiting for its
@@ -417,13 +425,11 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
         .await;
     // Every update of these Secrets will be refused; their CREATEs are assigned by the webhook.
     for i in 0..30 {
-        let mut s = secret(&format!("object-{i}"));
-        s.metadata
-            .labels
-            .get_or_insert_default()
-            .insert(REFUSE.to_owned(), w.ns.clone());
         w.secrets()
-            .create(&PostParams::default(), &s)
+            .create(
+                &PostParams::default(),
+                &w.refused_secret(&format!("object-{i}")),
+            )
             .await
             .expect("create");
     }
@@ -441,10 +447,10 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
     // Lease is deleted, a minute after it expired.
     keep_alive.abort();
     eventually("two rebalances with refused moves", WAIT, || async {
-        let failed = w
-            .reconciler_log(0)
+        let failed = w.reconcilers[0]
+            .process
             .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .iter()
             .filter(|l| l["message"] == "rebalance" && l["errors"].as_u64() > Some(0))
             .count();
         (failed >= 2)
@@ -801,14 +807,8 @@ async fn a_shard_name_in_two_namespaces_stops_rebalancing_until_it_is_resolved()
     .await;
 }
 
-/// Label of the Secrets the refusing configuration of
-/// [`refused_writes_are_counted_reported_and_retried`] rejects updates of (value: namespace).
-const FROZEN_LABEL: &str = "sharder-test/frozen";
-
 #[tokio::test]
 async fn refused_writes_are_counted_reported_and_retried() {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    use sharder_harness::fixtures::refusing_configuration;
     use sharder_harness::wait::metric_value;
 
     let mut w = Test::new("refused").await;
@@ -817,53 +817,14 @@ async fn refused_writes_are_counted_reported_and_retried() {
     // No webhook: the sweep assigns every object, so every assignment is a reconciler write.
     w.start_reconciler().await;
 
-    // Updates of frozen Secrets are refused (failurePolicy Fail, nothing listens).
-    let refusing = refusing_configuration(
-        &format!("refuse-{}", w.ns),
-        "UPDATE",
-        "secrets",
-        (FROZEN_LABEL, &w.ns),
-    );
-    let configurations = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
-    configurations
-        .create(&PostParams::default(), &refusing)
-        .await
-        .expect("refusing configuration");
-    let frozen = |name: &str| {
-        let mut s = secret(name);
-        s.metadata
-            .labels
-            .get_or_insert_default()
-            .insert(FROZEN_LABEL.to_owned(), w.ns.clone());
-        s
-    };
-    // The first frozen Secret is also the probe: once its update is refused, the apiserver
-    // applies the configuration.
+    // Updates of frozen Secrets are refused.
+    w.refuse_updates("secrets").await;
     let secrets = w.secrets();
-    secrets
-        .create(&PostParams::default(), &frozen("object-frozen-0"))
-        .await
-        .expect("object-frozen-0");
-    let touch = json!({"metadata": {"annotations": {"touched": "yes"}}});
-    eventually("updates of frozen Secrets are refused", WAIT, || async {
-        match secrets
-            .patch(
-                "object-frozen-0",
-                &PatchParams::default(),
-                &Patch::Merge(&touch),
-            )
-            .await
-        {
-            Err(_) => Ok(()),
-            Ok(_) => Err("accepted"),
-        }
-    })
-    .await;
-    for i in 1..5 {
+    for i in 0..5 {
         secrets
             .create(
                 &PostParams::default(),
-                &frozen(&format!("object-frozen-{i}")),
+                &w.refused_secret(&format!("object-frozen-{i}")),
             )
             .await
             .expect("frozen");
@@ -920,10 +881,7 @@ async fn refused_writes_are_counted_reported_and_retried() {
     .await;
 
     // Once the writes are accepted again the same work succeeds.
-    configurations
-        .delete(&format!("refuse-{}", w.ns), &DeleteParams::default())
-        .await
-        .expect("delete refusing configuration");
+    w.accept_updates().await;
     w.wait_until_all_assigned("every object assigned once writes are accepted")
         .await;
 
