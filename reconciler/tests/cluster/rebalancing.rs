@@ -483,6 +483,74 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
     }
 }
 
+/// A scale-out whose moves the apiserver refuses lists every object again after a backoff, not
+/// at every drain check: the drain checks between the retries list only the unassigned objects
+/// (where acknowledged drains leave theirs). Once the refusal ends, everything settles.
+#[tokio::test]
+async fn a_failed_scale_out_is_listed_again_after_a_backoff_and_drain_checks_list_only_the_unassigned()
+ {
+    let mut w = Test::new("relist").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    w.start_reconciler_with(Duration::from_secs(3600), &[])
+        .await;
+    w.wait_until_webhook_assigns().await;
+    // Objects that move to shard-c: some whose updates will be refused, some whose drains will
+    // be written (and left unacknowledged, so drain checks keep coming).
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let (mut refused, mut plain) = (0, 0);
+    for i in 0.. {
+        if refused >= 3 && plain >= 3 {
+            break;
+        }
+        let name = format!("object-{i}");
+        let to_c = three.shard_for(&w.key(&name)) == Some("shard-c");
+        let object = if i % 2 == 0 {
+            refused += usize::from(to_c);
+            w.refused_secret(&name)
+        } else {
+            plain += usize::from(to_c);
+            secret(&name)
+        };
+        w.secrets()
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("create");
+    }
+    w.refuse_updates("secrets").await;
+
+    w.add_shard_lease("shard-c", 3600).await;
+    // Drain checks every 500 ms; the full list after the failed one 2 s later, then 4 s.
+    eventually(
+        "drain checks of the unassigned objects between failed full lists",
+        WAIT,
+        || async {
+            let lines = w.reconcilers[0].process.lines();
+            let rebalances: Vec<_> = lines
+                .iter()
+                .filter(|l| l["message"] == "rebalance")
+                .skip_while(|l| !(l["scopes"] == r#"["All"]"# && l["errors"].as_u64() > Some(0)))
+                .collect();
+            let count = |scopes: &str| rebalances.iter().filter(|l| l["scopes"] == scopes).count();
+            let (full, unassigned) = (count(r#"["All"]"#), count(r#"["Unassigned"]"#));
+            (full >= 2 && unassigned >= 6).then_some(()).ok_or(format!(
+                "after the first failed full list: {full} full lists, {unassigned} of the unassigned objects"
+            ))
+        },
+    )
+    .await;
+
+    w.accept_updates().await;
+    eventually("every object on its shard of three", WAIT, || async {
+        w.acknowledge_drains().await;
+        w.settled(&three).await
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_alone() {
     use kube::core::DynamicObject;
