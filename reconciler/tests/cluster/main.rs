@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
-use sharder_common::RingKind;
+use sharder_common::{Ring, RingKind};
 use sharder_harness::control_plane::ControlPlane;
 use sharder_harness::launch::{Env, Reconciler, Webhook};
 use sharder_harness::wait::eventually;
@@ -171,6 +171,16 @@ impl Test {
                 .ok_or_else(|| "absent".to_owned())
         })
         .await
+    }
+
+    /// Waits (`what` names the wait) until every object is on its shard of `ring`, no drain
+    /// left, acknowledging drains meanwhile as the shards would (those issued while waiting too).
+    async fn settle_acknowledging(&self, what: &str, ring: &Ring) {
+        eventually(what, WAIT, || async {
+            self.acknowledge_drains().await;
+            self.settled(ring).await
+        })
+        .await;
     }
 
     /// The audit user of the reconciler.

@@ -403,13 +403,9 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
     .await;
 
     w.accept_updates().await;
-    eventually(
+    w.settle_acknowledging(
         "every object on its shard, every child with its owner",
-        WAIT,
-        || async {
-            w.acknowledge_drains().await;
-            w.settled(&three).await
-        },
+        &three,
     )
     .await;
 }
@@ -544,11 +540,8 @@ async fn a_failed_scale_out_is_listed_again_after_a_backoff_and_drain_checks_lis
     .await;
 
     w.accept_updates().await;
-    eventually("every object on its shard of three", WAIT, || async {
-        w.acknowledge_drains().await;
-        w.settled(&three).await
-    })
-    .await;
+    w.settle_acknowledging("every object on its shard of three", &three)
+        .await;
 }
 
 #[tokio::test]
@@ -1496,14 +1489,6 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
         "acknowledged objects wait unassigned, none lost"
     );
     link.blackhole(false);
-    eventually(
-        "the acknowledged objects are on their new shard",
-        WAIT,
-        || async {
-            // Drains the reconciler issues after the cut are acknowledged here too.
-            w.acknowledge_drains().await;
-            w.settled(&three).await
-        },
-    )
-    .await;
+    w.settle_acknowledging("the acknowledged objects are on their new shard", &three)
+        .await;
 }
