@@ -99,9 +99,13 @@ pub(crate) enum Scope {
     All,
     /// Objects on one shard (`<shard label>=<shard>`), when that shard died.
     OnShard(String),
-    /// Objects without a shard (`!<shard label>`): new objects the webhook missed, objects
-    /// whose drain was acknowledged, `generateName` objects.
+    /// Objects without a shard (`!<shard label>`) at a drain check: objects whose drain was
+    /// acknowledged, new objects the webhook missed, `generateName` objects; read from the
+    /// apiserver's watch cache.
     Unassigned,
+    /// The same, read from etcd: once no drain is pending, so that no acknowledged object a
+    /// lagging watch cache hid waits for the next sweep.
+    UnassignedInEtcd,
     /// Objects without a shard or on a shard that is not available (`<shard label> notin
     /// (<available shards>)`), read from the apiserver's watch cache: the sweep of a quiet ring.
     Stray,
@@ -113,7 +117,7 @@ impl Scope {
         match self {
             Self::All => None,
             Self::OnShard(shard) => Some(format!("{}={shard}", labels.shard)),
-            Self::Unassigned => Some(format!("!{}", labels.shard)),
+            Self::Unassigned | Self::UnassignedInEtcd => Some(format!("!{}", labels.shard)),
             Self::Stray => Some(format!(
                 "{} notin ({})",
                 labels.shard,
@@ -124,10 +128,11 @@ impl Scope {
 
     /// Whether the list is answered from the apiserver's watch cache (`resourceVersion=0`: no
     /// etcd read, in one answer however many objects match) instead of page by page from etcd.
-    /// Only the sweep of a quiet ring is: what it selects is what needs work, none or a few
-    /// objects, and a slightly stale answer is caught by the next sweep.
+    /// The sweep of a quiet ring and the drain checks are: what they select is what needs work,
+    /// none or a few objects, and what a slightly stale answer misses, the next sweep or drain
+    /// check finds (the last drain check reads etcd: [`Scope::UnassignedInEtcd`]).
     fn cached(&self) -> bool {
-        matches!(self, Self::Stray)
+        matches!(self, Self::Stray | Self::Unassigned)
     }
 }
 

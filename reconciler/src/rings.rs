@@ -268,8 +268,9 @@ struct Work<'a> {
 /// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
 /// their owners (unless everything was listed), then counts the drains still pending (only
 /// where there can be some: drains were pending, this rebalance drained, or it listed
-/// everything, as after a change of leader) and reports. `None`: the ring was deleted or
-/// replaced meanwhile, and the rest of the rebalance was left (logged once).
+/// everything, as after a change of leader), lists the unassigned objects from etcd after the
+/// last drain check, and reports. `None`: the ring was deleted or replaced meanwhile, and the
+/// rest of the rebalance was left (logged once).
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
@@ -342,6 +343,14 @@ async fn rebalance(
             .await
             .unwrap_or(1);
     }
+    let mut listed = scopes.clone();
+    if pending == 0 && scopes.contains(&Scope::Unassigned) {
+        // The drain checks read the watch cache, which may lag behind etcd: the last one reads
+        // etcd, so an acknowledged object the cache hid does not wait for the next sweep.
+        let last = [Scope::UnassignedInEtcd];
+        outcome.add(ctx.rebalancer.run(&view, &targets, &last).await);
+        listed.extend(last);
+    }
     let elapsed = started.elapsed();
     ctx.metrics
         .resync_duration
@@ -354,7 +363,7 @@ async fn rebalance(
     report::report(
         &ctx.recorder,
         ring,
-        scopes,
+        &listed,
         &outcome,
         pending,
         writes,

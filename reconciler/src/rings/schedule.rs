@@ -5,8 +5,9 @@
 //! - A full list ([`Scope::All`]) when the ring is new to this leader, was recreated (new uid),
 //!   its spec changed (generation), a shard was added, or the resync interval passed.
 //! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
-//! - While drains are pending, the unassigned objects ([`Scope::Unassigned`], from etcd) at
-//!   every reconcile: acknowledged drains leave their objects unassigned.
+//! - While drains are pending, the unassigned objects ([`Scope::Unassigned`], from the
+//!   apiserver's watch cache; the last time, once none is pending, from etcd) at every
+//!   reconcile: acknowledged drains leave their objects unassigned.
 //! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
 //!   left the ring ([`Scope::Stray`]), from the apiserver's watch cache, so a quiet ring reads
 //!   nothing from etcd between resyncs.
@@ -323,7 +324,7 @@ mod tests {
         assert_eq!(
             scopes(Some(&draining), &observed(&ab, 1), &INTERVALS, at(30)),
             [Scope::Unassigned].into(),
-            "while drains are pending, the unassigned objects are read from etcd"
+            "while drains are pending, the unassigned objects are listed"
         );
         assert_eq!(
             scopes(Some(&known), &observed(&ab, 1), &INTERVALS, at(300)),

@@ -1337,6 +1337,99 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
     eventually("the strays are on their shards", WAIT, || w.settled(&two)).await;
 }
 
+/// While drains are pending, the drain checks list the unassigned objects from the apiserver's
+/// watch cache instead of page by page from etcd (which reads every object of the ring whatever
+/// the selector); the last one, once no drain is pending, reads etcd.
+#[tokio::test]
+async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
+    // An apiserver of its own: no other test's lists in its etcd counts.
+    let cp = ControlPlane::dedicated(Options::default())
+        .await
+        .expect("a control plane");
+    let mut w = Test::on(cp, "checks").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    let page = "10";
+    w.start_reconciler_with(Duration::from_secs(3600), &[("--list-page-size", page)])
+        .await;
+    w.wait_until_webhook_assigns().await;
+    for i in 0..100 {
+        w.secrets()
+            .create(&PostParams::default(), &secret(&format!("object-{i}")))
+            .await
+            .expect("create");
+    }
+    let two = Ring::new(["shard-a", "shard-b"]);
+    eventually("settled", WAIT, || w.settled(&two)).await;
+    // What one list of the unassigned objects from etcd costs here, page by page as the
+    // reconciler lists: a request to etcd for every page's worth of objects read.
+    let before = etcd_secret_lists(&w).await;
+    let unassigned = format!("!{}", w.id().labels().shard);
+    let mut params = ListParams::default()
+        .labels(&unassigned)
+        .limit(page.parse().expect("a number"));
+    loop {
+        let listed = w.secrets().list_metadata(&params).await.expect("list");
+        match listed.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let one_list = etcd_secret_lists(&w).await - before;
+    assert!(one_list >= 10.0, "100 objects, 10 to a page: {one_list}");
+
+    // A shard joins; its drains wait unacknowledged, drain checks every 500 ms.
+    w.add_shard_lease("shard-c", 3600).await;
+    let seen = eventually("the scale-out's drains", WAIT, || async {
+        let lines = w.reconcilers[0].process.lines();
+        let drained = lines
+            .iter()
+            .position(|l| l["message"] == "rebalance" && l["drained"].as_u64() > Some(0));
+        drained.map(|i| i + 1).ok_or("no drain yet")
+    })
+    .await;
+    let lists = etcd_secret_lists(&w).await;
+    let checks = 6;
+    w.wait_for_rebalances(0, checks).await;
+    let used = etcd_secret_lists(&w).await - lists;
+    let scopes: Vec<_> = w.reconcilers[0].process.lines()[seen..]
+        .iter()
+        .filter(|l| l["message"] == "rebalance")
+        .map(|l| l["scopes"].clone())
+        .collect();
+    assert!(
+        scopes.len() >= checks && scopes.iter().all(|s| s == r#"["Unassigned"]"#),
+        "drain checks: {scopes:?}"
+    );
+    println!(
+        "{checks} drain checks: {used} etcd lists of Secrets (one list of the unassigned objects: {one_list})"
+    );
+    // Each check still counts the pending drains in etcd (it stops at the first page with one).
+    assert!(
+        used < checks as f64 * one_list,
+        "{checks} drain checks made {used} etcd lists of Secrets; one list of the unassigned \
+         objects from etcd makes {one_list}"
+    );
+
+    // Drains acknowledged with no webhook to assign them: the checks assign them, and the
+    // last one, once none is pending, lists the unassigned objects from etcd.
+    w.stop_webhook();
+    let seen = w.reconcilers[0].process.lines().len();
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    w.settle_acknowledging("the acknowledged objects on their new shard", &three)
+        .await;
+    w.reconcilers[0]
+        .process
+        .wait_for("the last drain check", seen, WAIT, |l| {
+            l["message"] == "rebalance" && l["scopes"] == r#"["Unassigned", "UnassignedInEtcd"]"#
+        })
+        .await
+        .expect("the last drain check reads etcd");
+}
+
 #[tokio::test]
 async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its_shard_once_the_cache_catches_up()
  {
