@@ -13,8 +13,7 @@
 //!   nothing from etcd between resyncs.
 //! - After a rebalance in which a list or a write failed, its work again after a backoff
 //!   ([`FIRST_RETRY`], doubled at each failure in a row, at most the sweep interval): the same
-//!   lists (a failed sweep is a sweep again). A failed full list waits for its retry even while
-//!   drains are pending: the drain checks in between list the unassigned objects only.
+//!   lists (a failed sweep is a sweep again).
 //!
 //! A full list covers everything the others would, so it replaces them.
 
@@ -75,14 +74,12 @@ pub(crate) struct Progress {
     /// Controlled objects waiting on a live shard for their owner to settle, or whose write
     /// failed (looked at again at every reconcile until they followed it).
     pub awaiting: Vec<ObjectId>,
-    /// More objects waited than [`MAX_AWAITING`] (the next reconcile lists everything), or a
-    /// full list failed (everything is listed again once its retry is due).
+    /// More objects waited than [`MAX_AWAITING`], or a full list failed: the next reconcile
+    /// lists everything.
     pub relist: bool,
     /// Rebalances in a row in which a list or a write failed (their work is tried again after
-    /// [`retry_delay`]); a failed full list's count lasts until a full list goes through.
+    /// [`retry_delay`]).
     pub failures: u32,
-    /// When the last failed rebalance ended.
-    pub last_failure: Instant,
 }
 
 /// How a rebalance went.
@@ -116,10 +113,8 @@ pub(crate) fn scopes(
     let Some(p) = same_ring(progress, observed) else {
         return [Scope::All].into();
     };
-    let retry_due = p.failures == 0
-        || now.saturating_duration_since(p.last_failure) >= retry_delay(p.failures, intervals);
     if p.generation != observed.generation
-        || (p.relist && retry_due)
+        || p.relist
         || observed.available.difference(&p.available).next().is_some()
         || now.saturating_duration_since(p.last_full) >= intervals.resync
     {
@@ -132,24 +127,21 @@ pub(crate) fn scopes(
         .collect();
     if p.draining {
         scopes.insert(Scope::Unassigned);
-    } else if (p.failures > 0 && !p.relist && scopes.is_empty())
+    } else if (p.failures > 0 && scopes.is_empty())
         || now.saturating_duration_since(p.last_sweep) >= intervals.sweep
     {
         // A failed sweep is swept again at the retry (a dead shard's list, listed again while
-        // the shard's objects were not all moved, selects what failed there; a failed full
-        // list, listed again at its retry, everything).
+        // the shard's objects were not all moved, selects what failed there).
         scopes.insert(Scope::Stray);
     }
     scopes
 }
 
 /// What to remember after a reconcile at `now`: the observed ring and how the rebalance went
-/// (`None`: nothing was listed). After a failed rebalance its work is tried again: a failed
-/// full list is listed again once its retry is due (the observed shards are kept, so a shard
-/// added since is still new), after a failed partial one the previous shard set is kept (a
-/// dead shard is listed again); controlled objects whose write failed are in `ran.awaiting`,
-/// looked at again at every drain check; the failures in a row are counted for the retry's
-/// backoff.
+/// (`None`: nothing was listed). After a failed rebalance the previous shard set is kept and a
+/// failed full list is listed again, so the next reconcile retries the same work; controlled
+/// objects whose write failed are in `ran.awaiting`, looked at again at every drain check; the
+/// failures in a row are counted for the retry's backoff.
 pub(crate) fn progress_after(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
@@ -166,8 +158,7 @@ pub(crate) fn progress_after(
         draining: previous.is_some_and(|p| p.draining),
         awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
         relist: previous.is_some_and(|p| p.relist),
-        failures: previous.map_or(0, |p| p.failures),
-        last_failure: previous.map_or(now, |p| p.last_failure),
+        failures: 0,
     };
     if let Some(ran) = ran {
         if ran.full {
@@ -176,23 +167,13 @@ pub(crate) fn progress_after(
         next.last_sweep = now;
         let too_many = ran.awaiting.len() > MAX_AWAITING;
         // What a failed full list did not reach is known nowhere else (a resync or a spec
-        // change would not come again): everything is listed again, until a full list goes
-        // through; the drain checks before its retry list the unassigned objects, as always.
-        next.relist = too_many || if ran.full { ran.failed } else { next.relist };
+        // change would not come again): the next reconcile lists everything again.
+        next.relist = too_many || (ran.full && ran.failed);
         next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
         next.draining = ran.draining || too_many || !next.awaiting.is_empty();
         if ran.failed {
-            if !ran.full {
-                next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
-            }
-            // A failed full list's retry is pushed back by its own failures only: drain checks
-            // failing while the apiserver is away would otherwise delay it to the sweep interval.
-            if ran.full || !next.relist {
-                next.failures = next.failures.saturating_add(1);
-                next.last_failure = now;
-            }
-        } else if !next.relist {
-            next.failures = 0;
+            next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
+            next.failures = previous.map_or(0, |p| p.failures).saturating_add(1);
         }
     }
     next
@@ -222,12 +203,8 @@ pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Ins
     if progress.draining {
         wait = wait.min(intervals.drain_check);
     }
-    let since = now.saturating_duration_since(progress.last_failure);
-    let until_retry = retry_delay(progress.failures, intervals).saturating_sub(since);
-    // A retry already due did not run because nothing could (no shard is available): the
-    // shards' return brings the ring back.
-    if progress.failures > 0 && !until_retry.is_zero() {
-        wait = wait.min(until_retry);
+    if progress.failures > 0 {
+        wait = wait.min(retry_delay(progress.failures, intervals));
     }
     wait.max(MIN_REQUEUE)
 }
@@ -265,7 +242,6 @@ mod tests {
             awaiting: Vec::new(),
             relist: false,
             failures: 0,
-            last_failure: at,
         }
     }
 
@@ -352,7 +328,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn progress_remembers_what_ran_and_lists_a_failed_scale_out_again_after_a_backoff() {
+    async fn progress_remembers_what_ran_and_keeps_old_shards_after_a_failure() {
         let t0 = Instant::now();
         let later = t0 + Duration::from_secs(7);
         let ab = set(&["a", "b"]);
@@ -377,73 +353,16 @@ mod tests {
             (abc.clone(), later, later, true)
         );
 
-        // The scale-out's full list failed, drains are pending.
         let failed = Ran {
             failed: true,
             ..full
         };
         let retry = progress_after(Some(&known), &observed(&abc, 1), Some(failed), later);
-        assert_eq!((retry.relist, retry.failures), (true, 1));
-        let second = |s| later + Duration::from_secs(s);
+        assert_eq!(retry.available, ab, "the added shard counts as new again");
         assert_eq!(
-            scopes(Some(&retry), &observed(&abc, 1), &INTERVALS, second(1)),
-            [Scope::Unassigned].into(),
-            "the drain checks before the retry list the unassigned objects only"
-        );
-        let checked = Ran {
-            draining: true,
-            ..ran(false, false)
-        };
-        let checked = progress_after(Some(&retry), &observed(&abc, 1), Some(checked), second(1));
-        assert_eq!((checked.relist, checked.failures), (true, 1), "still due");
-        let unreachable = Ran {
-            draining: true,
-            ..ran(false, true)
-        };
-        let unreachable = progress_after(
-            Some(&checked),
-            &observed(&abc, 1),
-            Some(unreachable),
-            second(1),
-        );
-        assert_eq!(
-            (unreachable.failures, unreachable.last_failure),
-            (1, later),
-            "a failed drain check does not push the retry back"
-        );
-        assert_eq!(
-            requeue_after(&checked, &INTERVALS, second(1)),
-            Duration::from_secs(1),
-            "the retry comes before the next drain check"
-        );
-        assert_eq!(
-            scopes(Some(&checked), &observed(&abc, 1), &INTERVALS, second(2)),
+            scopes(Some(&retry), &observed(&abc, 1), &INTERVALS, later),
             [Scope::All].into(),
-            "everything again at the retry"
-        );
-        let abcd = set(&["a", "b", "c", "d"]);
-        assert_eq!(
-            scopes(Some(&checked), &observed(&abcd, 1), &INTERVALS, second(1)),
-            [Scope::All].into(),
-            "a shard added since is listed for at once"
-        );
-        let none = BTreeSet::new();
-        let no_shards = progress_after(Some(&checked), &observed(&none, 1), None, second(3));
-        assert_eq!(
-            requeue_after(&no_shards, &INTERVALS, second(3)),
-            INTERVALS.drain_check,
-            "a retry due with no shard to list for waits for the shards, not at every turn"
-        );
-        let listed = progress_after(
-            Some(&checked),
-            &observed(&abc, 1),
-            Some(ran(true, false)),
-            second(2),
-        );
-        assert_eq!(
-            (listed.relist, listed.failures),
-            (false, 0),
-            "once it went through"
+            "so the next reconcile lists again"
         );
 
         let first = progress_after(None, &observed(&ab, 3), None, later);
@@ -464,16 +383,10 @@ mod tests {
             Some(ran(true, true)),
             later,
         );
-        assert!(
-            scopes(Some(&after), &observed(&ab, 2), &INTERVALS, later).is_empty(),
-            "nothing before the retry"
-        );
-        let retry = later + FIRST_RETRY;
-        assert_eq!(requeue_after(&after, &INTERVALS, later), FIRST_RETRY);
         assert_eq!(
-            scopes(Some(&after), &observed(&ab, 2), &INTERVALS, retry),
+            scopes(Some(&after), &observed(&ab, 2), &INTERVALS, later),
             [Scope::All].into(),
-            "listed again at the retry"
+            "listed again"
         );
         assert!(
             !after.draining,
@@ -483,7 +396,7 @@ mod tests {
             Some(&after),
             &observed(&ab, 2),
             Some(ran(true, false)),
-            retry,
+            later,
         );
         assert!(!listed.relist, "once it went through");
 
