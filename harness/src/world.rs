@@ -430,6 +430,16 @@ impl World {
         }
     }
 
+    /// Creates `n` Secrets `object-<i>`.
+    pub async fn create_secrets(&self, n: usize) {
+        for i in 0..n {
+            self.secrets()
+                .create(&PostParams::default(), &secret(&format!("object-{i}")))
+                .await
+                .expect("secret");
+        }
+    }
+
     /// Creates `n` Secrets `object-<i>` and a ConfigMap `child-<i>` controlled by each.
     pub async fn create_objects(&self, n: usize) {
         let pp = PostParams::default();

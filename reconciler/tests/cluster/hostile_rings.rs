@@ -49,13 +49,7 @@ async fn a_ring_deleted_during_its_rebalance_gets_no_more_writes_and_the_next_ri
     let mut w = Test::new("deleted").await;
     w.create_ring().await;
     w.add_shard_lease("shard-a", 3600).await;
-    let pp = PostParams::default();
-    for i in 0..OBJECTS {
-        w.secrets()
-            .create(&pp, &secret(&format!("object-{i}")))
-            .await
-            .expect("secret");
-    }
+    w.create_secrets(OBJECTS).await;
     // No webhook: every assignment is a write of the reconciler, 10 a second, so the first
     // rebalance takes 12 s.
     w.start_reconciler_with(

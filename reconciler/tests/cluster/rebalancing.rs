@@ -962,13 +962,7 @@ async fn the_write_rate_limit_holds_across_rings() {
     for world in [&w.world, &other] {
         world.create_ring().await;
         world.add_shard_lease("shard-a", 3600).await;
-        for i in 0..PER_RING {
-            world
-                .secrets()
-                .create(&PostParams::default(), &secret(&format!("object-{i}")))
-                .await
-                .expect("secret");
-        }
+        world.create_secrets(PER_RING).await;
     }
     // One reconciler for both rings (no webhook: every object is assigned by a reconciler write).
     let mut flags = w.world.reconciler_flags(
@@ -1292,12 +1286,7 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
     w.start_reconciler_with(Duration::from_secs(3600), &[("--list-page-size", page)])
         .await;
     w.wait_until_webhook_assigns().await;
-    for i in 0..100 {
-        w.secrets()
-            .create(&PostParams::default(), &secret(&format!("object-{i}")))
-            .await
-            .expect("create");
-    }
+    w.create_secrets(100).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     eventually("settled", WAIT, || w.settled(&two)).await;
     // What one list of the unassigned objects from etcd costs here, page by page as the

@@ -466,12 +466,7 @@ async fn a_malformed_ring_is_reported_in_its_status_and_the_others_go_on() {
     w.create_ring().await;
     w.add_shard_lease("shard-a", 3600).await;
     w.start_reconciler().await;
-    for i in 0..5 {
-        w.secrets()
-            .create(&PostParams::default(), &secret(&format!("object-{i}")))
-            .await
-            .expect("secret");
-    }
+    w.create_secrets(5).await;
     w.wait_until_all_assigned("the valid ring's objects assigned")
         .await;
     let message = eventually("the malformed ring reports why", WAIT, || async {
