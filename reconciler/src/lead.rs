@@ -8,6 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::DynamicObject;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
 use sharder_common::RingKind;
 use sharder_common::webhook_configuration::{
     WebhookSettings, WebhookTarget, global_namespace_selector,
@@ -125,7 +126,7 @@ impl Shared {
     /// fewer shards: it moves nothing off them, and each shard appearing later counts as added,
     /// which triggers a full resync; no shard is ever taken for dead by it.
     fn spawn_controllers(&self, kind: RingKind, tasks: &mut Tasks) -> [Listed; 3] {
-        let rings = rings::controller(self.client.clone(), kind, &self.selector);
+        let (rings, ring_leases) = rings::controller(self.client.clone(), kind, &self.selector);
         let leases = shard_leases::controller(self.client.clone(), kind);
         let configurations = webhook_config::controller::controller(
             self.client.clone(),
@@ -135,7 +136,7 @@ impl Shared {
         );
         let watches = [leases.1.clone(), rings.1.clone(), configurations.1.clone()];
         let lease_ctx = self.lease_context(kind, &rings);
-        let ring_ctx = self.ring_context(kind, &rings.0, &leases.0);
+        let ring_ctx = self.ring_context(kind, &rings.0, ring_leases);
         let configuration_ctx = self.configuration_context(kind);
         let stop = &self.stop;
         tasks.spawn(
@@ -194,13 +195,13 @@ impl Shared {
         &self,
         kind: RingKind,
         rings: &Controller<DynamicObject>,
-        leases: &Controller<Lease>,
+        leases: Store<Lease>,
     ) -> Arc<rings::Context> {
         Arc::new(rings::Context::new(
             kind,
             self.client.clone(),
             rings.store(),
-            leases.store(),
+            leases,
             self.webhook.namespace_selector.clone(),
             self.rebalancer.clone(),
             self.intervals,

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::cluster_ring::CONDITION_READY;
@@ -64,7 +64,7 @@ pub(crate) struct Context {
     /// The rings of the kind (from this controller's own watch), to tell whether a ring is
     /// still there during its rebalance.
     pub rings: Store<DynamicObject>,
-    /// Shard Leases of rings of the kind (from its shard lease controller).
+    /// Shard Leases of rings of the kind, from the watch that wakes the rings ([`controller`]).
     pub leases: Store<Lease>,
     /// The global namespace selector (see `sharder_common::webhook_configuration::global_namespace_selector`).
     pub namespace_selector: LabelSelector,
@@ -417,28 +417,38 @@ pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<C
 }
 
 /// The controller over the rings of `kind` matching `selector` (empty: all), triggered by
-/// their shard Leases too, when a Lease's shard can have changed ([`triggers`]).
+/// their shard Leases too, when a Lease's shard can have changed ([`triggers`]); with whether
+/// its rings' watch listed, and the store of that Lease watch, for [`Context::leases`]: a
+/// change is in it before it wakes a ring (the store of another watch may not have it yet).
 pub(crate) fn controller(
     client: Client,
     kind: RingKind,
     selector: &str,
 ) -> (
-    Controller<DynamicObject>,
-    sharder_runtime::controller::Listed,
+    (
+        Controller<DynamicObject>,
+        sharder_runtime::controller::Listed,
+    ),
+    Store<Lease>,
 ) {
     let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
-    let leases = sharder_runtime::controller::watch(
-        Api::<Lease>::all(client),
-        watcher::Config::default().labels(kind.lease_label()),
+    let writer = reflector::store::Writer::default();
+    let leases = writer.as_reader();
+    let events = reflector::reflector(
+        writer,
+        sharder_runtime::controller::watch(
+            Api::<Lease>::all(client),
+            watcher::Config::default().labels(kind.lease_label()),
+        ),
     );
     let resource = kind.api_resource();
     let controller = controller
-        .watches_stream(triggers::lease_triggers(kind, leases), move |lease| {
+        .watches_stream(triggers::lease_triggers(kind, events), move |lease| {
             lease
                 .labels()
                 .get(kind.lease_label())
                 .map(|ring| ObjectRef::<DynamicObject>::new_with(ring, resource.clone()))
         })
         .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
-    (controller, listed)
+    ((controller, listed), leases)
 }

@@ -4,7 +4,8 @@
 //! (or a short renew interval) would wait for a quiet moment that may not come, and a dead
 //! shard's objects would wait with it. What a ring reads of a Lease is its ring label and
 //! whether it is held by its shard ([`is_available`]); only a change of those, a new Lease, a
-//! deleted one, or a relist passes.
+//! deleted one, or a relist passes. A list's Leases wake their rings once it is done: the
+//! store it fills (see `rings::controller`) takes them at its end, all at once.
 
 use std::collections::HashMap;
 
@@ -30,12 +31,18 @@ impl Signature {
     }
 }
 
+/// Leases by namespace and name, with what the rings read of them.
+type Seen = HashMap<(String, String), Signature>;
+
 /// The Leases of rings of one kind seen, by namespace and name, with what the rings read of
 /// them.
 #[derive(Debug)]
 pub(crate) struct LeaseTriggers {
     kind: RingKind,
-    seen: HashMap<(String, String), Signature>,
+    seen: Seen,
+    /// During a list: the Leases seen before it (those it does not return were deleted
+    /// meanwhile), and the ones it returned so far.
+    listing: Option<(Seen, Vec<Lease>)>,
 }
 
 impl LeaseTriggers {
@@ -44,30 +51,64 @@ impl LeaseTriggers {
         Self {
             kind,
             seen: HashMap::new(),
+            listing: None,
         }
     }
 
-    /// The Lease of `event` if it should wake its ring.
-    pub(crate) fn admit(&mut self, event: Event<Lease>) -> Option<Lease> {
+    /// The Leases whose rings `event` should wake.
+    pub(crate) fn admit(&mut self, event: Event<Lease>) -> Vec<Lease> {
         let key = |l: &Lease| (l.namespace().unwrap_or_default(), l.name_any());
         match event {
-            // A relist wakes every ring once (it may follow missed events).
+            Event::Init => {
+                self.listing = Some((std::mem::take(&mut self.seen), Vec::new()));
+                Vec::new()
+            }
+            // A relist wakes every ring once (it may follow missed events), at its end.
             Event::InitApply(lease) => {
                 self.seen
                     .insert(key(&lease), Signature::of(self.kind, &lease));
-                Some(lease)
+                if let Some((_, listed)) = self.listing.as_mut() {
+                    listed.push(lease);
+                }
+                Vec::new()
+            }
+            Event::InitDone => {
+                let Some((before, mut listed)) = self.listing.take() else {
+                    return Vec::new();
+                };
+                let gone = before
+                    .into_iter()
+                    .filter(|(key, _)| !self.seen.contains_key(key))
+                    .filter_map(|((namespace, name), signature)| {
+                        Some(self.stand_in(namespace, name, signature.ring?))
+                    });
+                listed.extend(gone);
+                listed
             }
             Event::Apply(lease) => {
                 let signature = Signature::of(self.kind, &lease);
                 let changed = self.seen.get(&key(&lease)) != Some(&signature);
                 self.seen.insert(key(&lease), signature);
-                changed.then_some(lease)
+                if changed { vec![lease] } else { Vec::new() }
             }
             Event::Delete(lease) => {
                 self.seen.remove(&key(&lease));
-                Some(lease)
+                vec![lease]
             }
-            Event::Init | Event::InitDone => None,
+        }
+    }
+
+    /// A Lease of `ring` named `name` in `namespace` that a relist no longer returned: what
+    /// wakes its ring.
+    fn stand_in(&self, namespace: String, name: String, ring: String) -> Lease {
+        Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace),
+                labels: Some([(self.kind.lease_label().to_owned(), ring)].into()),
+                ..Default::default()
+            },
+            spec: None,
         }
     }
 }
@@ -82,12 +123,12 @@ where
     S: Stream<Item = Result<Event<Lease>, watcher::Error>> + Send,
 {
     let mut triggers = LeaseTriggers::new(kind);
-    events.filter_map(move |event| {
+    events.flat_map(move |event| {
         let admitted = match event {
-            Ok(event) => triggers.admit(event).map(Ok),
-            Err(e) => Some(Err(e)),
+            Ok(event) => triggers.admit(event).into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e)],
         };
-        std::future::ready(admitted)
+        futures::stream::iter(admitted)
     })
 }
 
@@ -128,7 +169,7 @@ mod tests {
     #[test]
     fn renewals_do_not_wake_the_ring_but_changes_of_its_shards_do() {
         let mut t = LeaseTriggers::new(RingKind::ClusterRing);
-        let name = |l: Option<Lease>| l.map(|l| l.name_any());
+        let name = |l: Vec<Lease>| l.first().map(|l| l.name_any());
         let table = [
             (
                 Event::Apply(lease("a", "r", "a", 100)),
@@ -166,13 +207,6 @@ mod tests {
                 Some("a"),
                 "created again",
             ),
-            (
-                Event::InitApply(lease("a", "other", "a", 503)),
-                Some("a"),
-                "a relist wakes every ring",
-            ),
-            (Event::Init, None, "the start of a relist"),
-            (Event::InitDone, None, "the end of a relist"),
         ];
         for (event, want, what) in table {
             assert_eq!(name(t.admit(event)).as_deref(), want, "{what}");
@@ -182,12 +216,12 @@ mod tests {
     #[test]
     fn a_released_lease_wakes_the_ring() {
         let mut t = LeaseTriggers::new(RingKind::ClusterRing);
-        assert!(t.admit(Event::Apply(lease("a", "r", "a", 100))).is_some());
+        assert!(!t.admit(Event::Apply(lease("a", "r", "a", 100))).is_empty());
         let mut released = lease("a", "r", "a", 100);
         if let Some(spec) = released.spec.as_mut() {
             spec.holder_identity = None;
         }
-        assert!(t.admit(Event::Apply(released)).is_some());
+        assert!(!t.admit(Event::Apply(released)).is_empty());
     }
 
     #[test]
@@ -195,10 +229,49 @@ mod tests {
         let mut t = LeaseTriggers::new(RingKind::ClusterRing);
         let mut other = lease("a", "r", "a", 100);
         other.metadata.namespace = Some("ns-2".into());
-        assert!(t.admit(Event::Apply(lease("a", "r", "a", 100))).is_some());
+        assert!(!t.admit(Event::Apply(lease("a", "r", "a", 100))).is_empty());
         assert!(
-            t.admit(Event::Apply(other)).is_some(),
+            !t.admit(Event::Apply(other)).is_empty(),
             "not a renewal of the first"
         );
+    }
+
+    #[test]
+    fn a_relist_wakes_the_rings_of_every_lease_listed_or_gone_once_it_is_done() {
+        let mut t = LeaseTriggers::new(RingKind::ClusterRing);
+        let names = |leases: Vec<Lease>| -> Vec<String> {
+            let mut names: Vec<String> = leases
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{} of {}",
+                        l.name_any(),
+                        l.labels()[RingKind::ClusterRing.lease_label()]
+                    )
+                })
+                .collect();
+            names.sort();
+            names
+        };
+        for lease in [lease("a", "r", "a", 100), lease("b", "s", "b", 100)] {
+            assert!(!t.admit(Event::Apply(lease)).is_empty());
+        }
+        assert!(t.admit(Event::Init).is_empty(), "the start of a relist");
+        for lease in [lease("a", "r", "a", 102), lease("c", "r", "c", 100)] {
+            assert!(
+                t.admit(Event::InitApply(lease)).is_empty(),
+                "the store takes a list's Leases at its end"
+            );
+        }
+        assert_eq!(
+            names(t.admit(Event::InitDone)),
+            ["a of r", "b of s", "c of r"],
+            "the listed Leases, and b, deleted while the watch was away"
+        );
+        assert!(
+            t.admit(Event::Apply(lease("a", "r", "a", 104))).is_empty(),
+            "after the relist, a renewal of a listed Lease is a renewal"
+        );
+        assert!(t.admit(Event::InitDone).is_empty(), "no list under way");
     }
 }
