@@ -158,6 +158,9 @@ pub(crate) struct Outcome {
     pub errors: usize,
     /// Of those, failed lists.
     pub failed_lists: usize,
+    /// Of those, writes the apiserver refused for good (forbidden, invalid): the same write
+    /// would be refused again.
+    pub refused: usize,
     /// Controlled objects waiting on a live shard for their owner to settle on its new shard,
     /// or whose move failed (looked at again at every drain check until they followed it).
     pub awaiting: Vec<ObjectId>,
@@ -188,6 +191,7 @@ impl Outcome {
         self.drained += other.drained;
         self.errors += other.errors;
         self.failed_lists += other.failed_lists;
+        self.refused += other.refused;
         self.abandoned += other.abandoned;
         for (reason, n) in other.assigned {
             *self.assigned.entry(reason).or_default() += n;
@@ -203,8 +207,9 @@ impl Outcome {
             }
             Written::Awaiting(object) => self.awaiting.push(object),
             Written::Stayed => {}
-            Written::Failed(object) => {
+            Written::Failed { object, permanent } => {
                 self.errors += 1;
+                self.refused += usize::from(permanent);
                 self.awaiting.extend(object);
             }
             Written::Abandoned => self.abandoned += 1,
@@ -472,10 +477,16 @@ mod tests {
     #[test]
     fn a_controlled_object_whose_write_failed_is_looked_at_again_and_a_main_one_is_not() {
         let mut outcome = Outcome::default();
-        outcome.count(Written::Failed(Some(object("child-1"))));
-        outcome.count(Written::Failed(None));
+        outcome.count(Written::Failed {
+            object: Some(object("child-1")),
+            permanent: false,
+        });
+        outcome.count(Written::Failed {
+            object: None,
+            permanent: true,
+        });
         outcome.count(Written::Awaiting(object("child-2")));
-        assert_eq!(outcome.errors, 2);
+        assert_eq!((outcome.errors, outcome.refused), (2, 1));
         assert_eq!(outcome.awaiting, [object("child-1"), object("child-2")]);
     }
 }

@@ -398,6 +398,7 @@ async fn rebalance(
         full: scopes.contains(&Scope::All),
         draining: pending > 0,
         failed: outcome.errors > 0,
+        refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: outcome.awaiting,
     }))
 }

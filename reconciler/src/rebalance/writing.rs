@@ -67,7 +67,12 @@ pub(super) enum Written {
     Stayed,
     /// The write failed (after its retries). A controlled object is named: no label selects it
     /// again (it sits on a live shard), so it is looked at again like one awaiting its owner.
-    Failed(Option<ObjectId>),
+    Failed {
+        /// The controlled object to look at again, if any.
+        object: Option<ObjectId>,
+        /// Whether the apiserver refused the write for good ([`permanent`]).
+        permanent: bool,
+    },
     /// Not written: the ring was deleted or replaced.
     Abandoned,
 }
@@ -76,13 +81,12 @@ pub(super) enum Written {
 /// object is remembered unless the apiserver refused the write for good (`permanent`): trying
 /// it again at every drain check would only repeat the refusal; the next full list does.
 fn failed(target: &Target, meta: &ObjectMeta, name: String, permanent: bool) -> Written {
-    Written::Failed(
-        (target.role == Role::Controlled && !permanent).then(|| ObjectId {
-            resource: target.resource.clone(),
-            namespace: meta.namespace.clone(),
-            name,
-        }),
-    )
+    let object = (target.role == Role::Controlled && !permanent).then(|| ObjectId {
+        resource: target.resource.clone(),
+        namespace: meta.namespace.clone(),
+        name,
+    });
+    Written::Failed { object, permanent }
 }
 
 /// Whether `error` refuses a write for good: forbidden (RBAC), invalid or malformed. Anything

@@ -44,6 +44,7 @@ pub(crate) async fn report(
         assigned = ?assigned,
         pending_drains = pending,
         errors = outcome.errors,
+        refused = outcome.refused,
         write_limit = writes.limit,
         writes_in_flight = (writes.mean_in_flight * 10.0).round() / 10.0,
         duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),

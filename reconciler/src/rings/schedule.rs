@@ -13,7 +13,10 @@
 //!   nothing from etcd between resyncs.
 //! - After a rebalance in which a list or a write failed, its work again after a backoff
 //!   ([`FIRST_RETRY`], doubled at each failure in a row, at most the sweep interval): the same
-//!   lists (a failed sweep is a sweep again).
+//!   lists (a failed sweep is a sweep again). A failed full list is listed again at every drain
+//!   check while drains are pending, unless its only failures were writes the apiserver refused
+//!   for good (forbidden, invalid): then it waits for its retry, and the drain checks in between
+//!   list the unassigned objects only.
 //!
 //! A full list covers everything the others would, so it replaces them.
 
@@ -75,11 +78,16 @@ pub(crate) struct Progress {
     /// failed (looked at again at every reconcile until they followed it).
     pub awaiting: Vec<ObjectId>,
     /// More objects waited than [`MAX_AWAITING`], or a full list failed: the next reconcile
-    /// lists everything.
+    /// lists everything (after a [`Progress::refused`] one, once its retry is due).
     pub relist: bool,
     /// Rebalances in a row in which a list or a write failed (their work is tried again after
-    /// [`retry_delay`]).
+    /// [`retry_delay`]); a refused full list's count lasts until a full list goes through.
     pub failures: u32,
+    /// When the last failed rebalance ended.
+    pub last_failure: Instant,
+    /// The full list to be listed again failed only through writes the apiserver refused for
+    /// good: listing it again before its retry would meet the same refusals.
+    pub refused: bool,
 }
 
 /// How a rebalance went.
@@ -91,6 +99,8 @@ pub(crate) struct Ran {
     pub draining: bool,
     /// Whether any list or write failed (the same work is then tried again).
     pub failed: bool,
+    /// Whether it failed only through writes the apiserver refused for good.
+    pub refused: bool,
     /// Controlled objects still waiting for their owners.
     pub awaiting: Vec<ObjectId>,
 }
@@ -113,8 +123,10 @@ pub(crate) fn scopes(
     let Some(p) = same_ring(progress, observed) else {
         return [Scope::All].into();
     };
+    let retry_due = !p.refused
+        || now.saturating_duration_since(p.last_failure) >= retry_delay(p.failures, intervals);
     if p.generation != observed.generation
-        || p.relist
+        || (p.relist && retry_due)
         || observed.available.difference(&p.available).next().is_some()
         || now.saturating_duration_since(p.last_full) >= intervals.resync
     {
@@ -127,7 +139,7 @@ pub(crate) fn scopes(
         .collect();
     if p.draining {
         scopes.insert(Scope::Unassigned);
-    } else if (p.failures > 0 && scopes.is_empty())
+    } else if (p.failures > 0 && !p.relist && scopes.is_empty())
         || now.saturating_duration_since(p.last_sweep) >= intervals.sweep
     {
         // A failed sweep is swept again at the retry (a dead shard's list, listed again while
@@ -141,7 +153,9 @@ pub(crate) fn scopes(
 /// (`None`: nothing was listed). After a failed rebalance the previous shard set is kept and a
 /// failed full list is listed again, so the next reconcile retries the same work; controlled
 /// objects whose write failed are in `ran.awaiting`, looked at again at every drain check; the
-/// failures in a row are counted for the retry's backoff.
+/// failures in a row are counted for the retry's backoff. A full list refused for good keeps
+/// the observed shards (a shard added since is still new) and is listed again at its retry;
+/// the drain checks before it neither clear it nor push it back.
 pub(crate) fn progress_after(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
@@ -149,6 +163,7 @@ pub(crate) fn progress_after(
     now: Instant,
 ) -> Progress {
     let previous = same_ring(progress, observed);
+    let held = previous.is_some_and(|p| p.relist && p.refused);
     let mut next = Progress {
         uid: observed.uid.to_owned(),
         generation: observed.generation,
@@ -158,7 +173,9 @@ pub(crate) fn progress_after(
         draining: previous.is_some_and(|p| p.draining),
         awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
         relist: previous.is_some_and(|p| p.relist),
-        failures: 0,
+        failures: previous.filter(|_| held).map_or(0, |p| p.failures),
+        last_failure: previous.map_or(now, |p| p.last_failure),
+        refused: held,
     };
     if let Some(ran) = ran {
         if ran.full {
@@ -167,13 +184,24 @@ pub(crate) fn progress_after(
         next.last_sweep = now;
         let too_many = ran.awaiting.len() > MAX_AWAITING;
         // What a failed full list did not reach is known nowhere else (a resync or a spec
-        // change would not come again): the next reconcile lists everything again.
-        next.relist = too_many || (ran.full && ran.failed);
+        // change would not come again): everything is listed again, until a full list goes
+        // through.
+        next.relist = too_many || if ran.full { ran.failed } else { held };
+        next.refused = !too_many && if ran.full { ran.refused } else { held };
         next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
         next.draining = ran.draining || too_many || !next.awaiting.is_empty();
         if ran.failed {
-            next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
-            next.failures = previous.map_or(0, |p| p.failures).saturating_add(1);
+            if !next.refused {
+                next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
+            }
+            // A refused full list's retry is pushed back by its own failures only: a drain
+            // check failing meanwhile is not the same work.
+            if ran.full || !held {
+                next.failures = previous.map_or(0, |p| p.failures).saturating_add(1);
+                next.last_failure = now;
+            }
+        } else if !next.refused {
+            next.failures = 0;
         }
     }
     next
@@ -204,7 +232,8 @@ pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Ins
         wait = wait.min(intervals.drain_check);
     }
     if progress.failures > 0 {
-        wait = wait.min(retry_delay(progress.failures, intervals));
+        let since = now.saturating_duration_since(progress.last_failure);
+        wait = wait.min(retry_delay(progress.failures, intervals).saturating_sub(since));
     }
     wait.max(MIN_REQUEUE)
 }
@@ -242,6 +271,8 @@ mod tests {
             awaiting: Vec::new(),
             relist: false,
             failures: 0,
+            last_failure: at,
+            refused: false,
         }
     }
 
@@ -252,6 +283,7 @@ mod tests {
             full,
             draining: false,
             failed,
+            refused: false,
             awaiting: Vec::new(),
         }
     }
@@ -367,6 +399,133 @@ mod tests {
 
         let first = progress_after(None, &observed(&ab, 3), None, later);
         assert_eq!((first.generation, first.last_full), (3, later));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_scale_out_refused_for_good_is_listed_again_at_its_retry_not_at_every_drain_check() {
+        let t0 = Instant::now();
+        let (ab, abc) = (set(&["a", "b"]), set(&["a", "b", "c"]));
+        let known = progress(&["a", "b"], t0);
+        let at = |seconds| t0 + Duration::from_secs(seconds);
+        // The scale-out's full list: some moves forbidden, drains pending.
+        let refused = Ran {
+            draining: true,
+            refused: true,
+            ..ran(true, true)
+        };
+        let held = progress_after(Some(&known), &observed(&abc, 1), Some(refused), at(0));
+        assert_eq!(
+            (held.relist, held.refused, held.failures, &held.available),
+            (true, true, 1, &abc),
+            "the added shard is not new again"
+        );
+        let drain_check = Ran {
+            draining: true,
+            ..ran(false, false)
+        };
+        assert_eq!(
+            scopes(Some(&held), &observed(&abc, 1), &INTERVALS, at(1)),
+            [Scope::Unassigned].into(),
+            "the drain checks before the retry list the unassigned objects only"
+        );
+        let checked = progress_after(
+            Some(&held),
+            &observed(&abc, 1),
+            Some(drain_check.clone()),
+            at(1),
+        );
+        assert_eq!((checked.relist, checked.failures), (true, 1), "still due");
+        let unreachable = Ran {
+            failed: true,
+            ..drain_check.clone()
+        };
+        let unreachable =
+            progress_after(Some(&checked), &observed(&abc, 1), Some(unreachable), at(1));
+        assert_eq!(
+            (
+                unreachable.relist,
+                unreachable.failures,
+                unreachable.last_failure
+            ),
+            (true, 1, at(0)),
+            "a failed drain check does not push the retry back"
+        );
+        assert_eq!(
+            requeue_after(&checked, &INTERVALS, at(1)),
+            Duration::from_secs(1),
+            "the retry comes when due"
+        );
+        assert_eq!(
+            scopes(Some(&checked), &observed(&abc, 1), &INTERVALS, at(2)),
+            [Scope::All].into(),
+            "everything again at the retry"
+        );
+        let abcd = set(&["a", "b", "c", "d"]);
+        assert_eq!(
+            scopes(Some(&checked), &observed(&abcd, 1), &INTERVALS, at(1)),
+            [Scope::All].into(),
+            "a shard added since is listed for at once"
+        );
+        let idle = Progress {
+            draining: false,
+            ..checked.clone()
+        };
+        assert!(
+            scopes(Some(&idle), &observed(&abc, 1), &INTERVALS, at(1)).is_empty(),
+            "no drain pending: nothing before the retry"
+        );
+
+        // Refused again at the retry: the backoff doubles.
+        let again = Ran {
+            draining: true,
+            refused: true,
+            ..ran(true, true)
+        };
+        let again = progress_after(Some(&checked), &observed(&abc, 1), Some(again), at(2));
+        assert_eq!((again.failures, again.last_failure), (2, at(2)));
+        assert_eq!(
+            scopes(Some(&again), &observed(&abc, 1), &INTERVALS, at(5)),
+            [Scope::Unassigned].into()
+        );
+        assert_eq!(
+            scopes(Some(&again), &observed(&abc, 1), &INTERVALS, at(6)),
+            [Scope::All].into()
+        );
+        let listed = progress_after(
+            Some(&again),
+            &observed(&abc, 1),
+            Some(ran(true, false)),
+            at(6),
+        );
+        assert_eq!(
+            (listed.relist, listed.refused, listed.failures),
+            (false, false, 0),
+            "once it went through"
+        );
+
+        // A full list that failed otherwise (a list, or a write that may go through the next
+        // time: the apiserver away) is listed again at every drain check, as before.
+        let away = Ran {
+            draining: true,
+            ..ran(true, true)
+        };
+        let away = progress_after(Some(&known), &observed(&abc, 1), Some(away), at(0));
+        assert_eq!((away.refused, &away.available), (false, &ab));
+        assert_eq!(
+            scopes(Some(&away), &observed(&abc, 1), &INTERVALS, at(0)),
+            [Scope::All].into()
+        );
+        // So is a refused one whose retry then fails otherwise.
+        let away = Ran {
+            draining: true,
+            ..ran(true, true)
+        };
+        let away = progress_after(Some(&checked), &observed(&abc, 1), Some(away), at(2));
+        assert_eq!((away.relist, away.refused), (true, false));
+        assert_eq!(
+            scopes(Some(&away), &observed(&abc, 1), &INTERVALS, at(2)),
+            [Scope::All].into()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -479,6 +479,161 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
     }
 }
 
+/// A scale-out whose moves the apiserver refuses for good is listed again at its retries (2, 4,
+/// 8 s...), not at every drain check: the drain checks in between, while the drains it did
+/// write wait for their acknowledgements, list the unassigned objects only. Refused for good
+/// here: gizmos a tightened schema no longer admits (1.20 validates the whole object at every
+/// update, labels too: 422), as after a CRD upgrade. Once they are admitted again, a retry
+/// moves them.
+#[tokio::test]
+async fn a_scale_out_refused_for_good_is_listed_again_at_its_retries_not_at_every_drain_check() {
+    use kube::core::DynamicObject;
+    use sharder_common::{ObjectKey, RingResource};
+
+    let mut w = Test::new("refused").await;
+    let gizmo_api = install_test_crd(&w, "Gizmo", "gizmos", "Namespaced").await;
+    let mut ring = secrets_ring(&w.ring, Some(&w.ns));
+    ring.spec.resources = vec![RingResource {
+        group: "test.sharder.dev".into(),
+        resource: "gizmos".into(),
+        controlled_resources: vec![],
+    }];
+    create_ring_of_two_shards(&w, &ring).await;
+    let gizmos = Api::<DynamicObject>::namespaced_with(w.client.clone(), &w.ns, &gizmo_api);
+    let key = |i: usize| {
+        ObjectKey::main(
+            "test.sharder.dev",
+            "Gizmo",
+            Some(&w.ns),
+            &format!("gizmo-{i}"),
+        )
+        .expect("named")
+        .to_string()
+    };
+    // Of the gizmos the scale-out moves, every other one is bigger than the schema to come
+    // admits.
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let movers: Vec<usize> = (0..40)
+        .filter(|i| three.shard_for(&key(*i)) == Some("shard-c"))
+        .collect();
+    let refused: Vec<usize> = movers.iter().copied().step_by(2).collect();
+    let drained: Vec<usize> = movers.iter().copied().skip(1).step_by(2).collect();
+    assert!(
+        !drained.is_empty(),
+        "the scale-out moves more than one gizmo"
+    );
+    for i in 0..40 {
+        let size = if refused.contains(&i) { 10 } else { 1 };
+        let gizmo = DynamicObject::new(&format!("gizmo-{i}"), &gizmo_api)
+            .data(json!({"spec": {"size": size}}));
+        gizmos
+            .create(&PostParams::default(), &gizmo)
+            .await
+            .expect("gizmo");
+    }
+    w.start_reconciler_with(
+        Duration::from_secs(3600),
+        &[("--drain-check-interval", "500ms")],
+    )
+    .await;
+    eventually("every gizmo assigned", WAIT, || async {
+        let list = gizmos
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let unassigned = list
+            .items
+            .iter()
+            .filter(|g| w.shard_of(*g).is_none())
+            .count();
+        (unassigned == 0)
+            .then_some(())
+            .ok_or(format!("{unassigned} unassigned"))
+    })
+    .await;
+
+    set_gizmo_maximum(&w, Some(5)).await;
+    let big = format!("gizmo-{}", refused[0]);
+    eventually("the big gizmos refused", WAIT, || async {
+        let touch = json!({"metadata": {"labels": {"sharder.test/touched": "true"}}});
+        match gizmos
+            .patch(&big, &PatchParams::default(), &Patch::Merge(&touch))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 422 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // The scale-out: the small gizmos that move are drained (nothing acknowledges them), the
+    // big ones refused.
+    let skip = w.reconcilers[0].process.lines().len();
+    w.add_shard_lease("shard-c", 3600).await;
+    let scopes = |process: &sharder_harness::launch::Process| -> Vec<String> {
+        process.lines()[skip..]
+            .iter()
+            .filter(|l| l["message"] == "rebalance")
+            .map(|l| l["scopes"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let full = r#"["All"]"#;
+    let seen = eventually("three full lists since the scale-out", WAIT, || async {
+        let seen = scopes(&w.reconcilers[0].process);
+        match seen.iter().filter(|s| *s == full).count() {
+            3.. => Ok(seen),
+            n => Err(format!("{n} full lists: {seen:?}")),
+        }
+    })
+    .await;
+    let checks = seen.iter().filter(|s| *s == r#"["Unassigned"]"#).count();
+    println!("rebalances since the scale-out: {seen:?}");
+    assert!(
+        checks >= 2,
+        "between 3 full lists only {checks} drain checks listed the unassigned gizmos only (every 500 ms, the retries after 2 and 4 s): {seen:?}"
+    );
+    for i in &drained {
+        let gizmo = gizmos.get(&format!("gizmo-{i}")).await.expect("get");
+        assert!(w.draining(&gizmo), "gizmo-{i} not drained");
+    }
+
+    // Admitted again: a retry moves the big ones too.
+    set_gizmo_maximum(&w, None).await;
+    eventually("the big gizmos drained", WAIT, || async {
+        for i in &refused {
+            let gizmo = gizmos
+                .get(&format!("gizmo-{i}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            if !w.draining(&gizmo) {
+                return Err(format!("gizmo-{i} not drained"));
+            }
+        }
+        Ok(())
+    })
+    .await;
+}
+
+/// Sets the largest `spec.size` the gizmos' schema admits (`None`: any).
+async fn set_gizmo_maximum(w: &Test, maximum: Option<i64>) {
+    let mut size = json!({"type": "integer"});
+    if let Some(maximum) = maximum {
+        size["maximum"] = json!(maximum);
+    }
+    let schema = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {"spec": {"type": "object", "properties": {"size": size}}}});
+    let versions = json!({"spec": {"versions": [{"name": "v1", "served": true, "storage": true,
+        "schema": {"openAPIV3Schema": schema}}]}});
+    Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(w.client.clone())
+        .patch(
+            "gizmos.test.sharder.dev",
+            &PatchParams::default(),
+            &Patch::Merge(&versions),
+        )
+        .await
+        .expect("the gizmos' schema");
+}
+
 #[tokio::test]
 async fn cluster_scoped_objects_are_sharded_and_unselected_namespaces_are_left_alone() {
     use kube::core::DynamicObject;
