@@ -83,6 +83,12 @@ fn assert_holds(report: &str, parts: &[&str]) {
 
 /// The report of a run of `sections` with tiny sizes.
 async fn small_run(sections: &str) -> String {
+    // The bench's shards run in this process: their Lease's warnings (a renewal failed, or came
+    // too late) say why one stopped.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("sharder_runtime=warn,sharder_sdk=warn")
+        .try_init();
     let dir = tempfile::tempdir().expect("dir");
     let output = dir.path().join("benchmarks.md");
     sharder_bench::run(args(&output, sections))
