@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use crate::Error;
+use crate::supervisor::blocking;
 
 /// The packages whose binaries the end-to-end tests run (the harness's own: the node's `pause`).
 const PACKAGES: [&str; 4] = [
@@ -60,9 +61,7 @@ fn build() -> Result<PathBuf, String> {
     for package in PACKAGES {
         command.args(["-p", package]);
     }
-    let output = command
-        .output()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    let output = blocking(|| command.output()).map_err(|e| format!("cannot run cargo: {e}"))?;
     if !output.status.success() {
         return Err(format!(
             "cargo build failed:\n{}",

@@ -25,7 +25,9 @@ use kube::{Api, Client, Config};
 use tokio::sync::OnceCell;
 
 use crate::Error;
-use crate::supervisor::{lifetime_child_status, remove_at_exit, spawn_for_process_lifetime};
+use crate::supervisor::{
+    blocking, lifetime_child_status, remove_at_exit, spawn_for_process_lifetime,
+};
 
 /// Label every test namespace carries with its own name.
 pub const NAMESPACE_LABEL: &str = "sharder.test/namespace";
@@ -56,10 +58,9 @@ fn provision() -> Result<PathBuf, Error> {
         return Ok(dir);
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/provision.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
+    let mut provision = Command::new("bash");
+    provision.arg(&script).stderr(Stdio::inherit());
+    let output = blocking(|| provision.output())
         .map_err(|e| Error::Provision(format!("cannot run {}: {e}", script.display())))?;
     if !output.status.success() {
         return Err(Error::Provision(format!(

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use crate::Error;
+use crate::supervisor::blocking;
 
 /// The YAML documents of a manifest (empty documents skipped).
 pub fn documents(text: &str) -> Result<Vec<Value>, String> {
@@ -36,10 +37,11 @@ pub fn chart_dir() -> PathBuf {
 
 fn provision() -> Result<Helm, String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("helm");
-    let output = Command::new("bash")
+    let mut provision = Command::new("bash");
+    provision
         .arg(dir.join("provision.sh"))
-        .stderr(Stdio::inherit())
-        .output()
+        .stderr(Stdio::inherit());
+    let output = blocking(|| provision.output())
         .map_err(|e| format!("cannot run harness/helm/provision.sh: {e}"))?;
     if !output.status.success() {
         return Err(format!(
@@ -69,12 +71,11 @@ impl Helm {
 
     /// Runs one command of `harness/helm/helm.py`; its JSON output, or Helm's error message.
     pub fn run(&self, args: &[&str]) -> Result<Value, String> {
-        let output = Command::new("python3")
-            .arg(&self.script)
+        let mut helm = Command::new("python3");
+        helm.arg(&self.script)
             .args(args)
-            .env("PYTHONPATH", &self.pythonpath)
-            .output()
-            .map_err(|e| format!("cannot run python3: {e}"))?;
+            .env("PYTHONPATH", &self.pythonpath);
+        let output = blocking(|| helm.output()).map_err(|e| format!("cannot run python3: {e}"))?;
         if !output.status.success() {
             return Err(String::from_utf8_lossy(&output.stderr).into_owned());
         }

@@ -19,7 +19,7 @@ use kube::Api;
 use tokio::sync::OnceCell;
 
 use crate::control_plane::{Options, assets_dir, free_port, path_str, spawn_logged, tail};
-use crate::supervisor::{lifetime_child_status, run_at_exit};
+use crate::supervisor::{blocking, lifetime_child_status, run_at_exit};
 use crate::{ControlPlane, Error, binaries};
 
 pub mod chart;
@@ -55,9 +55,7 @@ fn script(name: &str) -> PathBuf {
 
 /// Runs a command to completion; its stderr (and stdout) in the error.
 fn run(what: &str, command: &mut Command) -> Result<String, Error> {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
+    let output = blocking(|| command.stdin(Stdio::null()).output())
         .map_err(|e| Error::Provision(format!("cannot run {what}: {e}")))?;
     if !output.status.success() {
         return Err(Error::Provision(format!(

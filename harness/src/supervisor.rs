@@ -22,6 +22,18 @@ use nix::unistd::Pid;
 
 type SpawnReply = mpsc::Sender<io::Result<Child>>;
 
+/// Runs `wait`, a call that blocks (a process run to its end), from async code without holding
+/// up the runtime's other tasks: on a multi-thread runtime the worker hands them to another
+/// thread first ([`tokio::task::block_in_place`]). A worker blocked otherwise keeps the task it
+/// was about to run next: a test's Lease renewals once waited there for an image build (a
+/// minute) and the Lease was lost.
+pub fn blocking<T>(wait: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+        _ => wait(),
+    }
+}
+
 static SPAWNER: OnceLock<Mutex<mpsc::Sender<(Command, SpawnReply)>>> = OnceLock::new();
 static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 static TEMP_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -207,5 +219,43 @@ impl Supervised {
 impl Drop for Supervised {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_blocking_call_leaves_the_runtimes_other_tasks_running() {
+        // One worker: a call that blocked it without handing its tasks over would stop the
+        // ticker for the whole call.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let ticks = Arc::new(AtomicU32::new(0));
+        let counted = ticks.clone();
+        runtime.spawn(async move {
+            loop {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let during = runtime.block_on(async move {
+            tokio::spawn(async move {
+                let before = ticks.load(Ordering::Relaxed);
+                blocking(|| std::thread::sleep(Duration::from_millis(500)));
+                ticks.load(Ordering::Relaxed) - before
+            })
+            .await
+            .expect("the blocking task")
+        });
+        assert!(during >= 10, "{during} ticks in 500 ms");
+        assert_eq!(blocking(|| 7), 7, "outside a runtime it just runs");
     }
 }

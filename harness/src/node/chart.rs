@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::Node;
 use crate::control_plane::assets_dir;
 use crate::helm::Helm;
+use crate::supervisor::blocking;
 use crate::{Error, procfs};
 
 /// The release name of the chart, as the README installs it.
@@ -91,12 +92,9 @@ impl Kubectl {
     /// Runs `kubectl args`; its stdout, or an error with its stderr.
     pub fn run(&self, args: &[&str]) -> Result<String, Error> {
         eprintln!("$ kubectl {}", args.join(" "));
-        let output = Command::new(&self.bin)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .map_err(Error::io("run kubectl"))?;
+        let mut kubectl = Command::new(&self.bin);
+        kubectl.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        let output = blocking(|| kubectl.output()).map_err(Error::io("run kubectl"))?;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         eprint!("{stdout}");
         if output.status.success() {
