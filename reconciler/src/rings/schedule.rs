@@ -231,9 +231,12 @@ pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Ins
     if progress.draining {
         wait = wait.min(intervals.drain_check);
     }
-    if progress.failures > 0 {
-        let since = now.saturating_duration_since(progress.last_failure);
-        wait = wait.min(retry_delay(progress.failures, intervals).saturating_sub(since));
+    let since = now.saturating_duration_since(progress.last_failure);
+    let until_retry = retry_delay(progress.failures, intervals).saturating_sub(since);
+    // A retry already due did not run because nothing could (no shard is available): the
+    // shards' return brings the ring back.
+    if progress.failures > 0 && !until_retry.is_zero() {
+        wait = wait.min(until_retry);
     }
     wait.max(MIN_REQUEUE)
 }
@@ -465,6 +468,13 @@ mod tests {
             scopes(Some(&checked), &observed(&abcd, 1), &INTERVALS, at(1)),
             [Scope::All].into(),
             "a shard added since is listed for at once"
+        );
+        let none = BTreeSet::new();
+        let no_shards = progress_after(Some(&checked), &observed(&none, 1), None, at(3));
+        assert_eq!(
+            requeue_after(&no_shards, &INTERVALS, at(3)),
+            INTERVALS.drain_check,
+            "a retry due with no shard to list for waits for the shards, not at every turn"
         );
         let idle = Progress {
             draining: false,
