@@ -25,8 +25,8 @@ type SpawnReply = mpsc::Sender<io::Result<Child>>;
 /// Runs `wait`, a call that blocks (a process run to its end), from async code without holding
 /// up the runtime's other tasks: on a multi-thread runtime the worker hands them to another
 /// thread first ([`tokio::task::block_in_place`]). A worker blocked otherwise keeps the task it
-/// was about to run next: a test's Lease renewals once waited there for an image build (a
-/// minute) and the Lease was lost.
+/// was about to run next, which no other worker may take (docs/performance-notes.md, "A blocked
+/// worker and the bench smoke's Leases").
 pub fn blocking<T>(wait: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
