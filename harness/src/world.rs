@@ -206,10 +206,13 @@ impl World {
             ca_file: self.ca_file(),
             ring_selector: format!("{NAMESPACE_LABEL}={}", self.ns),
             extra: [
+                // A renewal may go unanswered for 9 s before the leader gives its Lease up: `make
+                // test` keeps both cores busy, and at 3 s (500 ms renewals) a leader once did so
+                // during a test's setup (docs/performance-notes.md, "make test's CPU").
                 "--leader-election-duration",
-                "3s",
+                "10s",
                 "--leader-election-renew",
-                "500ms",
+                "1s",
                 "--sweep-interval",
                 &format!("{}ms", sweep.as_millis()),
                 "--drain-check-interval",
