@@ -1281,8 +1281,9 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
             ("--max-writes-per-second", "3"),
             ("--max-concurrent-writes", "2"),
             ("--list-page-size", "500"),
-            // The harness's 3 s leadership was lost once while the apiserver sent the page on a
-            // busy machine (CI: "not renewed within the deadline"): not what this test is about.
+            // The harness's leadership (then 3 s) was lost once while the apiserver sent the page
+            // on a busy machine (CI: "not renewed within the deadline"): not what this test is
+            // about.
             ("--leader-election-duration", "60s"),
             ("--leader-election-renew", "2s"),
         ],
