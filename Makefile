@@ -30,8 +30,8 @@ image: control-plane
 ## Runs every test: the pure unit and property tests and the tests against a real local
 ## kube-apiserver + etcd (provisioned first if needed). Built once, then run in two lanes side by
 ## side (the end-to-end tests, every other crate's) with at least 3 tests at a time in each test
-## binary, even on 2 cores: the tests wait on Leases more than they compute
-## (harness/run-tests.sh). One binary alone: cargo test -p <crate> --test <name>.
+## binary, even on 2 cores, which they keep busy (harness/run-tests.sh). One binary alone:
+## cargo test -p <crate> --test <name>.
 test: control-plane helm
 	CARGO=$(CARGO) bash harness/run-tests.sh
 

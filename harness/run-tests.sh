@@ -5,12 +5,14 @@
 # dev-dependencies' features), then runs the test binaries in two lanes side by side, as cargo
 # would run them (from their package's folder), each line prefixed with its lane:
 #   e2e    sharder-tests (the end-to-end tests, the journey on the real node first), then the
-#          harness's control plane tests and the webhook's cluster tests;
+#          harness's control plane tests, the runtime's Lease tests and the webhook's cluster
+#          tests;
 #   crates every other crate's binaries in cargo's order (the bench's smoke test last: its real
 #          node waits for the journey's), and the doc tests first.
-# Each binary starts its own control plane; the tests wait on Leases more than they compute, so
-# two lanes of at least 3 tests each fit on 2 cores. Exits non-zero if any binary failed; the
-# summary at the end names them. RUST_TEST_THREADS overrides the tests per binary.
+# Each binary starts its own control plane. Two lanes of at least 3 tests each keep 2 cores busy
+# (a request may then wait seconds for a core: the tests' Leases allow for it; performance-notes,
+# "make test saturates both cores"). Exits non-zero if any binary failed; the summary at the end
+# names them. RUST_TEST_THREADS overrides the tests per binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +49,7 @@ binaries.sort()
 binaries.sort(key=lambda b: b[0] == "bench:smoke")
 # These run in the end-to-end lane, after its binaries, to even the lanes (the crates lane, with
 # the bench smoke, is the longer one: docs/performance-notes.md, "Where make test's CPU goes").
-late_in_e2e = ("harness:control_plane", "webhook:cluster")
+late_in_e2e = ("harness:control_plane", "runtime:lease", "webhook:cluster")
 e2e = [b for b in binaries if b[0].startswith("tests:")]
 e2e += [b for b in binaries if b[0] in late_in_e2e]
 crates = [b for b in binaries if b not in e2e]
