@@ -399,6 +399,8 @@ pub(super) async fn merge_patch(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use kube::core::Status;
 
     use super::*;
@@ -419,5 +421,36 @@ mod tests {
             assert!(!permanent(&refused(code)), "{code}");
         }
         assert!(!permanent(&kube::Error::Service("write timed out".into())));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writers_of_two_rings_share_one_slot_every_interval_without_a_burst() {
+        let limiter = Arc::new(RateLimiter::new(20));
+        let started = tokio::time::Instant::now();
+        let ring = |limiter: Arc<RateLimiter>| async move {
+            let mut at = Vec::new();
+            for _ in 0..30 {
+                limiter.wait().await;
+                at.push(started.elapsed());
+            }
+            at
+        };
+        let (a, b) = tokio::join!(ring(Arc::clone(&limiter)), ring(Arc::clone(&limiter)));
+        let mut slots = [a, b].concat();
+        slots.sort();
+        let expected: Vec<Duration> = (0..60).map(|i| Duration::from_millis(50) * i).collect();
+        assert_eq!(
+            slots, expected,
+            "60 slots 50 ms apart from the first write on"
+        );
+        let unlimited = RateLimiter::new(0);
+        for _ in 0..1000 {
+            unlimited.wait().await;
+        }
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(2950),
+            "0 never waits"
+        );
     }
 }

@@ -1183,10 +1183,16 @@ async fn the_write_rate_limit_holds_across_rings() {
         "{} writes to 2 rings at --max-writes-per-second 20: {span:.2} s (at least {floor:.2} s)",
         received.len()
     );
-    // Slots are 1/RATE apart; the apiserver's receive times may jitter by a few milliseconds.
+    // The limiter's slots, 1/RATE apart, are the unit test's
+    // (`writers_of_two_rings_share_one_slot_every_interval_without_a_burst`). Receive times add
+    // each request's trip through a busy machine (a fresh-clone CI run: 2.74 s for 2.95 s of
+    // slots). A limit per ring would let both rings' writes through in 29 slots (1.45 s): the
+    // bound lies halfway between that and one shared limit's.
+    let per_ring = (PER_RING - 1) as f64 / RATE;
+    let bound = (floor + per_ring) / 2.0;
     assert!(
-        span >= floor * 0.95,
-        "{} writes took {span:.2} s, less than {floor:.2} s: the limit did not hold across rings",
+        span >= bound,
+        "{} writes took {span:.2} s, less than {bound:.2} s: the limit did not hold across rings",
         received.len()
     );
 }
