@@ -208,7 +208,8 @@ impl World {
             extra: [
                 // A renewal may go unanswered for 9 s before the leader gives its Lease up: `make
                 // test` keeps both cores busy, and at 3 s (500 ms renewals) a leader once did so
-                // during a test's setup (docs/performance-notes.md, "make test's CPU").
+                // during a test's setup (docs/performance-notes.md, "make test saturates both
+                // cores").
                 "--leader-election-duration",
                 "10s",
                 "--leader-election-renew",
