@@ -1185,9 +1185,9 @@ async fn the_write_rate_limit_holds_across_rings() {
     );
     // The limiter's slots, 1/RATE apart, are the unit test's
     // (`writers_of_two_rings_share_one_slot_every_interval_without_a_burst`). Receive times add
-    // each request's trip through a busy machine (a fresh-clone CI run: 2.74 s for 2.95 s of
-    // slots). A limit per ring would let both rings' writes through in 29 slots (1.45 s): the
-    // bound lies halfway between that and one shared limit's.
+    // each request's trip through a busy machine (docs/performance-notes.md, "make test
+    // saturates both cores"). A limit per ring would let both rings' writes through in 29 slots:
+    // the bound lies halfway between that and one shared limit's.
     let per_ring = (PER_RING - 1) as f64 / RATE;
     let bound = (floor + per_ring) / 2.0;
     assert!(
