@@ -109,13 +109,18 @@ pub(crate) enum Scope {
     /// Objects without a shard or on a shard that is not available (`<shard label> notin
     /// (<available shards>)`), read from the apiserver's watch cache: the sweep of a quiet ring.
     Stray,
+    /// Every controlled object, read from etcd, once the drains of a rebalance all ended: a
+    /// child its owner's old shard created while the owner drained (a reconcile begun before
+    /// the drain label) came after the lists that drained the owner, and on that live shard no
+    /// other list selects it.
+    Children,
 }
 
 impl Scope {
     /// The label selector of the list (`None`: every object).
     fn selector(&self, labels: &RingLabels, available: &BTreeSet<String>) -> Option<String> {
         match self {
-            Self::All => None,
+            Self::All | Self::Children => None,
             Self::OnShard(shard) => Some(format!("{}={shard}", labels.shard)),
             Self::Unassigned | Self::UnassignedInEtcd => Some(format!("!{}", labels.shard)),
             Self::Stray => Some(format!(
@@ -133,6 +138,12 @@ impl Scope {
     /// check finds (the last drain check reads etcd: [`Scope::UnassignedInEtcd`]).
     fn cached(&self) -> bool {
         matches!(self, Self::Stray | Self::Unassigned)
+    }
+
+    /// Whether the list is of `role`'s resources ([`Scope::Children`] lists controlled ones
+    /// only).
+    fn lists(&self, role: Role) -> bool {
+        *self != Self::Children || role == Role::Controlled
     }
 }
 
@@ -352,7 +363,7 @@ impl Rebalancer {
             .filter(|t| t.role == Role::Main)
             .chain(targets.iter().filter(|t| t.role == Role::Controlled));
         for target in ordered {
-            for scope in scopes {
+            for scope in scopes.iter().filter(|s| s.lists(target.role)) {
                 outcome.add(self.rebalance(view, targets, target, scope).await);
             }
         }

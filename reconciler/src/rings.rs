@@ -199,10 +199,10 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let previous = ctx.progress().get(name).cloned();
 
     let scopes = schedule::scopes(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
-    let awaiting = schedule::same_ring(previous.as_ref(), &observed)
-        .map(|p| p.awaiting.clone())
-        .unwrap_or_default();
-    let draining = schedule::same_ring(previous.as_ref(), &observed).is_some_and(|p| p.draining);
+    let same = schedule::same_ring(previous.as_ref(), &observed);
+    let awaiting = same.map(|p| p.awaiting.clone()).unwrap_or_default();
+    let (draining, drains_pending) =
+        same.map_or((false, false), |p| (p.draining, p.drains_pending));
     let ran = if available.is_empty() || (scopes.is_empty() && awaiting.is_empty()) {
         None
     } else {
@@ -210,6 +210,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
             scopes: &scopes,
             awaiting,
             draining,
+            drains_pending,
         };
         match rebalance(ctx, ring, &roles, &available, work).await? {
             Some(ran) => Some(ran),
@@ -261,15 +262,19 @@ struct Work<'a> {
     scopes: &'a BTreeSet<Scope>,
     /// Controlled objects waiting for their owners, to look at again.
     awaiting: Vec<ObjectId>,
-    /// Whether drains were pending after the last rebalance.
+    /// Whether drain checks were due after the last rebalance (drains pending or children
+    /// waiting).
     draining: bool,
+    /// Whether drains were pending after the last rebalance.
+    drains_pending: bool,
 }
 
 /// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
 /// their owners (unless everything was listed), then counts the drains still pending (only
 /// where there can be some: drains were pending, this rebalance drained, or it listed
 /// everything, as after a change of leader), lists the unassigned objects from etcd after the
-/// last drain check, and reports. `None`: the ring was deleted or replaced meanwhile, and the
+/// last drain check and the controlled objects once the drains ended ([`Scope::Children`]), and
+/// reports. `None`: the ring was deleted or replaced meanwhile, and the
 /// rest of the rebalance was left (logged once).
 async fn rebalance(
     ctx: &Context,
@@ -282,6 +287,7 @@ async fn rebalance(
         scopes,
         awaiting,
         draining,
+        drains_pending,
     } = work;
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
@@ -344,11 +350,22 @@ async fn rebalance(
             .unwrap_or(1);
     }
     let mut listed = scopes.clone();
-    if pending == 0 && scopes.contains(&Scope::Unassigned) {
-        // The drain checks read the watch cache, which may lag behind etcd: the last one reads
-        // etcd, so an acknowledged object the cache hid does not wait for the next sweep.
-        let last = [Scope::UnassignedInEtcd];
-        outcome.add(ctx.rebalancer.run(&view, &targets, &last).await);
+    // The drain checks read the watch cache, which may lag behind etcd: the last one reads
+    // etcd. Children created on the owners' old shards after the lists that drained the
+    // owners are found once the drains ended, in etcd too: the count above saw every
+    // acknowledgement there, and the shards created those children before they acknowledged.
+    let last = schedule::closing_scopes(
+        scopes,
+        pending,
+        drains_pending,
+        outcome.drained,
+        targets.iter().any(|t| t.role == Role::Controlled),
+    );
+    let mut children_failed = false;
+    if !last.is_empty() {
+        let after = ctx.rebalancer.run(&view, &targets, &last).await;
+        children_failed = last.contains(&Scope::Children) && after.failed_lists > 0;
+        outcome.add(after);
         listed.extend(last);
     }
     let elapsed = started.elapsed();
@@ -396,7 +413,7 @@ async fn rebalance(
     }
     Ok(Some(Ran {
         full: scopes.contains(&Scope::All),
-        draining: pending > 0,
+        draining: pending > 0 || children_failed,
         failed: outcome.errors > 0,
         refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: outcome.awaiting,

@@ -7,7 +7,9 @@
 //! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
 //! - While drains are pending, the unassigned objects ([`Scope::Unassigned`], from the
 //!   apiserver's watch cache; the last time, once none is pending, from etcd) at every
-//!   reconcile: acknowledged drains leave their objects unassigned.
+//!   reconcile: acknowledged drains leave their objects unassigned. Once none is pending, the
+//!   controlled objects too ([`Scope::Children`], chosen by the ring controller after its
+//!   count of the pending drains).
 //! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
 //!   left the ring ([`Scope::Stray`]), from the apiserver's watch cache, so a quiet ring reads
 //!   nothing from etcd between resyncs.
@@ -72,8 +74,13 @@ pub(crate) struct Progress {
     pub last_full: Instant,
     /// When the last rebalance of any scope ended.
     pub last_sweep: Instant,
-    /// Whether drains were pending after the last rebalance.
+    /// Whether drain checks are due: drains were pending after the last rebalance, or
+    /// controlled objects wait.
     pub draining: bool,
+    /// Whether drains were pending after the last rebalance (waiting children aside): the
+    /// rebalance that finds none pending any more lists the controlled objects
+    /// ([`Scope::Children`]).
+    pub drains_pending: bool,
     /// Controlled objects waiting on a live shard for their owner to settle, or whose write
     /// failed (looked at again at every reconcile until they followed it).
     pub awaiting: Vec<ObjectId>,
@@ -95,7 +102,8 @@ pub(crate) struct Progress {
 pub(crate) struct Ran {
     /// Whether it listed everything.
     pub full: bool,
-    /// Whether drains are still pending.
+    /// Whether drains are still pending (or the list of the controlled objects after them
+    /// failed: it comes again).
     pub draining: bool,
     /// Whether any list or write failed (the same work is then tried again).
     pub failed: bool,
@@ -171,6 +179,7 @@ pub(crate) fn progress_after(
         last_full: previous.map_or(now, |p| p.last_full),
         last_sweep: previous.map_or(now, |p| p.last_sweep),
         draining: previous.is_some_and(|p| p.draining),
+        drains_pending: previous.is_some_and(|p| p.drains_pending),
         awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
         relist: previous.is_some_and(|p| p.relist),
         failures: previous.filter(|_| held).map_or(0, |p| p.failures),
@@ -189,6 +198,7 @@ pub(crate) fn progress_after(
         next.relist = too_many || if ran.full { ran.failed } else { held };
         next.refused = !too_many && if ran.full { ran.refused } else { held };
         next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
+        next.drains_pending = ran.draining;
         next.draining = ran.draining || too_many || !next.awaiting.is_empty();
         if ran.failed {
             if !next.refused {
@@ -205,6 +215,32 @@ pub(crate) fn progress_after(
         }
     }
     next
+}
+
+/// What a rebalance lists last, once its count found `pending` drains still pending (the
+/// count comes after the lists of `scopes`): the unassigned objects from etcd after the last
+/// drain check ([`Scope::UnassignedInEtcd`]), and the controlled objects (when the ring has
+/// controlled resources) once the drains that were pending before (`drains_pending`) or that
+/// it made (`drained`) all ended ([`Scope::Children`]). If that list of the controlled objects
+/// fails, the ring counts as draining still, so the next drain check lists them again.
+pub(crate) fn closing_scopes(
+    scopes: &BTreeSet<Scope>,
+    pending: usize,
+    drains_pending: bool,
+    drained: usize,
+    controlled: bool,
+) -> Vec<Scope> {
+    let mut last = Vec::new();
+    if pending > 0 {
+        return last;
+    }
+    if scopes.contains(&Scope::Unassigned) {
+        last.push(Scope::UnassignedInEtcd);
+    }
+    if controlled && (drains_pending || drained > 0) {
+        last.push(Scope::Children);
+    }
+    last
 }
 
 /// The wait after `failures` failed rebalances in a row: [`FIRST_RETRY`] doubled for each
@@ -271,6 +307,7 @@ mod tests {
             last_full: at,
             last_sweep: at,
             draining: false,
+            drains_pending: false,
             awaiting: Vec::new(),
             relist: false,
             failures: 0,
@@ -386,6 +423,18 @@ mod tests {
                 after.draining
             ),
             (abc.clone(), later, later, true)
+        );
+        assert!(after.drains_pending);
+        let ended = progress_after(
+            Some(&after),
+            &observed(&abc, 1),
+            Some(ran(false, false)),
+            later,
+        );
+        assert_eq!(
+            (ended.draining, ended.drains_pending),
+            (false, false),
+            "once no drain is pending"
         );
 
         let failed = Ran {
@@ -632,6 +681,89 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_last_drain_check_reads_etcd_and_the_children_are_listed_once_the_drains_ended() {
+        let check: BTreeSet<Scope> = [Scope::Unassigned].into();
+        let full: BTreeSet<Scope> = [Scope::All].into();
+        let sweep: BTreeSet<Scope> = [Scope::Stray].into();
+        let (etcd, children) = (Scope::UnassignedInEtcd, Scope::Children);
+        // (what, scopes, pending, drains pending before, drained now, controlled resources)
+        let table = [
+            ("drains pending", &check, 1, true, 0, true, vec![]),
+            (
+                "the last drain check",
+                &check,
+                0,
+                true,
+                0,
+                true,
+                vec![etcd.clone(), children.clone()],
+            ),
+            (
+                "no controlled resource",
+                &check,
+                0,
+                true,
+                0,
+                false,
+                vec![etcd.clone()],
+            ),
+            (
+                "only children waited",
+                &check,
+                0,
+                false,
+                0,
+                true,
+                vec![etcd.clone()],
+            ),
+            (
+                "drained and acknowledged at once",
+                &full,
+                0,
+                false,
+                5,
+                true,
+                vec![children.clone()],
+            ),
+            (
+                "drained, not acknowledged",
+                &full,
+                3,
+                false,
+                5,
+                true,
+                vec![],
+            ),
+            (
+                "a resync that drained nothing",
+                &full,
+                0,
+                false,
+                0,
+                true,
+                vec![],
+            ),
+            (
+                "a full list while drains ended",
+                &full,
+                0,
+                true,
+                0,
+                true,
+                vec![children.clone()],
+            ),
+            ("a quiet sweep", &sweep, 0, false, 0, true, vec![]),
+        ];
+        for (what, scopes, pending, before, drained, controlled, want) in table {
+            assert_eq!(
+                closing_scopes(scopes, pending, before, drained, controlled),
+                want,
+                "{what}"
+            );
+        }
+    }
+
     fn child(name: &str) -> ObjectId {
         ObjectId {
             resource: sharder_common::GroupResource::new("", "configmaps"),
@@ -652,6 +784,10 @@ mod tests {
         let after = progress_after(Some(&known), &observed(&ab, 1), Some(waiting), t0);
         assert_eq!(after.awaiting, [child("c-1")]);
         assert!(after.draining, "a waiting child keeps the ring draining");
+        assert!(
+            !after.drains_pending,
+            "but no drain is pending: the children are not listed again"
+        );
         assert_eq!(requeue_after(&after, &INTERVALS, t0), INTERVALS.drain_check);
 
         let too_many = Ran {

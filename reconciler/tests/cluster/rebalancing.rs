@@ -20,7 +20,9 @@ use kube::{Api, Client, Config, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::control_plane::{ControlPlane, Options};
-use sharder_harness::fixtures::{refusing_configuration, secret, secrets_ring, shard_lease};
+use sharder_harness::fixtures::{
+    child_of, refusing_configuration, secret, secrets_ring, shard_lease,
+};
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
@@ -155,6 +157,61 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         w.ring_event("Normal", "Rebalanced").await,
         "a Rebalanced Event on the ClusterRing"
     );
+}
+
+#[tokio::test]
+async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_acknowledged() {
+    let mut w = Test::new("latechild").await;
+    w.start_ring(&["shard-a", "shard-b"]).await;
+    w.create_secrets(40).await;
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let moving: BTreeSet<String> = w
+        .list_secrets()
+        .await
+        .into_keys()
+        .filter(|n| two.shard_for(&w.key(n)) != three.shard_for(&w.key(n)))
+        .collect();
+    assert!(!moving.is_empty());
+
+    // The scale-out drains the moving owners; its lists end before any of their children exist.
+    let seen = w.reconcilers[0].process.lines().len();
+    w.add_shard_lease("shard-c", 3600).await;
+    w.reconcilers[0]
+        .process
+        .wait_for("the scale-out's rebalance", seen, WAIT, |l| {
+            l["message"] == "rebalance" && l["drained"].as_u64() > Some(0)
+        })
+        .await
+        .expect("the scale-out drains");
+    w.wait_until_drained(&moving).await;
+
+    // The old shards, finishing reconciles that began before the drain labels, create each
+    // moving owner's child: the webhook puts it where its owner still is.
+    let secrets = w.list_secrets().await;
+    for name in &moving {
+        let child = w
+            .configmaps()
+            .create(
+                &PostParams::default(),
+                &child_of(&secrets[name], &format!("child-{name}")),
+            )
+            .await
+            .expect("configmap");
+        assert_eq!(
+            w.shard_of(&child),
+            w.shard_of(&secrets[name]),
+            "child-{name} on its draining owner's shard"
+        );
+    }
+
+    // The shards acknowledge: the owners go to the new shard, and their children follow them,
+    // although no list of the scale-out saw the children.
+    w.settle_acknowledging(
+        "every owner on its new shard, each child with its owner",
+        &three,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1501,7 +1558,8 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
     );
 
     // Drains acknowledged with no webhook to assign them: the checks assign them, and the
-    // last one, once none is pending, lists the unassigned objects from etcd.
+    // last one, once none is pending, lists the unassigned objects from etcd (and the
+    // children, for those created while their owners drained).
     w.stop_webhook();
     let seen = w.reconcilers[0].process.lines().len();
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
@@ -1510,7 +1568,8 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
     w.reconcilers[0]
         .process
         .wait_for("the last drain check", seen, WAIT, |l| {
-            l["message"] == "rebalance" && l["scopes"] == r#"["Unassigned", "UnassignedInEtcd"]"#
+            l["message"] == "rebalance"
+                && l["scopes"] == r#"["Unassigned", "UnassignedInEtcd", "Children"]"#
         })
         .await
         .expect("the last drain check reads etcd");
