@@ -163,6 +163,9 @@ pub(crate) struct Outcome {
     pub listed: usize,
     /// Drain labels added.
     pub drained: usize,
+    /// Main objects listed that were draining already (drains this rebalance did not make,
+    /// such as a previous leader's).
+    pub draining: usize,
     /// Direct assignments, by reason.
     pub assigned: BTreeMap<Reason, usize>,
     /// Lists and writes that failed (writes after retries).
@@ -200,6 +203,7 @@ impl Outcome {
     pub(crate) fn add(&mut self, other: Outcome) {
         self.listed += other.listed;
         self.drained += other.drained;
+        self.draining += other.draining;
         self.errors += other.errors;
         self.failed_lists += other.failed_lists;
         self.refused += other.refused;

@@ -274,8 +274,8 @@ struct Work<'a> {
 /// where there can be some: drains were pending, this rebalance drained, or it listed
 /// everything, as after a change of leader), lists the unassigned objects from etcd after the
 /// last drain check and the controlled objects once the drains ended ([`Scope::Children`]), and
-/// reports. `None`: the ring was deleted or replaced meanwhile, and the
-/// rest of the rebalance was left (logged once).
+/// reports. `None`: the ring was deleted or replaced meanwhile, and the rest of the rebalance
+/// was left (logged once).
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
@@ -358,7 +358,7 @@ async fn rebalance(
         scopes,
         pending,
         drains_pending,
-        outcome.drained,
+        outcome.drained + outcome.draining,
         targets.iter().any(|t| t.role == Role::Controlled),
     );
     let mut children_failed = false;

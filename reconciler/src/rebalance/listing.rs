@@ -10,6 +10,7 @@ use std::sync::Arc;
 use kube::Client;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
+use sharder_common::Role;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
@@ -117,11 +118,11 @@ impl Rebalancer {
                     return outcome;
                 }
                 let listing = std::time::Instant::now();
-                let mut objects = 0;
+                let before = outcome.listed;
                 let page = self
-                    .list_page(view, &range, opening, &tx, &mut objects)
+                    .list_page(view, &range, opening, &tx, &mut outcome)
                     .await;
-                outcome.listed += objects;
+                let objects = outcome.listed - before;
                 match page {
                     Ok(PageEnd::Stopped) => return outcome,
                     Ok(PageEnd::Page(next)) => {
@@ -165,18 +166,18 @@ impl Rebalancer {
         }))
     }
 
-    /// Lists the page `opening` into `tx` (counting its objects in `objects`), leaving out
-    /// objects in namespaces the ring does not shard and main objects that stay; each object
-    /// handed over takes one of the page's places (the rest are given back when the page ends).
-    /// The next page (the range's first page continued) is requested at once, and opens once
-    /// its places are free.
+    /// Lists the page `opening` into `tx` (counting its objects, and the main objects already
+    /// draining, in `outcome`), leaving out objects in namespaces the ring does not shard and
+    /// main objects that stay; each object handed over takes one of the page's places (the rest
+    /// are given back when the page ends). The next page (the range's first page continued) is
+    /// requested at once, and opens once its places are free.
     async fn list_page(
         &self,
         view: &RingView<'_>,
         range: &ListRange<'_>,
         opening: Opening,
         tx: &UnboundedSender<Queued>,
-        objects: &mut usize,
+        outcome: &mut Outcome,
     ) -> Result<PageEnd, kube::Error> {
         let target = range.target;
         let (mut page, mut places) = opening
@@ -187,11 +188,20 @@ impl Rebalancer {
             .continue_token()
             .map(|token| self.open_page(range, Some(token)));
         while let Some(meta) = page.next() {
-            *objects += 1;
+            outcome.listed += 1;
+            if !view.namespaces.holds(target, meta.namespace.as_deref()) {
+                continue;
+            }
             // A main object that stays is done here; only work goes to the writers.
-            if !view.namespaces.holds(target, meta.namespace.as_deref())
-                || self.stays(view, target, &meta)
-            {
+            if self.stays(view, target, &meta) {
+                if target.role == Role::Main
+                    && meta
+                        .labels
+                        .as_ref()
+                        .is_some_and(|l| view.labels.is_draining(l))
+                {
+                    outcome.draining += 1;
+                }
                 continue;
             }
             // A page longer than asked for (a server that ignores `limit`) waits for places.

@@ -221,13 +221,14 @@ pub(crate) fn progress_after(
 /// count comes after the lists of `scopes`): the unassigned objects from etcd after the last
 /// drain check ([`Scope::UnassignedInEtcd`]), and the controlled objects (when the ring has
 /// controlled resources) once the drains that were pending before (`drains_pending`) or that
-/// it made (`drained`) all ended ([`Scope::Children`]). If that list of the controlled objects
-/// fails, the ring counts as draining still, so the next drain check lists them again.
+/// it made or listed (`drains`: a new leader's first list meets its predecessor's) all ended
+/// ([`Scope::Children`]). If that list of the controlled objects fails, the ring counts as
+/// draining still, so the next drain check lists them again.
 pub(crate) fn closing_scopes(
     scopes: &BTreeSet<Scope>,
     pending: usize,
     drains_pending: bool,
-    drained: usize,
+    drains: usize,
     controlled: bool,
 ) -> Vec<Scope> {
     let mut last = Vec::new();
@@ -237,7 +238,7 @@ pub(crate) fn closing_scopes(
     if scopes.contains(&Scope::Unassigned) {
         last.push(Scope::UnassignedInEtcd);
     }
-    if controlled && (drains_pending || drained > 0) {
+    if controlled && (drains_pending || drains > 0) {
         last.push(Scope::Children);
     }
     last
@@ -687,7 +688,8 @@ mod tests {
         let full: BTreeSet<Scope> = [Scope::All].into();
         let sweep: BTreeSet<Scope> = [Scope::Stray].into();
         let (etcd, children) = (Scope::UnassignedInEtcd, Scope::Children);
-        // (what, scopes, pending, drains pending before, drained now, controlled resources)
+        // (what, scopes, pending, drains pending before, drains made or listed, controlled
+        // resources)
         let table = [
             ("drains pending", &check, 1, true, 0, true, vec![]),
             (
@@ -753,11 +755,20 @@ mod tests {
                 true,
                 vec![children.clone()],
             ),
+            (
+                "a new leader's list met drains that ended",
+                &full,
+                0,
+                false,
+                2,
+                true,
+                vec![children.clone()],
+            ),
             ("a quiet sweep", &sweep, 0, false, 0, true, vec![]),
         ];
-        for (what, scopes, pending, before, drained, controlled, want) in table {
+        for (what, scopes, pending, before, drains, controlled, want) in table {
             assert_eq!(
-                closing_scopes(scopes, pending, before, drained, controlled),
+                closing_scopes(scopes, pending, before, drains, controlled),
                 want,
                 "{what}"
             );
