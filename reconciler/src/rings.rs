@@ -364,7 +364,13 @@ async fn rebalance(
     let mut children_failed = false;
     if !last.is_empty() {
         let after = ctx.rebalancer.run(&view, &targets, &last).await;
-        children_failed = last.contains(&Scope::Children) && after.failed_lists > 0;
+        let children = last.contains(&Scope::Children);
+        children_failed = children && after.failed_lists > 0;
+        if children && !children_failed {
+            // Every child was planned again after the drains ended: those still waiting are
+            // in `after`.
+            outcome.awaiting.clear();
+        }
         outcome.add(after);
         listed.extend(last);
     }
