@@ -687,20 +687,13 @@ mod tests {
         let check: BTreeSet<Scope> = [Scope::Unassigned].into();
         let full: BTreeSet<Scope> = [Scope::All].into();
         let sweep: BTreeSet<Scope> = [Scope::Stray].into();
-        let (etcd, children) = (Scope::UnassignedInEtcd, Scope::Children);
+        let (etcd, kids) = (Scope::UnassignedInEtcd, Scope::Children);
+        let both = vec![etcd.clone(), kids.clone()];
         // (what, scopes, pending, drains pending before, drains made or listed, controlled
-        // resources)
+        // resources, the closing lists)
         let table = [
             ("drains pending", &check, 1, true, 0, true, vec![]),
-            (
-                "the last drain check",
-                &check,
-                0,
-                true,
-                0,
-                true,
-                vec![etcd.clone(), children.clone()],
-            ),
+            ("the last drain check", &check, 0, true, 0, true, both),
             (
                 "no controlled resource",
                 &check,
@@ -717,16 +710,16 @@ mod tests {
                 false,
                 0,
                 true,
-                vec![etcd.clone()],
+                vec![etcd],
             ),
             (
-                "drained and acknowledged at once",
+                "drained, acknowledged at once",
                 &full,
                 0,
                 false,
                 5,
                 true,
-                vec![children.clone()],
+                vec![kids.clone()],
             ),
             (
                 "drained, not acknowledged",
@@ -747,22 +740,22 @@ mod tests {
                 vec![],
             ),
             (
-                "a full list while drains ended",
+                "a full list as drains ended",
                 &full,
                 0,
                 true,
                 0,
                 true,
-                vec![children.clone()],
+                vec![kids.clone()],
             ),
             (
-                "a new leader's list met drains that ended",
+                "a new leader met ended drains",
                 &full,
                 0,
                 false,
                 2,
                 true,
-                vec![children.clone()],
+                vec![kids],
             ),
             ("a quiet sweep", &sweep, 0, false, 0, true, vec![]),
         ];
