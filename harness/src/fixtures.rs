@@ -6,6 +6,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -82,6 +83,17 @@ pub fn secret(name: &str) -> Secret {
             ..ObjectMeta::default()
         },
         ..Secret::default()
+    }
+}
+
+/// An RBAC rule: `verbs` on `resources` of API group `group`.
+pub fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |s: &[&str]| s.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..PolicyRule::default()
     }
 }
 

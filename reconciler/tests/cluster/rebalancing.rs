@@ -3,8 +3,9 @@
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
-//! apiserver's watch cache namespace by namespace, and an object a lagging watch cache hides (or a drain acknowledged
-//! behind it) reaches its shard once the cache catches up.
+//! apiserver's watch cache namespace by namespace, an object a lagging watch cache hides (or a
+//! drain acknowledged behind it) reaches its shard once the cache catches up, and a child
+//! created while its owner drains follows the owner (also when the list that finds it failed).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -21,11 +22,12 @@ use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::control_plane::{ControlPlane, Options};
 use sharder_harness::fixtures::{
-    child_of, refusing_configuration, secret, secrets_ring, shard_lease,
+    child_of, refusing_configuration, rule, secret, secrets_ring, shard_lease,
 };
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
+use sharder_harness::world::Reach;
 
 use crate::{Test, WAIT};
 
@@ -163,6 +165,106 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
 async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_acknowledged() {
     let mut w = Test::new("latechild").await;
     w.start_ring(&["shard-a", "shard-b"]).await;
+    let three = scale_out_to_three(&mut w).await;
+    create_late_children(&w).await;
+
+    // The shards acknowledge: the owners go to the new shard, and their children follow them,
+    // although no list of the scale-out saw the children.
+    w.settle_acknowledging(
+        "every owner on its new shard, each child with its owner",
+        &three,
+    )
+    .await;
+}
+
+/// The list of the children once the drains ended that fails is listed again at the next
+/// drain check: no other list finds a child created on its owner's old shard while the owner
+/// drained. The reconciler runs here under RBAC and loses `list` on ConfigMaps after the
+/// scale-out listed them.
+#[tokio::test]
+async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
+    let mut w = Test::new("childlist").await;
+    let account = "restricted-reconciler";
+    // Everything but listing ConfigMaps, which a second binding grants.
+    let listed = [
+        "clusterrings",
+        "controllerrings",
+        "leases",
+        "mutatingwebhookconfigurations",
+        "namespaces",
+        "secrets",
+    ];
+    let rules = vec![
+        rule(
+            "*",
+            &["*"],
+            &["get", "watch", "create", "update", "patch", "delete"],
+        ),
+        rule("*", &listed, &["list"]),
+    ];
+    w.grant(
+        Reach::Cluster,
+        &format!("{account}-{}", w.ns),
+        account,
+        rules,
+    )
+    .await;
+    let listing = format!("{account}-lists-configmaps-{}", w.ns);
+    let list_configmaps = || vec![rule("", &["configmaps"], &["list"])];
+    w.grant(Reach::Cluster, &listing, account, list_configmaps())
+        .await;
+    w.reconciler_env = w.restricted_env(account).await;
+    w.start_ring(&["shard-a", "shard-b"]).await;
+    let three = scale_out_to_three(&mut w).await;
+
+    // Once the scale-out listed, the reconciler may no longer list ConfigMaps.
+    w.revoke(Reach::Cluster, &listing).await;
+    let seen = w.reconcilers[0].process.lines().len();
+    w.reconcilers[0]
+        .process
+        .wait_for(
+            "a drain check's list of ConfigMaps refused",
+            seen,
+            WAIT,
+            |l| {
+                l["message"] == "cannot list objects"
+                    && l["resource"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("configmaps"))
+            },
+        )
+        .await
+        .expect("the revocation holds");
+
+    // Children created on the draining owners' shards, then the acknowledgements: the list of
+    // the children once the drains ended fails.
+    create_late_children(&w).await;
+    let seen = w.reconcilers[0].process.lines().len();
+    assert!(w.acknowledge_drains().await > 0);
+    w.reconcilers[0]
+        .process
+        .wait_for("the children's list failing", seen, WAIT, |l| {
+            l["message"] == "rebalance"
+                && l["scopes"].as_str().is_some_and(|s| s.contains("Children"))
+                && l["errors"].as_u64() > Some(0)
+        })
+        .await
+        .expect("the list of the children fails");
+
+    // Allowed again, the next drain check lists them: each follows its owner.
+    w.grant(Reach::Cluster, &listing, account, list_configmaps())
+        .await;
+    w.settle_acknowledging(
+        "every owner on its new shard, each child with its owner",
+        &three,
+    )
+    .await;
+}
+
+/// Creates 40 Secrets on a ring of `shard-a` and `shard-b`, adds `shard-c` and waits until its
+/// scale-out listed everything and drained exactly the Secrets that move; returns the ring of
+/// the three.
+async fn scale_out_to_three(w: &mut Test) -> Ring {
     w.create_secrets(40).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
@@ -173,8 +275,6 @@ async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_ack
         .filter(|n| two.shard_for(&w.key(n)) != three.shard_for(&w.key(n)))
         .collect();
     assert!(!moving.is_empty());
-
-    // The scale-out drains the moving owners; its lists end before any of their children exist.
     let seen = w.reconcilers[0].process.lines().len();
     w.add_shard_lease("shard-c", 3600).await;
     w.reconcilers[0]
@@ -185,32 +285,32 @@ async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_ack
         .await
         .expect("the scale-out drains");
     w.wait_until_drained(&moving).await;
+    three
+}
 
-    // The old shards, finishing reconciles that began before the drain labels, create each
-    // moving owner's child: the webhook puts it where its owner still is (or, if it could not
-    // read the owner in time on a busy machine, leaves it to the sweep).
-    let secrets = w.list_secrets().await;
+/// Creates a child (`child-<owner>`) of every draining Secret, as its old shard does when it
+/// finishes a reconcile begun before the drain label: the webhook puts it where its owner still
+/// is (or, if it cannot read the owner in time on a busy machine, leaves it to the sweeps; at
+/// least one must be on its owner's shard).
+async fn create_late_children(w: &Test) {
     let mut behind = 0;
-    for name in &moving {
+    for (name, owner) in w
+        .list_secrets()
+        .await
+        .iter()
+        .filter(|(_, s)| w.draining(*s))
+    {
         let child = w
             .configmaps()
             .create(
                 &PostParams::default(),
-                &child_of(&secrets[name], &format!("child-{name}")),
+                &child_of(owner, &format!("child-{name}")),
             )
             .await
             .expect("configmap");
-        behind += usize::from(w.shard_of(&child) == w.shard_of(&secrets[name]));
+        behind += usize::from(w.shard_of(&child) == w.shard_of(owner));
     }
     assert!(behind > 0, "no child on its draining owner's shard");
-
-    // The shards acknowledge: the owners go to the new shard, and their children follow them,
-    // although no list of the scale-out saw the children.
-    w.settle_acknowledging(
-        "every owner on its new shard, each child with its owner",
-        &three,
-    )
-    .await;
 }
 
 #[tokio::test]

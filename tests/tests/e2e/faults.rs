@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::DeleteParams;
 use sharder_harness::control_plane::{AuditMark, Part};
+use sharder_harness::fixtures::rule;
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
+use sharder_harness::world::Reach;
 use sharder_tests::system::{Objects, Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
 
 /// The lost shard's Lease: its duration and renew interval are the SDK's defaults scaled down
@@ -277,53 +279,6 @@ async fn rejoin(system: &mut System, lost: &str, env: &Env) {
     eprintln!("{lost} rejoined: {back} objects back");
 }
 
-/// A Role of `rules` in `namespace` bound to ServiceAccount `account`, both named `name`.
-async fn grant(system: &System, name: &str, account: &str, rules: Vec<PolicyRule>) {
-    let roles: Api<Role> = Api::namespaced(system.client.clone(), &system.ns);
-    let role = Role {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        rules: Some(rules),
-    };
-    match roles.create(&PostParams::default(), &role).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("role {name}: {e}"),
-    }
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: account.into(),
-            namespace: Some(system.ns.clone()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(system.client.clone(), &system.ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("role binding");
-}
-
-fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.to_owned()]),
-        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
-        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
-        ..PolicyRule::default()
-    }
-}
-
 #[tokio::test]
 async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away_and_back() {
     const ZOMBIE: &str = "zombie";
@@ -334,35 +289,26 @@ async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away
     let all = [
         "get", "list", "watch", "create", "update", "patch", "delete",
     ];
-    grant(
-        &system,
-        "zombie-objects",
-        ZOMBIE,
-        vec![
-            rule("", &["secrets", "configmaps"], &all),
-            rule(
-                "coordination.k8s.io",
-                &["leases"],
-                &["get", "list", "watch", "create"],
-            ),
-        ],
-    )
-    .await;
+    let objects = vec![
+        rule("", &["secrets", "configmaps"], &all),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "list", "watch", "create"],
+        ),
+    ];
     let renewals = vec![rule(
         "coordination.k8s.io",
         &["leases"],
         &["update", "patch"],
     )];
-    grant(&system, RENEWALS, ZOMBIE, renewals.clone()).await;
-    let cp = system.cp;
-    let token = cp
-        .service_account_token(&system.ns, ZOMBIE)
-        .await
-        .expect("token");
-    let kubeconfig = cp
-        .write_kubeconfig(&format!("{ZOMBIE}-{}", system.ns), &token)
-        .expect("kubeconfig");
-    let env = Env::new(system.dir(), &kubeconfig);
+    system
+        .grant(Reach::Namespace, "zombie-objects", ZOMBIE, objects)
+        .await;
+    system
+        .grant(Reach::Namespace, RENEWALS, ZOMBIE, renewals.clone())
+        .await;
+    let env = system.restricted_env(ZOMBIE).await;
     start_lost(&mut system, ZOMBIE, &env).await;
 
     let user = system.service_account(ZOMBIE);
@@ -383,7 +329,9 @@ async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away
 
     let refused = system.log(ZOMBIE).matches("lease renewal failed").count();
     assert!(refused > 0, "the zombie's renewals were not refused");
-    grant(&system, RENEWALS, ZOMBIE, renewals).await;
+    system
+        .grant(Reach::Namespace, RENEWALS, ZOMBIE, renewals)
+        .await;
     rejoin(&mut system, ZOMBIE, &env).await;
 }
 
