@@ -12,9 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
-};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -40,15 +38,6 @@ pub const CANARY_LABEL: &str = "sharder-test/canary";
 
 /// How long waits for the system to act may take before a test fails.
 pub const WAIT: Duration = Duration::from_secs(60);
-
-/// Where [`World::grant`] grants.
-#[derive(Clone, Copy, Debug)]
-pub enum Reach {
-    /// In the world's namespace.
-    Namespace,
-    /// Across the cluster.
-    Cluster,
-}
 
 /// A test's namespace, ring and files.
 pub struct World {
@@ -174,98 +163,54 @@ impl World {
         Env::new(self.dir(), &kubeconfig)
     }
 
-    /// Grants `rules` to ServiceAccount `<ns>/<account>`, in the namespace (a Role and a
-    /// RoleBinding) or across the cluster (a ClusterRole and a ClusterRoleBinding), each named
-    /// `name`; a role that exists is kept, so granting again after [`Self::revoke`] binds it
-    /// again.
-    pub async fn grant(&self, reach: Reach, name: &str, account: &str, rules: Vec<PolicyRule>) {
+    /// Grants `rules` to ServiceAccount `<ns>/<account>` across the cluster: a ClusterRole and
+    /// a ClusterRoleBinding, both named `name` (one the tests sharing the control plane do not
+    /// use); a role that exists is kept, so granting again after [`Self::revoke`] binds it again.
+    pub async fn grant(&self, name: &str, account: &str, rules: Vec<PolicyRule>) {
         let pp = PostParams::default();
         let metadata = ObjectMeta {
             name: Some(name.to_owned()),
             ..ObjectMeta::default()
         };
-        let role_ref = |kind: &str| RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: kind.into(),
-            name: name.to_owned(),
+        let role = ClusterRole {
+            metadata: metadata.clone(),
+            rules: Some(rules),
+            ..ClusterRole::default()
         };
-        let subjects = Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: account.to_owned(),
-            namespace: Some(self.ns.clone()),
-            ..Subject::default()
-        }]);
-        let (role, binding) = match reach {
-            Reach::Namespace => (
-                Api::<Role>::namespaced(self.client.clone(), &self.ns)
-                    .create(
-                        &pp,
-                        &Role {
-                            metadata: metadata.clone(),
-                            rules: Some(rules),
-                        },
-                    )
-                    .await
-                    .map(drop),
-                Api::<RoleBinding>::namespaced(self.client.clone(), &self.ns)
-                    .create(
-                        &pp,
-                        &RoleBinding {
-                            metadata,
-                            role_ref: role_ref("Role"),
-                            subjects,
-                        },
-                    )
-                    .await
-                    .map(drop),
-            ),
-            Reach::Cluster => (
-                Api::<ClusterRole>::all(self.client.clone())
-                    .create(
-                        &pp,
-                        &ClusterRole {
-                            metadata: metadata.clone(),
-                            rules: Some(rules),
-                            ..ClusterRole::default()
-                        },
-                    )
-                    .await
-                    .map(drop),
-                Api::<ClusterRoleBinding>::all(self.client.clone())
-                    .create(
-                        &pp,
-                        &ClusterRoleBinding {
-                            metadata,
-                            role_ref: role_ref("ClusterRole"),
-                            subjects,
-                        },
-                    )
-                    .await
-                    .map(drop),
-            ),
-        };
-        match role {
-            Ok(()) => {}
+        match Api::<ClusterRole>::all(self.client.clone())
+            .create(&pp, &role)
+            .await
+        {
+            Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("role {name}: {e}"),
+            Err(e) => panic!("ClusterRole {name}: {e}"),
         }
-        binding.unwrap_or_else(|e| panic!("binding {name}: {e}"));
+        let binding = ClusterRoleBinding {
+            metadata,
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: name.to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: account.to_owned(),
+                namespace: Some(self.ns.clone()),
+                ..Subject::default()
+            }]),
+        };
+        Api::<ClusterRoleBinding>::all(self.client.clone())
+            .create(&pp, &binding)
+            .await
+            .unwrap_or_else(|e| panic!("ClusterRoleBinding {name}: {e}"));
     }
 
     /// Takes back what [`Self::grant`] granted as `name` (its binding; the role stays).
-    pub async fn revoke(&self, reach: Reach, name: &str) {
-        let dp = DeleteParams::default();
-        match reach {
-            Reach::Namespace => Api::<RoleBinding>::namespaced(self.client.clone(), &self.ns)
-                .delete(name, &dp)
-                .await
-                .map(drop),
-            Reach::Cluster => Api::<ClusterRoleBinding>::all(self.client.clone())
-                .delete(name, &dp)
-                .await
-                .map(drop),
-        }
-        .unwrap_or_else(|e| panic!("revoke {name}: {e}"));
+    pub async fn revoke(&self, name: &str) {
+        Api::<ClusterRoleBinding>::all(self.client.clone())
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("revoke {name}: {e}"));
     }
 
     /// The audit user of ServiceAccount `name` of the test namespace.

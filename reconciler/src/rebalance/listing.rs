@@ -10,7 +10,6 @@ use std::sync::Arc;
 use kube::Client;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
-use sharder_common::Role;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
@@ -194,14 +193,8 @@ impl Rebalancer {
             }
             // A main object that stays is done here; only work goes to the writers.
             if self.stays(view, target, &meta) {
-                if target.role == Role::Main
-                    && meta
-                        .labels
-                        .as_ref()
-                        .is_some_and(|l| view.labels.is_draining(l))
-                {
-                    outcome.draining += 1;
-                }
+                let labels = meta.labels.as_ref();
+                outcome.draining += usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
                 continue;
             }
             // A page longer than asked for (a server that ignores `limit`) waits for places.

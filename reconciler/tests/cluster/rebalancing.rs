@@ -27,7 +27,6 @@ use sharder_harness::fixtures::{
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
-use sharder_harness::world::Reach;
 
 use crate::{Test, WAIT};
 
@@ -202,23 +201,17 @@ async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
         ),
         rule("*", &listed, &["list"]),
     ];
-    w.grant(
-        Reach::Cluster,
-        &format!("{account}-{}", w.ns),
-        account,
-        rules,
-    )
-    .await;
+    w.grant(&format!("{account}-{}", w.ns), account, rules)
+        .await;
     let listing = format!("{account}-lists-configmaps-{}", w.ns);
     let list_configmaps = || vec![rule("", &["configmaps"], &["list"])];
-    w.grant(Reach::Cluster, &listing, account, list_configmaps())
-        .await;
+    w.grant(&listing, account, list_configmaps()).await;
     w.reconciler_env = w.restricted_env(account).await;
     w.start_ring(&["shard-a", "shard-b"]).await;
     let three = scale_out_to_three(&mut w).await;
 
     // Once the scale-out listed, the reconciler may no longer list ConfigMaps.
-    w.revoke(Reach::Cluster, &listing).await;
+    w.revoke(&listing).await;
     let seen = w.reconcilers[0].process.lines().len();
     w.reconcilers[0]
         .process
@@ -252,8 +245,7 @@ async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
         .expect("the list of the children fails");
 
     // Allowed again, the next drain check lists them: each follows its owner.
-    w.grant(Reach::Cluster, &listing, account, list_configmaps())
-        .await;
+    w.grant(&listing, account, list_configmaps()).await;
     w.settle_acknowledging(
         "every owner on its new shard, each child with its owner",
         &three,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::LeaseSpec;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::DeleteParams;
@@ -22,7 +22,6 @@ use sharder_harness::fixtures::rule;
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
-use sharder_harness::world::Reach;
 use sharder_tests::system::{Objects, Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
 
 /// The lost shard's Lease: its duration and renew interval are the SDK's defaults scaled down
@@ -282,8 +281,8 @@ async fn rejoin(system: &mut System, lost: &str, env: &Env) {
 #[tokio::test]
 async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away_and_back() {
     const ZOMBIE: &str = "zombie";
-    const RENEWALS: &str = "zombie-renewals";
     let mut system = two_shards("zombie").await;
+    let renewals_binding = format!("zombie-renewals-{}", system.ns);
     // Everything the shard needs on the namespace's objects and Leases, with Lease updates (its
     // renewals) in a binding of their own that the test takes away.
     let all = [
@@ -303,23 +302,23 @@ async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away
         &["update", "patch"],
     )];
     system
-        .grant(Reach::Namespace, "zombie-objects", ZOMBIE, objects)
+        .grant(&format!("zombie-objects-{}", system.ns), ZOMBIE, objects)
         .await;
     system
-        .grant(Reach::Namespace, RENEWALS, ZOMBIE, renewals.clone())
+        .grant(&renewals_binding, ZOMBIE, renewals.clone())
         .await;
     let env = system.restricted_env(ZOMBIE).await;
     start_lost(&mut system, ZOMBIE, &env).await;
 
     let user = system.service_account(ZOMBIE);
-    let bindings: Api<RoleBinding> = Api::namespaced(system.client.clone(), &system.ns);
+    let bindings: Api<ClusterRoleBinding> = Api::all(system.client.clone());
     lose(
         &mut system,
         ZOMBIE,
         &user,
         async || {
             bindings
-                .delete(RENEWALS, &DeleteParams::default())
+                .delete(&renewals_binding, &DeleteParams::default())
                 .await
                 .expect("revoke renewals");
         },
@@ -329,9 +328,7 @@ async fn a_zombie_shard_stops_before_its_lease_expires_and_its_objects_move_away
 
     let refused = system.log(ZOMBIE).matches("lease renewal failed").count();
     assert!(refused > 0, "the zombie's renewals were not refused");
-    system
-        .grant(Reach::Namespace, RENEWALS, ZOMBIE, renewals)
-        .await;
+    system.grant(&renewals_binding, ZOMBIE, renewals).await;
     rejoin(&mut system, ZOMBIE, &env).await;
 }
 
