@@ -5,7 +5,8 @@
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
 //! apiserver's watch cache namespace by namespace, an object a lagging watch cache hides (or a
 //! drain acknowledged behind it) reaches its shard once the cache catches up, and a child
-//! created while its owner drains follows the owner (also when the list that finds it failed).
+//! created while its owner drains follows the owner (also when the list that finds it failed, and
+//! when a new leader met the drains).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -169,6 +170,35 @@ async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_ack
 
     // The shards acknowledge: the owners go to the new shard, and their children follow them,
     // although no list of the scale-out saw the children.
+    w.settle_acknowledging(
+        "every owner on its new shard, each child with its owner",
+        &three,
+    )
+    .await;
+}
+
+/// A new leader whose first list meets drains the old leader placed lists the children once
+/// they ended: a child created on its owner's old shard after that first list follows the
+/// owner too.
+#[tokio::test]
+async fn a_new_leader_that_meets_drains_lists_the_children_once_they_ended() {
+    let mut w = Test::new("childleader").await;
+    w.start_ring(&["shard-a", "shard-b"]).await;
+    let three = scale_out_to_three(&mut w).await;
+
+    // The leader stops (SIGTERM releases its Lease); the next one lists every object, the
+    // drained among them, before any child of a draining owner exists.
+    w.reconcilers[0].process.stop(Duration::from_secs(20));
+    w.start_reconciler().await;
+    w.reconcilers[1]
+        .process
+        .wait_for("the new leader's first list", 0, WAIT, |l| {
+            l["message"] == "rebalance" && l["listed"].as_u64() >= Some(40)
+        })
+        .await
+        .expect("the new leader lists the ring");
+    create_late_children(&w).await;
+
     w.settle_acknowledging(
         "every owner on its new shard, each child with its owner",
         &three,
