@@ -198,6 +198,62 @@ async fn a_new_leader_that_meets_drains_lists_the_children_once_they_ended() {
     children_follow_their_owners(&w, &three).await;
 }
 
+/// A new leader whose first list meets drains that are all acknowledged before it counts them
+/// (it never sees one pending) lists the children all the same: a child created on its owner's
+/// old shard after its list of the children follows the owner. Its first rebalance is held open
+/// between that list and the count by moves of stray children off a shard without a Lease, two
+/// a second.
+#[tokio::test]
+async fn a_new_leader_lists_the_children_after_drains_acknowledged_before_its_count() {
+    const STRAYS: usize = 30;
+    let mut w = Test::new("childcount").await;
+    w.start_ring(&["shard-a", "shard-b"]).await;
+    let three = scale_out_to_three(&mut w).await;
+    w.reconcilers[0].process.stop(Duration::from_secs(20));
+    let secrets = w.list_secrets().await;
+    let staying: Vec<&Secret> = secrets.values().filter(|s| !w.draining(*s)).collect();
+    for i in 0..STRAYS {
+        let mut stray = child_of(staying[i % staying.len()], &format!("stray-{i}"));
+        stray.metadata.labels = Some([(w.labels.shard.clone(), "gone".to_owned())].into());
+        w.configmaps()
+            .create(&PostParams::default(), &stray)
+            .await
+            .expect("configmap");
+    }
+    let slowly = [
+        ("--max-writes-per-second", "2"),
+        ("--max-concurrent-writes", "1"),
+    ];
+    w.start_reconciler_with(Duration::from_secs(1), &slowly)
+        .await;
+    eventually("the new leader moves a stray", WAIT, || async {
+        let strays = w.list_configmaps("stray-").await;
+        let gone = Some("gone".to_owned());
+        let moved = strays.values().filter(|c| w.shard_of(*c) != gone).count();
+        (moved > 0).then_some(()).ok_or("none moved".to_owned())
+    })
+    .await;
+
+    // Its children are listed: children created now, then every drain acknowledged.
+    create_late_children(&w).await;
+    assert!(w.acknowledge_drains().await > 0);
+    let first = w.reconcilers[1]
+        .process
+        .wait_for("the new leader's first rebalance", 0, WAIT, |l| {
+            l["message"] == "rebalance"
+        })
+        .await
+        .expect("the new leader rebalances");
+    assert_eq!(first["pending_drains"], 0, "acknowledged before the count");
+    assert!(
+        first["scopes"]
+            .as_str()
+            .is_some_and(|s| s.contains("Children")),
+        "the children listed once the drains ended: {first}"
+    );
+    children_follow_their_owners(&w, &three).await;
+}
+
 /// The list of the children once the drains ended that fails is listed again at the next
 /// drain check: no other list finds a child created on its owner's old shard while the owner
 /// drained. The reconciler runs here under RBAC and loses `list` on ConfigMaps after the
