@@ -170,7 +170,8 @@ async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_ack
 
     // The shards acknowledge: the owners go to the new shard, and their children follow them,
     // although no list of the scale-out saw the children.
-    children_follow_their_owners(&w, &three).await;
+    w.settle_acknowledging("each child with its owner", &three)
+        .await;
 }
 
 /// A new leader whose first list meets drains the old leader placed lists the children once
@@ -195,7 +196,8 @@ async fn a_new_leader_that_meets_drains_lists_the_children_once_they_ended() {
         .expect("the new leader lists the ring");
     create_late_children(&w).await;
 
-    children_follow_their_owners(&w, &three).await;
+    w.settle_acknowledging("each child with its owner", &three)
+        .await;
 }
 
 /// A new leader whose first list meets drains that are all acknowledged before it counts them
@@ -251,7 +253,8 @@ async fn a_new_leader_lists_the_children_after_drains_acknowledged_before_its_co
             .is_some_and(|s| s.contains("Children")),
         "the children listed once the drains ended: {first}"
     );
-    children_follow_their_owners(&w, &three).await;
+    w.settle_acknowledging("each child with its owner", &three)
+        .await;
 }
 
 /// The list of the children once the drains ended that fails is listed again at the next
@@ -324,7 +327,8 @@ async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
 
     // Allowed again, the next drain check lists them: each follows its owner.
     w.grant(&listing, account, list_configmaps()).await;
-    children_follow_their_owners(&w, &three).await;
+    w.settle_acknowledging("each child with its owner", &three)
+        .await;
 }
 
 /// Creates 40 Secrets on a ring of `shard-a` and `shard-b`, adds `shard-c` and waits until its
@@ -352,16 +356,6 @@ async fn scale_out_to_three(w: &mut Test) -> Ring {
         .expect("the scale-out drains");
     w.wait_until_drained(&moving).await;
     three
-}
-
-/// Acknowledges the drains as the shards would until every owner is on its shard of `ring`,
-/// each child with its owner.
-async fn children_follow_their_owners(w: &Test, ring: &Ring) {
-    w.settle_acknowledging(
-        "every owner on its new shard, each child with its owner",
-        ring,
-    )
-    .await;
 }
 
 /// Creates a child (`child-<owner>`) of every draining Secret, as its old shard does when it
