@@ -26,7 +26,7 @@ use sharder_common::lease::shard_state;
 use sharder_common::{Ring, RingId, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
-use sharder_harness::launch::Reconciler;
+use sharder_harness::launch::{Reconciler, dump_logs};
 use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
@@ -189,14 +189,19 @@ impl Movers {
     }
 
     /// Waits until every object is on its shard of the ring of `names`, none draining; when
-    /// that happened and every object's shard.
+    /// that happened and every object's shard. If they never get there, the reconciler's last
+    /// log lines go to stderr beside the error.
     pub(crate) async fn converge(
         &self,
         names: &[String],
     ) -> Result<(Instant, BTreeMap<String, String>), Error> {
-        self.tracker
-            .converge(&self.setup, &Ring::new(names.iter().cloned()))
-            .await
+        let ring = Ring::new(names.iter().cloned());
+        let converged = self.tracker.converge(&self.setup, &ring).await;
+        if converged.is_err() {
+            let reconciler = format!("reconciler-{}", self.setup.ns);
+            dump_logs(self.dir.path(), [reconciler], 40);
+        }
+        converged
     }
 
     /// The writes to the objects since `mark` (`start`: when the benchmark changed something)

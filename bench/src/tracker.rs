@@ -63,13 +63,39 @@ struct State {
 }
 
 impl State {
+    /// Object `name`'s shard on the target ring (`None` with no target).
+    fn desired(&self, name: &str) -> Option<&str> {
+        let (ring, ns) = self.target.as_ref()?;
+        let key = ObjectKey::main("", "Secret", Some(ns), name)?;
+        ring.shard_for(key.as_str())
+    }
+
     fn misplaced(&self, name: &str, place: Option<&Place>) -> bool {
-        let (Some((ring, ns)), Some(place)) = (&self.target, place) else {
+        let Some(place) = place.filter(|_| self.target.is_some()) else {
             return false;
         };
-        let key = ObjectKey::main("", "Secret", Some(ns), name).map(|k| k.to_string());
-        let desired = key.as_deref().and_then(|k| ring.shard_for(k));
-        place.draining || place.shard.as_deref() != desired
+        place.draining || place.shard.as_deref() != self.desired(name)
+    }
+
+    /// Up to `n` misplaced objects as `name on <shard>[ draining], not <desired>`, for a
+    /// timeout's message.
+    fn examples(&self, n: usize) -> String {
+        let mut wrong: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(name, place)| self.misplaced(name, Some(place)))
+            .map(|(name, place)| {
+                format!(
+                    "{name} on {}{}, not {}",
+                    place.shard.as_deref().unwrap_or("no shard"),
+                    if place.draining { " draining" } else { "" },
+                    self.desired(name).unwrap_or("none")
+                )
+            })
+            .collect();
+        wrong.sort();
+        wrong.truncate(n);
+        wrong.join("; ")
     }
 
     fn recount(&mut self) {
@@ -199,10 +225,11 @@ impl Tracker {
             if timed_out {
                 let s = lock(&self.state);
                 return Err(Error::Setup(format!(
-                    "the Secrets of {} did not reach {what} within {timeout:?}: {} of {} misplaced{}",
+                    "the Secrets of {} did not reach {what} within {timeout:?}: {} of {} misplaced ({}){}",
                     self.setup_ns,
                     s.misplaced,
                     s.objects.len(),
+                    s.examples(5),
                     s.error
                         .as_ref()
                         .map(|e| format!(" (last watch error: {e})"))
@@ -258,5 +285,41 @@ mod tests {
         alarm.raise("shard-2 stopped".into());
         assert_eq!(waiting.await.expect("waiter"), "shard-1 stopped");
         assert_eq!(alarm.raised().await, "shard-1 stopped");
+    }
+
+    #[test]
+    fn a_timeout_names_the_misplaced_objects_where_they_are_and_where_they_belong() {
+        let ring = Ring::new(["shard-0", "shard-1"]);
+        let mut s = State {
+            target: Some((ring, "ns".into())),
+            synced: true,
+            ..State::default()
+        };
+        let now = Instant::now();
+        let place = |shard: Option<&str>, draining| {
+            Some(Place {
+                shard: shard.map(str::to_owned),
+                draining,
+            })
+        };
+        let home = s.desired("a").expect("a shard").to_owned();
+        let other = if home == "shard-0" {
+            "shard-1"
+        } else {
+            "shard-0"
+        };
+        s.set("a".into(), place(Some(&home), false), now);
+        assert_eq!((s.misplaced, s.examples(5)), (0, String::new()));
+        s.set("a".into(), place(Some(&home), true), now);
+        s.set("b".into(), place(None, false), now);
+        let b_home = s.desired("b").expect("a shard").to_owned();
+        assert_eq!(s.misplaced, 2);
+        assert_eq!(
+            s.examples(5),
+            format!("a on {home} draining, not {home}; b on no shard, not {b_home}")
+        );
+        assert_eq!(s.examples(1), format!("a on {home} draining, not {home}"));
+        s.set("a".into(), place(Some(other), false), now);
+        assert_eq!(s.examples(1), format!("a on {other}, not {home}"));
     }
 }

@@ -103,26 +103,25 @@ pub(crate) enum Scope {
     /// acknowledged, new objects the webhook missed, `generateName` objects; read from the
     /// apiserver's watch cache.
     Unassigned,
-    /// The same, read from etcd: once no drain is pending, so that no acknowledged object a
-    /// lagging watch cache hid waits for the next sweep.
-    UnassignedInEtcd,
     /// Objects without a shard or on a shard that is not available (`<shard label> notin
     /// (<available shards>)`), read from the apiserver's watch cache: the sweep of a quiet ring.
     Stray,
-    /// Every controlled object, read from etcd, once the drains of a rebalance all ended: a
-    /// child its owner's old shard created while the owner drained (a reconcile begun before
-    /// the drain label) came after the lists that drained the owner, and on that live shard no
-    /// other list selects it.
-    Children,
+    /// Every object again, read from etcd, once the drains of a rebalance all ended: what the
+    /// drain checks' lists cannot select. An acknowledged object that a webhook which had not
+    /// seen the new shard's Lease yet put back on its old shard (drained again); a child its
+    /// owner's old shard created while the owner drained (a reconcile begun before the drain
+    /// label), which came after the lists that drained the owner and sits on a live shard;
+    /// an acknowledged object a lagging watch cache hid from the drain checks.
+    AfterDrains,
 }
 
 impl Scope {
     /// The label selector of the list (`None`: every object).
     fn selector(&self, labels: &RingLabels, available: &BTreeSet<String>) -> Option<String> {
         match self {
-            Self::All | Self::Children => None,
+            Self::All | Self::AfterDrains => None,
             Self::OnShard(shard) => Some(format!("{}={shard}", labels.shard)),
-            Self::Unassigned | Self::UnassignedInEtcd => Some(format!("!{}", labels.shard)),
+            Self::Unassigned => Some(format!("!{}", labels.shard)),
             Self::Stray => Some(format!(
                 "{} notin ({})",
                 labels.shard,
@@ -135,15 +134,9 @@ impl Scope {
     /// etcd read, in one answer however many objects match) instead of page by page from etcd.
     /// The sweep of a quiet ring and the drain checks are: what they select is what needs work,
     /// none or a few objects, and what a slightly stale answer misses, the next sweep or drain
-    /// check finds (the last drain check reads etcd: [`Scope::UnassignedInEtcd`]).
+    /// check finds (the last drain check reads etcd: [`Scope::AfterDrains`]).
     fn cached(&self) -> bool {
         matches!(self, Self::Stray | Self::Unassigned)
-    }
-
-    /// Whether the list is of `role`'s resources ([`Scope::Children`] lists controlled ones
-    /// only).
-    fn lists(&self, role: Role) -> bool {
-        *self != Self::Children || role == Role::Controlled
     }
 }
 
@@ -367,7 +360,7 @@ impl Rebalancer {
             .filter(|t| t.role == Role::Main)
             .chain(targets.iter().filter(|t| t.role == Role::Controlled));
         for target in ordered {
-            for scope in scopes.iter().filter(|s| s.lists(target.role)) {
+            for scope in scopes {
                 outcome.add(self.rebalance(view, targets, target, scope).await);
             }
         }

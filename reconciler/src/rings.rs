@@ -272,9 +272,8 @@ struct Work<'a> {
 /// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
 /// their owners (unless everything was listed), then counts the drains still pending (only
 /// where there can be some: drains were pending, this rebalance drained, or it listed
-/// everything, as after a change of leader), lists the unassigned objects from etcd after the
-/// last drain check and the controlled objects once the drains ended ([`Scope::Children`]), and
-/// reports. `None`: the ring was deleted or replaced meanwhile, and the rest of the rebalance
+/// everything, as after a change of leader), lists everything again from etcd once the drains
+/// ended ([`Scope::AfterDrains`]), and reports. `None`: the ring was deleted or replaced meanwhile, and the rest of the rebalance
 /// was left (logged once).
 async fn rebalance(
     ctx: &Context,
@@ -350,29 +349,27 @@ async fn rebalance(
             .unwrap_or(1);
     }
     let mut listed = scopes.clone();
-    // The drain checks read the watch cache, which may lag behind etcd: the last one reads
-    // etcd. Children created on the owners' old shards after the lists that drained the
-    // owners are found once the drains ended, in etcd too: the count above saw every
-    // acknowledgement there, and the shards created those children before they acknowledged.
-    let last = schedule::closing_scopes(
-        scopes,
-        pending,
-        drains_pending,
-        outcome.drained + outcome.draining,
-        targets.iter().any(|t| t.role == Role::Controlled),
-    );
-    let mut children_failed = false;
-    if !last.is_empty() {
-        let after = ctx.rebalancer.run(&view, &targets, &last).await;
-        let children = last.contains(&Scope::Children);
-        children_failed = children && after.failed_lists > 0;
-        if children && !children_failed {
+    // The drain checks read the watch cache, which may lag behind etcd, and select the
+    // unassigned objects only: once no drain is pending (counted in etcd), everything is listed
+    // again from etcd. It finds an acknowledged object a webhook that had not seen the new
+    // shard yet put back on its old shard, and children created on the owners' old shards
+    // after the lists that drained the owners (created before the acknowledgements).
+    let mut again = false;
+    if let Some(last) =
+        schedule::closing_scope(pending, drains_pending, outcome.drained + outcome.draining)
+    {
+        let after = ctx
+            .rebalancer
+            .run(&view, &targets, std::slice::from_ref(&last))
+            .await;
+        again = after.failed_lists > 0 || after.drained + after.draining > 0;
+        if after.failed_lists == 0 {
             // Every child was planned again after the drains ended: those still waiting are
             // in `after`.
             outcome.awaiting.clear();
         }
         outcome.add(after);
-        listed.extend(last);
+        listed.insert(last);
     }
     let elapsed = started.elapsed();
     ctx.metrics
@@ -419,7 +416,7 @@ async fn rebalance(
     }
     Ok(Some(Ran {
         full: scopes.contains(&Scope::All),
-        draining: pending > 0 || children_failed,
+        draining: pending > 0 || again,
         failed: outcome.errors > 0,
         refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: outcome.awaiting,

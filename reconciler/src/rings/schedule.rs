@@ -6,10 +6,9 @@
 //!   its spec changed (generation), a shard was added, or the resync interval passed.
 //! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
 //! - While drains are pending, the unassigned objects ([`Scope::Unassigned`], from the
-//!   apiserver's watch cache; the last time, once none is pending, from etcd) at every
-//!   reconcile: acknowledged drains leave their objects unassigned. Once none is pending, the
-//!   controlled objects too ([`Scope::Children`], chosen by the ring controller after its
-//!   count of the pending drains).
+//!   apiserver's watch cache) at every reconcile: acknowledged drains leave their objects
+//!   unassigned. Once none is pending, everything again from etcd ([`Scope::AfterDrains`],
+//!   chosen by the ring controller after its count of the pending drains).
 //! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
 //!   left the ring ([`Scope::Stray`]), from the apiserver's watch cache, so a quiet ring reads
 //!   nothing from etcd between resyncs.
@@ -78,8 +77,8 @@ pub(crate) struct Progress {
     /// controlled objects wait.
     pub draining: bool,
     /// Whether drains were pending after the last rebalance (waiting children aside): the
-    /// rebalance that finds none pending any more lists the controlled objects
-    /// ([`Scope::Children`]).
+    /// rebalance that finds none pending any more lists everything again
+    /// ([`Scope::AfterDrains`]).
     pub drains_pending: bool,
     /// Controlled objects waiting on a live shard for their owner to settle, or whose write
     /// failed (looked at again at every reconcile until they followed it).
@@ -102,8 +101,8 @@ pub(crate) struct Progress {
 pub(crate) struct Ran {
     /// Whether it listed everything.
     pub full: bool,
-    /// Whether drains are still pending (or the list of the controlled objects after them
-    /// failed: it comes again).
+    /// Whether drains are still pending (or the list of everything after them failed or
+    /// drained again: it comes again).
     pub draining: bool,
     /// Whether any list or write failed (the same work is then tried again).
     pub failed: bool,
@@ -217,31 +216,13 @@ pub(crate) fn progress_after(
     next
 }
 
-/// What a rebalance lists last, once its count found `pending` drains still pending (the
-/// count comes after the lists of `scopes`): the unassigned objects from etcd after the last
-/// drain check ([`Scope::UnassignedInEtcd`]), and the controlled objects (when the ring has
-/// controlled resources) once the drains that were pending before (`drains_pending`) or that
-/// it made or listed (`drains`: a new leader's first list meets its predecessor's) all ended
-/// ([`Scope::Children`]). If that list of the controlled objects fails, the ring counts as
-/// draining still, so the next drain check lists them again.
-pub(crate) fn closing_scopes(
-    scopes: &BTreeSet<Scope>,
-    pending: usize,
-    drains_pending: bool,
-    drains: usize,
-    controlled: bool,
-) -> Vec<Scope> {
-    let mut last = Vec::new();
-    if pending > 0 {
-        return last;
-    }
-    if scopes.contains(&Scope::Unassigned) {
-        last.push(Scope::UnassignedInEtcd);
-    }
-    if controlled && (drains_pending || drains > 0) {
-        last.push(Scope::Children);
-    }
-    last
+/// What a rebalance lists last, once its count found `pending` drains still pending (the count
+/// comes after its other lists): everything again, from etcd ([`Scope::AfterDrains`]), once the
+/// drains that were pending before (`drains_pending`) or that it made or listed (`drains`: a new
+/// leader's first list meets its predecessor's) all ended. If that list fails or drains again,
+/// the ring counts as draining still, so the drain checks go on and it comes again.
+pub(crate) fn closing_scope(pending: usize, drains_pending: bool, drains: usize) -> Option<Scope> {
+    (pending == 0 && (drains_pending || drains > 0)).then_some(Scope::AfterDrains)
 }
 
 /// The wait after `failures` failed rebalances in a row: [`FIRST_RETRY`] doubled for each
@@ -683,33 +664,21 @@ mod tests {
     }
 
     #[test]
-    fn the_last_drain_check_reads_etcd_and_the_children_are_listed_once_the_drains_ended() {
-        let check: BTreeSet<Scope> = [Scope::Unassigned].into();
-        let full: BTreeSet<Scope> = [Scope::All].into();
-        let sweep: BTreeSet<Scope> = [Scope::Stray].into();
-        let (etcd, kids) = (Scope::UnassignedInEtcd, Scope::Children);
-        let both = vec![etcd.clone(), kids.clone()];
-        // (what, scopes, pending, drains pending before, drains made or listed, controlled
-        // resources, the closing lists)
+    fn everything_is_listed_again_from_etcd_once_the_drains_ended() {
+        let last = Some(Scope::AfterDrains);
+        // (what, pending, drains pending before, drains made or listed, the closing list)
         #[rustfmt::skip]
         let table = [
-            ("drains pending", &check, 1, true, 0, true, vec![]),
-            ("the last drain check", &check, 0, true, 0, true, both),
-            ("no controlled resource", &check, 0, true, 0, false, vec![etcd.clone()]),
-            ("only children waited", &check, 0, false, 0, true, vec![etcd]),
-            ("drained, acknowledged at once", &full, 0, false, 5, true, vec![kids.clone()]),
-            ("drained, not acknowledged", &full, 3, false, 5, true, vec![]),
-            ("a resync that drained nothing", &full, 0, false, 0, true, vec![]),
-            ("a full list as drains ended", &full, 0, true, 0, true, vec![kids.clone()]),
-            ("a new leader met ended drains", &full, 0, false, 2, true, vec![kids]),
-            ("a quiet sweep", &sweep, 0, false, 0, true, vec![]),
+            ("drains pending", 1, true, 0, None),
+            ("the last drain check", 0, true, 0, last.clone()),
+            ("only children waited", 0, false, 0, None),
+            ("drained, acknowledged at once", 0, false, 5, last.clone()),
+            ("drained, not acknowledged", 3, false, 5, None),
+            ("a resync or sweep that drained nothing", 0, false, 0, None),
+            ("a new leader met ended drains", 0, false, 2, last),
         ];
-        for (what, scopes, pending, before, drains, controlled, want) in table {
-            assert_eq!(
-                closing_scopes(scopes, pending, before, drains, controlled),
-                want,
-                "{what}"
-            );
+        for (what, pending, before, drains, want) in table {
+            assert_eq!(closing_scope(pending, before, drains), want, "{what}");
         }
     }
 

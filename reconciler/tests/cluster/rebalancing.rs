@@ -4,9 +4,10 @@
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
 //! apiserver's watch cache namespace by namespace, an object a lagging watch cache hides (or a
-//! drain acknowledged behind it) reaches its shard once the cache catches up, and a child
-//! created while its owner drains follows the owner (also when the list that finds it failed, and
-//! when a new leader met the drains).
+//! drain acknowledged behind it) reaches its shard once the cache catches up, an acknowledged
+//! object a lagging webhook put back on its old shard is drained again, and a child created
+//! while its owner drains follows the owner (also when the list that finds it failed, and when a
+//! new leader met the drains).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -162,6 +163,59 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
 }
 
 #[tokio::test]
+async fn an_acknowledged_object_a_lagging_webhook_put_back_on_its_old_shard_is_drained_again() {
+    // The webhook watches the shard Leases on its own: one that has not seen the new shard yet
+    // assigns an acknowledged object by the old ring, which puts it back where it was drained
+    // from. No webhook runs here; the test writes what that one would have.
+    let mut w = Test::new("lagging").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_reconciler().await;
+    w.create_objects(40).await;
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    eventually("the objects swept onto their shards", WAIT, || {
+        w.settled(&two)
+    })
+    .await;
+    let moving: BTreeSet<String> = w
+        .list_secrets()
+        .await
+        .into_keys()
+        .filter(|n| two.shard_for(&w.key(n)) != three.shard_for(&w.key(n)))
+        .collect();
+    assert!(!moving.is_empty());
+
+    w.add_shard_lease("shard-c", 3600).await;
+    let drained = || async {
+        let now = w.list_secrets().await;
+        let drained = moving.iter().filter(|n| w.draining(&now[*n])).count();
+        (drained == moving.len())
+            .then_some(())
+            .ok_or(format!("{drained} of {} drained", moving.len()))
+    };
+    eventually("every moving object is drained", WAIT, drained).await;
+    // Acknowledged, and assigned by the old ring: the drain label gone, the old shard kept.
+    for (name, secret) in w.list_secrets().await {
+        if w.draining(&secret) {
+            let patch = json!({"metadata": {
+                "resourceVersion": secret.resource_version(),
+                "labels": {w.labels.drain.as_str(): null},
+            }});
+            w.secrets()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("acknowledge by the old ring");
+        }
+    }
+    eventually("every object put back is drained again", WAIT, drained).await;
+    w.settle_acknowledging("every object on its new shard", &three)
+        .await;
+}
+
+#[tokio::test]
 async fn a_child_created_while_its_owner_drains_follows_the_owner_once_it_is_acknowledged() {
     let mut w = Test::new("latechild").await;
     w.start_ring(&["shard-a", "shard-b"]).await;
@@ -250,8 +304,8 @@ async fn a_new_leader_lists_the_children_after_drains_acknowledged_before_its_co
     assert!(
         first["scopes"]
             .as_str()
-            .is_some_and(|s| s.contains("Children")),
-        "the children listed once the drains ended: {first}"
+            .is_some_and(|s| s.contains("AfterDrains")),
+        "everything listed again once the drains ended: {first}"
     );
     w.settle_acknowledging("each child with its owner", &three)
         .await;
@@ -319,7 +373,9 @@ async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
         .process
         .wait_for("the children's list failing", seen, WAIT, |l| {
             l["message"] == "rebalance"
-                && l["scopes"].as_str().is_some_and(|s| s.contains("Children"))
+                && l["scopes"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("AfterDrains"))
                 && l["errors"].as_u64() > Some(0)
         })
         .await
@@ -1727,8 +1783,7 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
     );
 
     // Drains acknowledged with no webhook to assign them: the checks assign them, and the
-    // last one, once none is pending, lists the unassigned objects from etcd (and the
-    // children, for those created while their owners drained).
+    // last one, once none is pending, lists everything again from etcd.
     w.stop_webhook();
     let seen = w.reconcilers[0].process.lines().len();
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
@@ -1737,8 +1792,7 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
     w.reconcilers[0]
         .process
         .wait_for("the last drain check", seen, WAIT, |l| {
-            l["message"] == "rebalance"
-                && l["scopes"] == r#"["Unassigned", "UnassignedInEtcd", "Children"]"#
+            l["message"] == "rebalance" && l["scopes"] == r#"["Unassigned", "AfterDrains"]"#
         })
         .await
         .expect("the last drain check reads etcd");
