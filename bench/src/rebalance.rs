@@ -83,7 +83,8 @@ impl Movers {
     /// A namespace (`prefix`) of `args.rebalance_objects` Secrets on shards `names` (started
     /// with `on_stop`), and the reconciler of the moving benchmarks: writes unlimited in rate,
     /// at most [`REBALANCE_CONCURRENCY`] in flight, drain checks every 500 ms, no periodic
-    /// sweep, started once every object is on its shard and returned beside.
+    /// sweep, its leader Lease renewed every second, started once every object is on its shard
+    /// and returned beside.
     pub(crate) async fn start(
         cp: &'static ControlPlane,
         webhooks: &Webhooks,
@@ -103,8 +104,12 @@ impl Movers {
         let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
         let kubeconfig =
             cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &tokens[0])?;
+        // Leader election as the harness's tests run it: on a loaded machine (the smoke test in
+        // `make test`) a renewal may go unanswered for longer than the default's 10 s deadline,
+        // and a reconciler that lost its Lease exits, which would leave every later move
+        // undone. Lease writes are not audited, so no count of writes sees them.
         let flags = format!(
-            "--max-writes-per-second 0 --max-concurrent-writes {REBALANCE_CONCURRENCY} --drain-check-interval 500ms --sweep-interval 1h"
+            "--max-writes-per-second 0 --max-concurrent-writes {REBALANCE_CONCURRENCY} --drain-check-interval 500ms --sweep-interval 1h --leader-election-duration 20s --leader-election-renew 1s"
         );
         let mut m = Self {
             cp,
