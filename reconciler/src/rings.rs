@@ -273,8 +273,8 @@ struct Work<'a> {
 /// their owners (unless everything was listed), then counts the drains still pending (only
 /// where there can be some: drains were pending, this rebalance drained, or it listed
 /// everything, as after a change of leader), lists everything again from etcd once the drains
-/// ended ([`Scope::AfterDrains`]), and reports. `None`: the ring was deleted or replaced meanwhile, and the rest of the rebalance
-/// was left (logged once).
+/// ended ([`Scope::AfterDrains`]), and reports. `None`: the ring was deleted or replaced
+/// meanwhile, and the rest of the rebalance was left (logged once).
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
