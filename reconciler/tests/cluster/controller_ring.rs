@@ -75,13 +75,7 @@ async fn shards_of_the_controller_ring_contract_are_assigned_drained_and_recover
     // Scale-out: only the objects that move are drained; acknowledged as a shard does, they
     // and their children land on the new shard.
     let four = Ring::new(["mortal", "shard-a", "shard-b", "shard-c"]);
-    let moving: BTreeSet<String> = w
-        .list_secrets()
-        .await
-        .keys()
-        .filter(|n| three.shard_for(&w.key(n)) != four.shard_for(&w.key(n)))
-        .cloned()
-        .collect();
+    let moving = w.moving(&three, &four).await;
     assert!(!moving.is_empty());
     w.add_shard_lease("shard-c", 3600).await;
     w.wait_until_drained(&moving).await;

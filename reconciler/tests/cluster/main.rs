@@ -5,6 +5,7 @@
 //! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), hostile rings
 //! and owner references, and leader election.
 
+use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
@@ -140,6 +141,33 @@ impl Test {
         self.start_webhook().await;
         self.start_reconciler().await;
         self.wait_until_webhook_assigns().await;
+    }
+
+    /// The ring with Leases of `shard-a` and `shard-b` held for an hour and a reconciler, no
+    /// webhook, and `n` objects with their children, once the sweeps put them on their shards;
+    /// returns the ring of the two.
+    async fn start_swept_ring(&mut self, n: usize) -> Ring {
+        self.create_ring().await;
+        for shard in ["shard-a", "shard-b"] {
+            self.add_shard_lease(shard, 3600).await;
+        }
+        self.start_reconciler().await;
+        self.create_objects(n).await;
+        let two = Ring::new(["shard-a", "shard-b"]);
+        eventually("the objects swept onto their shards", WAIT, || {
+            self.settled(&two)
+        })
+        .await;
+        two
+    }
+
+    /// The Secrets whose shard on ring `from` is not their shard on ring `to`.
+    async fn moving(&self, from: &Ring, to: &Ring) -> BTreeSet<String> {
+        self.list_secrets()
+            .await
+            .into_keys()
+            .filter(|n| from.shard_for(&self.key(n)) != to.shard_for(&self.key(n)))
+            .collect()
     }
 
     fn reconciler_log(&self, i: usize) -> String {

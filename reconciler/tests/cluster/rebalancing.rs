@@ -167,25 +167,10 @@ async fn an_acknowledged_object_a_lagging_webhook_put_back_on_its_old_shard_is_d
     // The webhook watches the shard Leases on its own: one that has not seen the new shard yet
     // assigns an acknowledged object by the old ring, which puts it back where it was drained
     // from. No webhook runs here; the test writes what that one would have.
-    let mut w = Test::new("lagging").await;
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_reconciler().await;
-    w.create_objects(40).await;
-    let two = Ring::new(["shard-a", "shard-b"]);
+    let mut w = Test::new("putback").await;
+    let two = w.start_swept_ring(40).await;
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
-    eventually("the objects swept onto their shards", WAIT, || {
-        w.settled(&two)
-    })
-    .await;
-    let moving: BTreeSet<String> = w
-        .list_secrets()
-        .await
-        .into_keys()
-        .filter(|n| two.shard_for(&w.key(n)) != three.shard_for(&w.key(n)))
-        .collect();
+    let moving = w.moving(&two, &three).await;
     assert!(!moving.is_empty());
 
     w.add_shard_lease("shard-c", 3600).await;
@@ -394,12 +379,7 @@ async fn scale_out_to_three(w: &mut Test) -> Ring {
     w.create_secrets(40).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
-    let moving: BTreeSet<String> = w
-        .list_secrets()
-        .await
-        .into_keys()
-        .filter(|n| two.shard_for(&w.key(n)) != three.shard_for(&w.key(n)))
-        .collect();
+    let moving = w.moving(&two, &three).await;
     assert!(!moving.is_empty());
     let seen = w.reconcilers[0].process.lines().len();
     w.add_shard_lease("shard-c", 3600).await;
@@ -1817,14 +1797,7 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
         .expect("a second apiserver");
     let mut w = Test::on(cp, "lagging").await;
     w.reconciler_env = Env::new(w.dir(), lagging.kubeconfig());
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_reconciler().await;
-    w.create_objects(10).await;
-    let two = Ring::new(["shard-a", "shard-b"]);
-    eventually("settled", WAIT, || w.settled(&two)).await;
+    let two = w.start_swept_ring(10).await;
     // Quiet: its sweeps read the watch cache only (a consistent list in flight would hang
     // behind the cut; beside busy neighbours the first full rebalance was still ending).
     let seen = w.reconcilers[0].process.lines().len();
