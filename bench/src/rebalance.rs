@@ -2,12 +2,13 @@
 //! in-process on the shard SDK (the same drain acknowledgement as any SDK shard, a no-op business
 //! reconcile), the reconciler as a process, the sharder webhook assigning acknowledged objects.
 //! Writes, and when the apiserver received and answered each, come from its audit log. Each
-//! round scales out 3 -> 4 and measures, right after, raw PATCHes of the same apiserver at the
-//! reconciler's concurrency (plain, and through the webhook as an acknowledgement goes); then the
-//! fourth shard leaves (its Lease released: its objects move back directly). After the rounds,
-//! shards crash one after another (each a fresh shard that joined and took its share), each
-//! followed by raw PATCHes: every move is compared with the apiserver's write rate right beside
-//! it (this machine's drifts by a fifth and more from one minute to the next).
+//! round scales out 3 -> 4 and measures, right after (once the reconciler's list after the
+//! drains went by), raw PATCHes of the same apiserver at the reconciler's concurrency (plain,
+//! and through the webhook as an acknowledgement goes); then the fourth shard leaves (its Lease
+//! released: its objects move back directly). After the rounds, shards crash one after another
+//! (each a fresh shard that joined and took its share), each followed by raw PATCHes: every
+//! move is compared with the apiserver's write rate right beside it (this machine's drifts by a
+//! fifth and more from one minute to the next).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -328,12 +329,33 @@ fn shards(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("shard-{i}")).collect()
 }
 
+/// Waits until `reconciler` logged (after line `seen`) its list of everything once the drains
+/// ended, without a drain: what is measured next shares the apiserver with none of its lists.
+async fn listed_after_drains(reconciler: &mut Reconciler, seen: usize) -> Result<(), Error> {
+    let after_drains = |l: &serde_json::Value| {
+        l["message"] == "rebalance"
+            && l["scopes"]
+                .as_str()
+                .is_some_and(|s| s.contains("AfterDrains"))
+            && l["drained"] == 0
+    };
+    let wait = Duration::from_secs(600);
+    let what = "its list after the drains";
+    reconciler
+        .process
+        .wait_for(what, seen, wait, after_drains)
+        .await?;
+    Ok(())
+}
+
 /// One round: scale-out 3 -> 4, raw PATCHes, then shard-3 leaves.
-async fn round(m: &mut Movers, number: usize) -> Result<Round, Error> {
+async fn round(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Result<Round, Error> {
     let (_, before) = m.converge(&shards(3)).await?;
     let (mark, start, started) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
+    let seen = reconciler.process.lines().len();
     m.start_shard("shard-3", OnStop::Release);
     let (converged, after) = m.converge(&shards(4)).await?;
+    listed_after_drains(reconciler, seen).await?;
     let (writes, [reconciler_writes, shard_writes, _]) =
         m.writes(mark, start, &[RECONCILER, SHARDS]).await;
     let names: Vec<String> = after.keys().cloned().collect();
@@ -371,12 +393,14 @@ async fn round(m: &mut Movers, number: usize) -> Result<Round, Error> {
 
 /// Crash `number`: shard `crash-<number>` joins the three shards and takes its share, then
 /// stops at once; measured until its objects are back on the three.
-async fn crash(m: &mut Movers, number: usize) -> Result<Crash, Error> {
+async fn crash(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Result<Crash, Error> {
     let name = format!("crash-{number}");
+    let seen = reconciler.process.lines().len();
     m.start_shard(&name, OnStop::Release);
     let (_, after) = m
         .converge(&[shards(3), vec![name.clone()]].concat())
         .await?;
+    listed_after_drains(reconciler, seen).await?;
     let objects = after.values().filter(|s| **s == name).count();
     let (mark, start, crashed) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
     if let Some(shard) = m.shards.remove(&name) {
@@ -404,7 +428,7 @@ pub(crate) async fn run(
     webhooks: &Webhooks,
     args: &Args,
 ) -> Result<String, Error> {
-    let (mut m, _reconciler) = Movers::start(
+    let (mut m, mut reconciler) = Movers::start(
         cp,
         webhooks,
         args,
@@ -415,11 +439,11 @@ pub(crate) async fn run(
     .await?;
     let mut rounds = Vec::new();
     for number in 1..=args.rebalance_rounds.max(1) {
-        rounds.push(round(&mut m, number).await?);
+        rounds.push(round(&mut m, &mut reconciler, number).await?);
     }
     let mut crashes = Vec::new();
     for number in 1..=args.crashes.max(1) {
-        crashes.push(crash(&mut m, number).await?);
+        crashes.push(crash(&mut m, &mut reconciler, number).await?);
     }
     for shard in std::mem::take(&mut m.shards).into_values() {
         shard.crash();
@@ -431,7 +455,7 @@ pub(crate) async fn run(
 fn markdown(objects: usize, lease: Duration, rounds: &[Round], crashes: &[Crash]) -> String {
     let c = REBALANCE_CONCURRENCY;
     let mut out = format!(
-        "{objects} Secrets on 3 shards; shards run on the shard SDK in-process (real drain acknowledgements, no-op business logic), the reconciler as a process (`--max-concurrent-writes {c}`, adaptive below it; no rate limit), the sharder webhook assigning acknowledged objects. Each round: a fourth shard starts and its share moves (drain, acknowledgement); right after, raw merge PATCHes of the same objects (as many as the round wrote, each answered with the metadata only, as the reconciler's and the shards' writes are) at {c} in flight like the reconciler, as a ServiceAccount like the reconciler and the shards, plain and through the webhook (each removes the shard label, which the webhook puts back: what an acknowledgement costs); then the fourth shard stops, releasing its Lease, and its objects move back directly. Writes and their times come from the apiserver's audit log (received to answered), the end from a metadata watch of the bench. A live move is two writes of different cost, so rebalancing is judged against that mix: half at the raw rate, half at the raw rate through the webhook, each round's own; the goals on the median over the rounds.\n\n"
+        "{objects} Secrets on 3 shards; shards run on the shard SDK in-process (real drain acknowledgements, no-op business logic), the reconciler as a process (`--max-concurrent-writes {c}`, adaptive below it; no rate limit), the sharder webhook assigning acknowledged objects. Each round: a fourth shard starts and its share moves (drain, acknowledgement); once the reconciler's list of everything after the drains went by, raw merge PATCHes of the same objects (as many as the round wrote, each answered with the metadata only, as the reconciler's and the shards' writes are) at {c} in flight like the reconciler, as a ServiceAccount like the reconciler and the shards, plain and through the webhook (each removes the shard label, which the webhook puts back: what an acknowledgement costs); then the fourth shard stops, releasing its Lease, and its objects move back directly. Writes and their times come from the apiserver's audit log (received to answered), the end from a metadata watch of the bench. A live move is two writes of different cost, so rebalancing is judged against that mix: half at the raw rate, half at the raw rate through the webhook, each round's own; the goals on the median over the rounds.\n\n"
     );
     out += &table(
         "round | moved | writes (reconciler + shards) | writes/s (first to last) | in flight | raw PATCH/s | raw through the webhook/s | vs the mix | wall s | moved back directly/s | vs raw",
