@@ -289,37 +289,23 @@ mod tests {
 
     #[test]
     fn a_timeout_names_the_misplaced_objects_where_they_are_and_where_they_belong() {
-        let ring = Ring::new(["shard-0", "shard-1"]);
         let mut s = State {
-            target: Some((ring, "ns".into())),
-            synced: true,
+            target: Some((Ring::new(["home"]), "ns".into())),
             ..State::default()
         };
-        let now = Instant::now();
         let place = |shard: Option<&str>, draining| {
-            Some(Place {
-                shard: shard.map(str::to_owned),
-                draining,
-            })
+            let shard = shard.map(str::to_owned);
+            Some(Place { shard, draining })
         };
-        let home = s.desired("a").expect("a shard").to_owned();
-        let other = if home == "shard-0" {
-            "shard-1"
-        } else {
-            "shard-0"
-        };
-        s.set("a".into(), place(Some(&home), false), now);
+        let now = Instant::now();
+        s.set("a".into(), place(Some("home"), false), now);
         assert_eq!((s.misplaced, s.examples(5)), (0, String::new()));
-        s.set("a".into(), place(Some(&home), true), now);
+        s.set("a".into(), place(Some("home"), true), now);
         s.set("b".into(), place(None, false), now);
-        let b_home = s.desired("b").expect("a shard").to_owned();
-        assert_eq!(s.misplaced, 2);
-        assert_eq!(
-            s.examples(5),
-            format!("a on {home} draining, not {home}; b on no shard, not {b_home}")
-        );
-        assert_eq!(s.examples(1), format!("a on {home} draining, not {home}"));
-        s.set("a".into(), place(Some(other), false), now);
-        assert_eq!(s.examples(1), format!("a on {other}, not {home}"));
+        s.set("c".into(), place(Some("old"), false), now);
+        assert_eq!(s.misplaced, 3);
+        let all = "a on home draining, not home; b on no shard, not home; c on old, not home";
+        assert_eq!(s.examples(5), all);
+        assert_eq!(s.examples(1), "a on home draining, not home");
     }
 }
