@@ -71,10 +71,8 @@ impl State {
     }
 
     fn misplaced(&self, name: &str, place: Option<&Place>) -> bool {
-        let Some(place) = place.filter(|_| self.target.is_some()) else {
-            return false;
-        };
-        place.draining || place.shard.as_deref() != self.desired(name)
+        self.target.is_some()
+            && place.is_some_and(|p| p.draining || p.shard.as_deref() != self.desired(name))
     }
 
     /// Up to `n` misplaced objects as `name on <shard>[ draining], not <desired>`, for a

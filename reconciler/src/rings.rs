@@ -349,11 +349,8 @@ async fn rebalance(
             .unwrap_or(1);
     }
     let mut listed = scopes.clone();
-    // The drain checks read the watch cache, which may lag behind etcd, and select the
-    // unassigned objects only: once no drain is pending (counted in etcd), everything is listed
-    // again from etcd. It finds an acknowledged object a webhook that had not seen the new
-    // shard yet put back on its old shard, and children created on the owners' old shards
-    // after the lists that drained the owners (created before the acknowledgements).
+    // Once no drain is pending (counted in etcd), everything again from etcd: what the drain
+    // checks cannot select (`Scope::AfterDrains`). Drained again or failed: it comes again.
     let mut again = false;
     if let Some(last) =
         schedule::closing_scope(pending, drains_pending, outcome.drained + outcome.draining)

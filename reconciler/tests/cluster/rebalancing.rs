@@ -174,14 +174,7 @@ async fn an_acknowledged_object_a_lagging_webhook_put_back_on_its_old_shard_is_d
     assert!(!moving.is_empty());
 
     w.add_shard_lease("shard-c", 3600).await;
-    let drained = || async {
-        let now = w.list_secrets().await;
-        let drained = moving.iter().filter(|n| w.draining(&now[*n])).count();
-        (drained == moving.len())
-            .then_some(())
-            .ok_or(format!("{drained} of {} drained", moving.len()))
-    };
-    eventually("every moving object is drained", WAIT, drained).await;
+    w.wait_until_drained(&moving).await;
     // Acknowledged, and assigned by the old ring: the drain label gone, the old shard kept.
     for (name, secret) in w.list_secrets().await {
         if w.draining(&secret) {
@@ -195,7 +188,8 @@ async fn an_acknowledged_object_a_lagging_webhook_put_back_on_its_old_shard_is_d
                 .expect("acknowledge by the old ring");
         }
     }
-    eventually("every object put back is drained again", WAIT, drained).await;
+    // Each one put back is drained again.
+    w.wait_until_drained(&moving).await;
     w.settle_acknowledging("every object on its new shard", &three)
         .await;
 }
