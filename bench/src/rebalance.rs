@@ -329,9 +329,18 @@ fn shards(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("shard-{i}")).collect()
 }
 
-/// Waits until `reconciler` logged (after line `seen`) its list of everything once the drains
-/// ended, without a drain: what is measured next shares the apiserver with none of its lists.
-async fn listed_after_drains(reconciler: &mut Reconciler, seen: usize) -> Result<(), Error> {
+/// Starts shard `name` (releasing its Lease on stop), converges on the ring of `names`, then
+/// waits for the reconciler's list of everything after the drains, without a drain: what is
+/// measured next shares the apiserver with none of its lists.
+async fn join(
+    m: &mut Movers,
+    reconciler: &mut Reconciler,
+    name: &str,
+    names: &[String],
+) -> Result<(Instant, BTreeMap<String, String>), Error> {
+    let seen = reconciler.process.lines().len();
+    m.start_shard(name, OnStop::Release);
+    let converged = m.converge(names).await?;
     let after_drains = |l: &serde_json::Value| {
         l["message"] == "rebalance"
             && l["scopes"]
@@ -339,23 +348,19 @@ async fn listed_after_drains(reconciler: &mut Reconciler, seen: usize) -> Result
                 .is_some_and(|s| s.contains("AfterDrains"))
             && l["drained"] == 0
     };
-    let wait = Duration::from_secs(600);
-    let what = "its list after the drains";
+    let (what, wait) = ("its list after the drains", Duration::from_secs(600));
     reconciler
         .process
         .wait_for(what, seen, wait, after_drains)
         .await?;
-    Ok(())
+    Ok(converged)
 }
 
 /// One round: scale-out 3 -> 4, raw PATCHes, then shard-3 leaves.
 async fn round(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Result<Round, Error> {
     let (_, before) = m.converge(&shards(3)).await?;
     let (mark, start, started) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
-    let seen = reconciler.process.lines().len();
-    m.start_shard("shard-3", OnStop::Release);
-    let (converged, after) = m.converge(&shards(4)).await?;
-    listed_after_drains(reconciler, seen).await?;
+    let (converged, after) = join(m, reconciler, "shard-3", &shards(4)).await?;
     let (writes, [reconciler_writes, shard_writes, _]) =
         m.writes(mark, start, &[RECONCILER, SHARDS]).await;
     let names: Vec<String> = after.keys().cloned().collect();
@@ -395,12 +400,8 @@ async fn round(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Re
 /// stops at once; measured until its objects are back on the three.
 async fn crash(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Result<Crash, Error> {
     let name = format!("crash-{number}");
-    let seen = reconciler.process.lines().len();
-    m.start_shard(&name, OnStop::Release);
-    let (_, after) = m
-        .converge(&[shards(3), vec![name.clone()]].concat())
-        .await?;
-    listed_after_drains(reconciler, seen).await?;
+    let ring = [shards(3), vec![name.clone()]].concat();
+    let (_, after) = join(m, reconciler, &name, &ring).await?;
     let objects = after.values().filter(|s| **s == name).count();
     let (mark, start, crashed) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
     if let Some(shard) = m.shards.remove(&name) {
