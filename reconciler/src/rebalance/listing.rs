@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use futures::AsyncBufReadExt;
 use kube::Client;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
@@ -37,8 +38,18 @@ impl Page {
         let request = Request::new(DynamicObject::url_path(api, namespace))
             .list_metadata(params)
             .map_err(kube::Error::BuildRequest)?;
-        let body = client.request_text(request).await?;
-        let page = pages::parse(body.as_bytes()).map_err(kube::Error::SerdeError)?;
+        let mut body = client.request_stream(request).await?;
+        let mut chunks = pages::Chunks::default();
+        loop {
+            let chunk = body.fill_buf().await.map_err(kube::Error::ReadEvents)?;
+            if chunk.is_empty() {
+                break;
+            }
+            chunks.push(chunk);
+            let read = chunk.len();
+            body.consume_unpin(read);
+        }
+        let page = pages::parse(chunks).map_err(kube::Error::SerdeError)?;
         Ok(Self {
             objects: page.objects.into_iter(),
             continue_token: page.continue_token,
