@@ -4,12 +4,10 @@
 //! they are skipped while parsing), and the token of the next page.
 //!
 //! A page is read whole, kept as the chunks it arrived in ([`Chunks`]) and parsed with one
-//! `serde_json::from_reader` that frees each chunk once it is read. Against kube's
-//! `request_text` (which copies the chunks into one piece, and that piece into a `String`) and
-//! `serde_json::from_slice`, the reconciler's peak at 100,000 objects was 0.5 MiB lower and the
-//! scale-out 10% faster; a streaming scanner that handed objects over as their text arrived
-//! (668 lines) was 0.7-0.8 MiB lower than those copies, and went (`docs/performance-notes.md`,
-//! list pages).
+//! `serde_json::from_reader` that frees each chunk once it is read: kube's `request_text` would
+//! copy the chunks into one piece and that piece into a `String` first. A streaming scanner that
+//! handed objects over as their text arrived went: its memory win did not pay for its code. The
+//! A/B runs of both choices: `docs/performance-notes.md`, list pages.
 
 use std::collections::VecDeque;
 use std::fmt;
