@@ -330,8 +330,10 @@ fn shards(n: usize) -> Vec<String> {
 }
 
 /// Starts shard `name` (releasing its Lease on stop), converges on the ring of `names`, then
-/// waits for the reconciler's list of everything after the drains, without a drain: what is
-/// measured next shares the apiserver with none of its lists.
+/// waits for the reconciler's list of everything after the drains with nothing to follow it
+/// (no drain check, no retry): what is measured next shares the apiserver with none of its
+/// lists. Acknowledged before the reconciler counted them, the drains and that list are one
+/// rebalance.
 async fn join(
     m: &mut Movers,
     reconciler: &mut Reconciler,
@@ -346,7 +348,8 @@ async fn join(
             && l["scopes"]
                 .as_str()
                 .is_some_and(|s| s.contains("AfterDrains"))
-            && l["drained"] == 0
+            && l["drain_checks"] == false
+            && l["errors"] == 0
     };
     let (what, wait) = ("its list after the drains", Duration::from_secs(600));
     reconciler

@@ -377,16 +377,21 @@ async fn rebalance(
         limit: ctx.rebalancer.write_limit(),
         mean_in_flight: ctx.rebalancer.busy().mean_since(&busy),
     };
-    report::report(
-        &ctx.recorder,
-        ring,
-        &listed,
-        &outcome,
+    let ran = Ran {
+        full: scopes.contains(&Scope::All),
+        draining: pending > 0 || again,
+        failed: outcome.errors > 0,
+        refused: outcome.errors > 0 && outcome.refused == outcome.errors,
+        awaiting: std::mem::take(&mut outcome.awaiting),
+    };
+    let summary = report::Summary {
+        scopes: &listed,
         pending,
+        drain_checks: ran.drain_checks(),
         writes,
         elapsed,
-    )
-    .await;
+    };
+    report::report(&ctx.recorder, ring, &outcome, summary).await;
     if outcome.errors > 0 {
         let failed_writes = outcome.errors - outcome.failed_lists;
         for (reason, n) in [("list", outcome.failed_lists), ("write", failed_writes)] {
@@ -411,13 +416,7 @@ async fn rebalance(
         )
         .await;
     }
-    Ok(Some(Ran {
-        full: scopes.contains(&Scope::All),
-        draining: pending > 0 || again,
-        failed: outcome.errors > 0,
-        refused: outcome.errors > 0 && outcome.refused == outcome.errors,
-        awaiting: outcome.awaiting,
-    }))
+    Ok(Some(ran))
 }
 
 /// What to do after a failed reconcile (for `crate::run_controller`).

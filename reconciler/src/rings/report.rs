@@ -20,17 +20,36 @@ pub(crate) struct WriteStats {
     pub mean_in_flight: f64,
 }
 
-/// Logs the summary of a rebalance (`pending` drains left, how its writes went) and publishes
-/// the Event.
+/// What a rebalance's summary says beside its [`Outcome`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Summary<'a> {
+    /// The lists it ran.
+    pub scopes: &'a BTreeSet<Scope>,
+    /// The drains its count found pending.
+    pub pending: usize,
+    /// Whether drain checks follow it (`false`: the ring's moves are done until its next
+    /// change, sweep or retry).
+    pub drain_checks: bool,
+    /// How its writes went.
+    pub writes: WriteStats,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Logs the summary of a rebalance and publishes the Event.
 pub(crate) async fn report(
     recorder: &Recorder,
     ring: &RingObject,
-    scopes: &BTreeSet<Scope>,
     outcome: &Outcome,
-    pending: usize,
-    writes: WriteStats,
-    elapsed: Duration,
+    summary: Summary<'_>,
 ) {
+    let Summary {
+        scopes,
+        pending,
+        drain_checks,
+        writes,
+        elapsed,
+    } = summary;
     let assigned: BTreeMap<&str, usize> = outcome
         .assigned
         .iter()
@@ -43,6 +62,7 @@ pub(crate) async fn report(
         drained = outcome.drained,
         assigned = ?assigned,
         pending_drains = pending,
+        drain_checks,
         errors = outcome.errors,
         refused = outcome.refused,
         write_limit = writes.limit,

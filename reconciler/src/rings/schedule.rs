@@ -112,6 +112,14 @@ pub(crate) struct Ran {
     pub awaiting: Vec<ObjectId>,
 }
 
+impl Ran {
+    /// Whether drain checks follow it: drains still pending (or the list after them comes
+    /// again), or controlled objects waiting for their owners.
+    pub(crate) fn drain_checks(&self) -> bool {
+        self.draining || !self.awaiting.is_empty()
+    }
+}
+
 /// The remembered progress of the ring `observed` shows, if it is the same ring.
 pub(crate) fn same_ring<'p>(
     progress: Option<&'p Progress>,
@@ -191,6 +199,7 @@ pub(crate) fn progress_after(
         }
         next.last_sweep = now;
         let too_many = ran.awaiting.len() > MAX_AWAITING;
+        next.draining = ran.drain_checks();
         // What a failed full list did not reach is known nowhere else (a resync or a spec
         // change would not come again): everything is listed again, until a full list goes
         // through.
@@ -198,7 +207,6 @@ pub(crate) fn progress_after(
         next.refused = !too_many && if ran.full { ran.refused } else { held };
         next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
         next.drains_pending = ran.draining;
-        next.draining = ran.draining || too_many || !next.awaiting.is_empty();
         if ran.failed {
             if !next.refused {
                 next.available = previous.map(|p| p.available.clone()).unwrap_or_default();

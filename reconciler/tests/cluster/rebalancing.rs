@@ -105,6 +105,28 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         || w.settled(&four),
     )
     .await;
+    // Each summary says whether drain checks follow: every one while drains were pending, none
+    // after the list of everything once they ended.
+    let done = w.reconcilers[0]
+        .process
+        .wait_for("the list after the drains", 0, WAIT, |l| {
+            l["message"] == "rebalance"
+                && l["scopes"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("AfterDrains"))
+        })
+        .await
+        .expect("everything listed once the drains ended");
+    assert_eq!(done["drain_checks"], false, "{done}");
+    let lines = w.reconcilers[0].process.lines();
+    let pending: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "rebalance" && l["pending_drains"].as_u64() > Some(0))
+        .collect();
+    assert!(
+        !pending.is_empty() && pending.iter().all(|l| l["drain_checks"] == true),
+        "{pending:?}"
+    );
     let used: BTreeSet<String> = w
         .list_secrets()
         .await
