@@ -264,7 +264,8 @@ async fn owner_lookup_errors(client: &Client) -> f64 {
 }
 
 /// Creates Secrets `object-<i>` for `range`; each must come back from the CREATE labelled with
-/// the shard the ring of `shards` shards picks (the webhook assigned it).
+/// the shard the ring of `shards` shards picks (the webhook assigned it). If one does not, the
+/// apiserver's log says why its call to the webhook failed (failurePolicy Ignore).
 async fn create_assigned(
     world: &World,
     objects: &Objects,
@@ -277,11 +278,19 @@ async fn create_assigned(
             .create_secret(&name, &format!("{i}-0"))
             .await
             .expect("create");
-        assert_eq!(
-            world.shard_of(&created).as_deref(),
-            ring_of(shards).shard_for(&key(&name)),
-            "{name} assigned at CREATE"
-        );
+        let ring = ring_of(shards);
+        let (got, want) = (world.shard_of(&created), ring.shard_for(&key(&name)));
+        if got.as_deref() != want {
+            let log = world.cp.log_tail("kube-apiserver.log", 5000);
+            let failed: Vec<&str> = log
+                .lines()
+                .filter(|l| l.to_lowercase().contains("failed calling webhook"))
+                .collect();
+            panic!(
+                "{name} assigned to {got:?} at CREATE, not {want:?}; the apiserver's failed webhook calls:\n{}",
+                failed.join("\n")
+            );
+        }
     }
 }
 
