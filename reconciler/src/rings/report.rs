@@ -43,31 +43,24 @@ pub(crate) async fn report(
     outcome: &Outcome,
     summary: Summary<'_>,
 ) {
-    let Summary {
-        scopes,
-        pending,
-        drain_checks,
-        writes,
-        elapsed,
-    } = summary;
     let assigned: BTreeMap<&str, usize> = outcome
         .assigned
         .iter()
         .map(|(r, n)| (r.as_str(), *n))
         .collect();
-    let scopes: Vec<String> = scopes.iter().map(|s| format!("{s:?}")).collect();
+    let scopes: Vec<String> = summary.scopes.iter().map(|s| format!("{s:?}")).collect();
     info!(
         scopes = ?scopes,
         listed = outcome.listed,
         drained = outcome.drained,
         assigned = ?assigned,
-        pending_drains = pending,
-        drain_checks,
+        pending_drains = summary.pending,
+        drain_checks = summary.drain_checks,
         errors = outcome.errors,
         refused = outcome.refused,
-        write_limit = writes.limit,
-        writes_in_flight = (writes.mean_in_flight * 10.0).round() / 10.0,
-        duration_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+        write_limit = summary.writes.limit,
+        writes_in_flight = (summary.writes.mean_in_flight * 10.0).round() / 10.0,
+        duration_ms = u64::try_from(summary.elapsed.as_millis()).unwrap_or(u64::MAX),
         "rebalance"
     );
     if !outcome.moved_anything() {
@@ -80,7 +73,7 @@ pub(crate) async fn report(
         assigned.values().sum::<usize>(),
         assigned,
         outcome.errors,
-        elapsed.as_millis()
+        summary.elapsed.as_millis()
     );
     publish(
         recorder,

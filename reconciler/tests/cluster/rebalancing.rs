@@ -32,6 +32,14 @@ use sharder_harness::wait::eventually;
 
 use crate::{Test, WAIT};
 
+/// Whether reconciler log line `l` is a rebalance that listed everything once the drains ended.
+fn listed_after_drains(l: &serde_json::Value) -> bool {
+    l["message"] == "rebalance"
+        && l["scopes"]
+            .as_str()
+            .is_some_and(|s| s.contains("AfterDrains"))
+}
+
 #[tokio::test]
 async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_written() {
     let mut w = Test::new("scaleout").await;
@@ -109,12 +117,7 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
     // after the list of everything once they ended.
     let done = w.reconcilers[0]
         .process
-        .wait_for("the list after the drains", 0, WAIT, |l| {
-            l["message"] == "rebalance"
-                && l["scopes"]
-                    .as_str()
-                    .is_some_and(|s| s.contains("AfterDrains"))
-        })
+        .wait_for("the list after the drains", 0, WAIT, listed_after_drains)
         .await
         .expect("everything listed once the drains ended");
     assert_eq!(done["drain_checks"], false, "{done}");
@@ -303,9 +306,7 @@ async fn a_new_leader_lists_the_children_after_drains_acknowledged_before_its_co
         .expect("the new leader rebalances");
     assert_eq!(first["pending_drains"], 0, "acknowledged before the count");
     assert!(
-        first["scopes"]
-            .as_str()
-            .is_some_and(|s| s.contains("AfterDrains")),
+        listed_after_drains(&first),
         "everything listed again once the drains ended: {first}"
     );
     w.settle_acknowledging("each child with its owner", &three)
@@ -373,11 +374,7 @@ async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
     w.reconcilers[0]
         .process
         .wait_for("the children's list failing", seen, WAIT, |l| {
-            l["message"] == "rebalance"
-                && l["scopes"]
-                    .as_str()
-                    .is_some_and(|s| s.contains("AfterDrains"))
-                && l["errors"].as_u64() > Some(0)
+            listed_after_drains(l) && l["errors"].as_u64() > Some(0)
         })
         .await
         .expect("the list of the children fails");
