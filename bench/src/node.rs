@@ -143,6 +143,10 @@ pub(crate) async fn run(objects: usize) -> Result<String, Error> {
     .await?;
     let shards_ready = applying.elapsed();
     let (create_rate, unassigned) = setup.create(0..objects, None).await?;
+    if unassigned > 0 {
+        let failed = cp.failed_webhook_calls().join("\n");
+        eprintln!("[bench]   {unassigned} created unassigned; failed webhook calls:\n{failed}");
+    }
     let created = Instant::now();
     let (three, four) = (ring_of(3), ring_of(4));
     until("every object with its checksums on its shard", || {

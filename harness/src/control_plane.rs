@@ -587,6 +587,17 @@ impl ControlPlane {
         }
     }
 
+    /// The apiserver's log lines about webhook calls that failed (it admits the object without
+    /// the webhook's patch when the webhook's failurePolicy is Ignore), oldest first.
+    pub fn failed_webhook_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("kube-apiserver.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.to_lowercase().contains("failed calling webhook"))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Process ids of etcd and kube-apiserver.
     pub fn pids(&self) -> [u32; 2] {
         [self.etcd.pid(), self.apiserver.pid()]

@@ -281,14 +281,9 @@ async fn create_assigned(
         let ring = ring_of(shards);
         let (got, want) = (world.shard_of(&created), ring.shard_for(&key(&name)));
         if got.as_deref() != want {
-            let log = world.cp.log_tail("kube-apiserver.log", 5000);
-            let failed: Vec<&str> = log
-                .lines()
-                .filter(|l| l.to_lowercase().contains("failed calling webhook"))
-                .collect();
             panic!(
                 "{name} assigned to {got:?} at CREATE, not {want:?}; the apiserver's failed webhook calls:\n{}",
-                failed.join("\n")
+                world.cp.failed_webhook_calls().join("\n")
             );
         }
     }
