@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
 use sharder_common::{Ring, RingKind};
-use sharder_harness::control_plane::ControlPlane;
+use sharder_harness::control_plane::{AuditMark, ControlPlane};
 use sharder_harness::launch::{Env, Reconciler, Webhook};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::World;
@@ -152,13 +152,20 @@ impl Test {
             self.add_shard_lease(shard, 3600).await;
         }
         self.start_reconciler().await;
-        self.create_objects(n).await;
         let two = Ring::new(["shard-a", "shard-b"]);
-        eventually("the objects swept onto their shards", WAIT, || {
-            self.settled(&two)
-        })
-        .await;
+        self.create_settled(n, &two).await;
         two
+    }
+
+    /// Creates `n` objects with their children and waits until they are on their shards of
+    /// `ring`: the webhook's, or a sweep's where no webhook runs or the webhook admitted one
+    /// unassigned (it fails open when the apiserver's call or its owner read takes too long, as
+    /// on a loaded machine). Where the audit log ends then: writes counted after it are the
+    /// test's, not the setup's.
+    async fn create_settled(&self, n: usize, ring: &Ring) -> AuditMark {
+        self.create_objects(n).await;
+        eventually("the objects on their shards", WAIT, || self.settled(ring)).await;
+        self.audit_mark()
     }
 
     /// The Secrets whose shard on ring `from` is not their shard on ring `to`.
