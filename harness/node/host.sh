@@ -124,6 +124,16 @@ prepare() {
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge is missing (run: bash harness/control-plane/provision.sh)"
   clean
   mkdir -p "$dir/host" "$dir/cni/net.d" "$dir/cni/ipam" "$dir/logs"
+  # The pods' CPU weight against the machine's other processes. kubelet runs with
+  # --cgroups-per-qos=false here, so containerd's k8s.io cgroup (under the root, beside every
+  # process of the machine, each of weight 1024) stands in for the kubepods cgroup; kubelet gives
+  # that one 1024 per core of the node. At the default 1024 all pods together weigh as much as one
+  # busy process: beside a loaded machine's dozen they got too little CPU to answer the
+  # apiserver's webhook calls in time (cgroup v1; `clean` removes it).
+  if [ -d /sys/fs/cgroup/cpu ]; then
+    mkdir -p /sys/fs/cgroup/cpu/k8s.io
+    echo $(($(nproc) * 1024)) >/sys/fs/cgroup/cpu/k8s.io/cpu.shares
+  fi
   for key in "${SYSCTLS[@]}"; do
     printf '%s %s\n' "$key" "$(sysctl -n "$key")" >>"$dir/host/sysctls"
   done
