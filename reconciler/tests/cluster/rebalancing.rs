@@ -1630,9 +1630,8 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
             .expect("create");
     }
     w.start_ring(&["shard-a", "shard-b"]).await;
-    w.create_objects(20).await;
     let two = Ring::new(["shard-a", "shard-b"]);
-    eventually("settled", WAIT, || w.settled(&two)).await;
+    w.create_settled(20, &two).await;
 
     // Quiet: sweeps every second read nothing from etcd, and the watch cache answers each with
     // the ring's strays only (none), not the other namespace's Secrets.

@@ -278,14 +278,12 @@ async fn create_assigned(
             .create_secret(&name, &format!("{i}-0"))
             .await
             .expect("create");
-        let ring = ring_of(shards);
-        let (got, want) = (world.shard_of(&created), ring.shard_for(&key(&name)));
-        if got.as_deref() != want {
-            panic!(
-                "{name} assigned to {got:?} at CREATE, not {want:?}; the apiserver's failed webhook calls:\n{}",
-                world.cp.failed_webhook_calls().join("\n")
-            );
-        }
+        assert_eq!(
+            world.shard_of(&created).as_deref(),
+            ring_of(shards).shard_for(&key(&name)),
+            "{name} assigned at CREATE; the apiserver's failed webhook calls:\n{}",
+            world.cp.failed_webhook_calls().join("\n")
+        );
     }
 }
 
