@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 use serde_json::Value;
 use sharder_common::{ClusterRing, Ring};
 use sharder_harness::ControlPlane;
-use sharder_harness::control_plane::NAMESPACE_LABEL;
+use sharder_harness::control_plane::RING_NAMESPACE_LABEL;
 use sharder_harness::fixtures::secrets_ring;
 use sharder_harness::launch::{Env, Reconciler, ReconcilerFlags};
 use sharder_harness::world::World;
@@ -380,7 +380,7 @@ impl RingSetup {
             identity: "bench".into(),
             webhook_url: format!("https://{}", webhooks.sharder.addr),
             ca_file: webhooks.ca_file.clone(),
-            ring_selector: format!("{NAMESPACE_LABEL}={}", self.ns),
+            ring_selector: format!("{RING_NAMESPACE_LABEL}={}", self.ns),
             // The bench's ring selects its namespace, which is also the reconciler's.
             extra: format!("--namespace-selector {{}} {extra}")
                 .split_whitespace()

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSONSchemaProps,
+    CustomResourceDefinition, ValidationRule,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::core::Selector;
@@ -100,7 +100,8 @@ pub struct GroupResource {
 }
 
 /// Drops the `default: ""` that `#[serde(default)]` puts into the derived schema of `group`
-/// fields: kube-apiserver 1.20 rejects it (the field may still be omitted for the core group).
+/// fields, as the reference's schema has none: a group left out stays left out as written (the
+/// core group either way).
 fn without_default(schema: &mut schemars::Schema) {
     schema.remove("default");
 }
@@ -270,11 +271,14 @@ impl ClusterRingSpec {
     }
 }
 
+/// The message of the ControllerRing CRD's rule on the name's length (the reference's words,
+/// which the apiserver answers a longer name with).
+pub const NAME_LENGTH_MESSAGE: &str = "ControllerRing name must not be longer than 63 characters";
+
 /// The CRD of a ring kind. Both kinds share the schema generated from these types; a
-/// ControllerRing's name is at most 63 characters. The reference states that as a CEL rule
-/// (Kubernetes 1.25 and later); here it is `maxLength` on `metadata.name`, the same limit, which
-/// apiservers enforce from 1.16 on, whereas one before 1.25 refuses to apply a CRD carrying a CEL
-/// rule at all (as Helm 4 applies a chart's CRDs). The sharder checks the name itself too
+/// ControllerRing's name is at most 63 characters, by the CEL rule the reference's CRD states
+/// (`size(self.metadata.name) <= 63` on the object). The ClusterRing CRD has no such rule, as the
+/// reference's v0.8 had none: the sharder checks every ring's name itself too
 /// ([`crate::RingId::validate`]).
 pub fn crd(kind: RingKind) -> CustomResourceDefinition {
     let mut crd = ClusterRing::crd();
@@ -293,20 +297,11 @@ pub fn crd(kind: RingKind) -> CustomResourceDefinition {
             .as_mut()
             .and_then(|s| s.open_api_v3_schema.as_mut())
         {
-            let name = JSONSchemaProps {
-                type_: Some("string".to_owned()),
-                max_length: Some(63),
-                ..JSONSchemaProps::default()
-            };
-            let metadata = JSONSchemaProps {
-                type_: Some("object".to_owned()),
-                properties: Some([("name".to_owned(), name)].into()),
-                ..JSONSchemaProps::default()
-            };
-            schema
-                .properties
-                .get_or_insert_with(Default::default)
-                .insert("metadata".to_owned(), metadata);
+            schema.x_kubernetes_validations = Some(vec![ValidationRule {
+                rule: "size(self.metadata.name) <= 63".to_owned(),
+                message: Some(NAME_LENGTH_MESSAGE.to_owned()),
+                ..ValidationRule::default()
+            }]);
             schema.title = Some(kind.kind().to_owned());
         }
     }
@@ -414,14 +409,16 @@ mod tests {
                 .expect("schema")
         };
         let mut controller_schema = schema(&controller);
-        let metadata = controller_schema
-            .properties
-            .as_mut()
-            .and_then(|p| p.remove("metadata"))
+        let rules = controller_schema
+            .x_kubernetes_validations
+            .take()
             .expect("the name limit");
         assert_eq!(
-            metadata.properties.expect("name")["name"].max_length,
-            Some(63)
+            rules
+                .iter()
+                .map(|r| (r.rule.as_str(), r.message.as_deref()))
+                .collect::<Vec<_>>(),
+            [("size(self.metadata.name) <= 63", Some(NAME_LENGTH_MESSAGE))]
         );
         assert_eq!(
             controller_schema.title.take().as_deref(),

@@ -29,10 +29,15 @@ use crate::supervisor::{
     blocking, lifetime_child_status, remove_at_exit, spawn_for_process_lifetime,
 };
 
-/// Label every test namespace carries with its own name.
-pub const NAMESPACE_LABEL: &str = "sharder.test/namespace";
+/// The label every namespace carries with its own name (set by the apiserver): what a ring's or
+/// a webhook's namespaceSelector selects a test namespace by.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-/// How long the control plane may take to answer `/readyz` (about 12 s on 2 cores).
+/// Label a test's ring carries with the test's namespace, so a reconciler started with
+/// `--ring-selector` manages only the rings of its own test.
+pub const RING_NAMESPACE_LABEL: &str = "sharder.test/namespace";
+
+/// How long the control plane may take to answer `/readyz` (a few seconds on 2 cores).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The folder holding `etcd` and `kube-apiserver` (and `kube-controller-manager` when built here).
@@ -316,7 +321,8 @@ impl ControlPlane {
                 .args(["--listen-peer-urls", &peer_url])
                 .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &format!("default={peer_url}")]);
-            let serving = format!("serving insecure client requests on 127.0.0.1:{client}");
+            // etcd's JSON log line once its client port serves.
+            let serving = format!("\"traffic\":\"grpc+http\",\"address\":\"127.0.0.1:{client}\"");
             (etcd, serving, etcd_url)
         })
         .await?;
@@ -349,6 +355,10 @@ impl ControlPlane {
                 if options.node_address.is_some() {
                     // The node's name resolves nowhere: logs, exec and port-forward go to its IP.
                     apiserver.args(["--kubelet-preferred-address-types", "InternalIP"]);
+                } else {
+                    // The `kubernetes` Service's endpoints would be a loopback address, which
+                    // the apiserver refuses; nothing in a cluster without a node uses them.
+                    apiserver.args(["--endpoint-reconciler-type", "none"]);
                 }
                 if let Some(limit) = options.max_mutating_in_flight {
                     apiserver.arg(format!("--max-mutating-requests-inflight={limit}"));
@@ -394,7 +404,7 @@ impl ControlPlane {
                     &path_str(&control_plane.sa_key),
                 ])
                 .args(["--leader-elect=false", "--bind-address", "127.0.0.1"])
-                .args(["--secure-port", "0", "--port", "0"]);
+                .args(["--secure-port", "0"]);
             if options.node_address.is_some() {
                 command
                     .args(["--controllers", "*"])
@@ -414,10 +424,9 @@ impl ControlPlane {
         Ok(control_plane)
     }
 
-    /// Stops `part` (SIGKILL: at once; on SIGTERM kube-apiserver 1.20 waits up to its request
-    /// timeout for open requests), leaves it down for `down`, and starts it again with the same
-    /// flags (etcd on the same data folder and ports, kube-apiserver on the same address);
-    /// returns once the apiserver answers ready again. For a [`Self::dedicated`] control plane:
+    /// Stops `part` (SIGKILL: at once; on SIGTERM kube-apiserver waits for open requests),
+    /// leaves it down for `down`, and starts it again with the same flags (etcd on the same data
+    /// folder and ports, kube-apiserver on the same address); returns once the apiserver answers ready again. For a [`Self::dedicated`] control plane:
     /// every client of it sees the outage.
     pub async fn restart(&self, part: Part, down: Duration) -> Result<(), Error> {
         let (name, process) = match part {
@@ -712,15 +721,12 @@ impl ControlPlane {
             .map_err(Error::Kubeconfig)
     }
 
-    /// Creates a namespace named `<prefix>-<random>`, labelled [`NAMESPACE_LABEL`]`=<name>` (for
-    /// webhook namespaceSelectors: kube-apiserver 1.20 does not label namespaces by name), and
-    /// returns its name.
+    /// Creates a namespace named `<prefix>-<random>` and returns its name.
     pub async fn namespace(&self, prefix: &str) -> Result<String, Error> {
         let name = format!("{prefix}-{}", &random_token()[..8]);
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some([(NAMESPACE_LABEL.to_owned(), name.clone())].into()),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()

@@ -13,10 +13,10 @@ use kube::Resource;
 use kube::api::{DynamicObject, ObjectMeta};
 use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingId, RingResource};
 
-use crate::control_plane::NAMESPACE_LABEL;
+use crate::control_plane::{NAMESPACE_NAME_LABEL, RING_NAMESPACE_LABEL};
 
 /// A ring sharding `secrets` with the `configmaps` they control. With `namespace`, the ring
-/// selects only that test namespace and carries its [`NAMESPACE_LABEL`] (so a reconciler started
+/// selects only that test namespace and carries [`RING_NAMESPACE_LABEL`] (so a reconciler started
 /// with `--ring-selector` manages only it).
 pub fn secrets_ring(name: &str, namespace: Option<&str>) -> ClusterRing {
     let mut ring = ClusterRing::new(
@@ -28,13 +28,13 @@ pub fn secrets_ring(name: &str, namespace: Option<&str>) -> ClusterRing {
                 controlled_resources: vec![GroupResource::new("", "configmaps")],
             }],
             namespace_selector: namespace.map(|ns| LabelSelector {
-                match_labels: Some([(NAMESPACE_LABEL.to_owned(), ns.to_owned())].into()),
+                match_labels: Some([(NAMESPACE_NAME_LABEL.to_owned(), ns.to_owned())].into()),
                 match_expressions: None,
             }),
         },
     );
     if let Some(ns) = namespace {
-        ring.metadata.labels = Some([(NAMESPACE_LABEL.to_owned(), ns.to_owned())].into());
+        ring.metadata.labels = Some([(RING_NAMESPACE_LABEL.to_owned(), ns.to_owned())].into());
     }
     ring
 }

@@ -210,7 +210,9 @@ impl Node {
         let mut kubelet = Command::new(assets.join("kubelet"));
         kubelet
             .args(["--kubeconfig", &kubeconfig])
-            .arg("--container-runtime=remote")
+            // This machine's cgroups are v1 (hybrid), on which kubelet refuses to start unless
+            // told otherwise; it runs on them as it did before the default changed.
+            .arg("--fail-cgroupv1=false")
             .arg(format!(
                 "--container-runtime-endpoint=unix://{}",
                 socket.display()
@@ -223,9 +225,6 @@ impl Node {
             ])
             .args(["--cgroup-driver", "cgroupfs", "--fail-swap-on=false"])
             .args(["--oom-score-adj", "0", "--hostname-override", NODE_NAME])
-            .arg(format!(
-                "--pod-infra-container-image=docker.io/library/sharder-pause:{IMAGE_TAG}"
-            ))
             .args(["--address", &GATEWAY.to_string()])
             .args(["--node-ip", &GATEWAY.to_string()])
             .args(["--read-only-port", "0", "--healthz-port", "0"])
@@ -272,7 +271,7 @@ impl Node {
         scheduler
             .args(["--kubeconfig", &kubeconfig])
             .args(["--leader-elect=false", "--bind-address", "127.0.0.1"])
-            .args(["--port", "0", "--secure-port", "0"]);
+            .args(["--secure-port", "0"]);
         let scheduler_pid = spawn_logged(scheduler, &logs.join("kube-scheduler.log"))?;
 
         node.wait_registered(&[

@@ -24,7 +24,7 @@ use sharder_common::{ObjectKey, Ring, RingId, RingKind, RingLabels, is_available
 
 use crate::ControlPlane;
 use crate::certs::TestCa;
-use crate::control_plane::{AuditMark, NAMESPACE_LABEL, audited_write};
+use crate::control_plane::{AuditMark, RING_NAMESPACE_LABEL, audited_write};
 use crate::crd::install_ring_crds;
 use crate::fixtures::{
     child_of, refusing_configuration, ring_object, secret, secrets_ring, shard_lease,
@@ -272,7 +272,7 @@ impl World {
             identity: identity.to_owned(),
             webhook_url: webhook_url.to_owned(),
             ca_file: self.ca_file(),
-            ring_selector: format!("{NAMESPACE_LABEL}={}", self.ns),
+            ring_selector: format!("{RING_NAMESPACE_LABEL}={}", self.ns),
             extra: [
                 // A renewal may go unanswered for 9 s before the leader gives its Lease up: `make
                 // test` keeps both cores busy, and at 3 s (500 ms renewals) a leader once did so

@@ -79,12 +79,3 @@ include "sharder.shardedResourceRules" (dict "root" . "verbs" (list "get"))
   verbs: {{ $.verbs | toJson }}
 {{- end }}
 {{- end -}}
-
-{{/* policy/v1 from Kubernetes 1.21 on, policy/v1beta1 on 1.20. */}}
-{{- define "sharder.pdbApiVersion" -}}
-{{- if semverCompare ">=1.21-0" .Capabilities.KubeVersion.Version -}}
-policy/v1
-{{- else -}}
-policy/v1beta1
-{{- end -}}
-{{- end -}}

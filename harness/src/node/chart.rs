@@ -30,12 +30,6 @@ pub const SHARDS_NAMESPACE: &str = "my-namespace";
 pub const STATEFULSET: &str = "checksum-controller";
 /// The ClusterRing the example's shards join.
 pub const RING: &str = "checksums";
-/// The label that selects the example's namespace for the ring. Kubernetes 1.20 does not label
-/// namespaces with `kubernetes.io/metadata.name` (1.21 and later do), so the chart's default,
-/// every namespace but `kube-system` and the release's, cannot exclude those there: the ring
-/// selects its namespace by this label instead.
-pub const SHARDED_NAMESPACE_LABEL: (&str, &str) = ("sharding.example.com/sharded", "true");
-
 /// The reconciler pod of the chart holding the leader election Lease (its identity starts
 /// with its pod's host name), or why there is none.
 pub async fn leader(client: &Client) -> Result<String, String> {
@@ -59,9 +53,9 @@ pub async fn leader(client: &Client) -> Result<String, String> {
 }
 
 /// The chart values of the README's install: one ClusterRing [`RING`] sharding Secrets and the
-/// ConfigMaps they control, in the namespaces labelled [`SHARDED_NAMESPACE_LABEL`].
+/// ConfigMaps they control, in every namespace but `kube-system` and the release's (the
+/// default namespace selector).
 pub fn ring_values() -> Value {
-    let (key, value) = SHARDED_NAMESPACE_LABEL;
     json!({ "clusterRings": [{
         "name": RING,
         "resources": [{
@@ -69,7 +63,6 @@ pub fn ring_values() -> Value {
             "resource": "secrets",
             "controlledResources": [{ "group": "", "resource": "configmaps" }]
         }],
-        "namespaceSelector": { "matchLabels": { key: value } }
     }]})
 }
 
@@ -239,19 +232,10 @@ impl Node {
         Ok(started.elapsed())
     }
 
-    /// Applies `docs/examples/statefulset-shards.yaml` in [`SHARDS_NAMESPACE`] (created first and
-    /// labelled [`SHARDED_NAMESPACE_LABEL`]) with `replicas` shards and `extra_args` in the
-    /// shard's arguments (see [`example_with`]).
+    /// Applies `docs/examples/statefulset-shards.yaml` in [`SHARDS_NAMESPACE`] (created first)
+    /// with `replicas` shards and `extra_args` in the shard's arguments (see [`example_with`]).
     pub fn apply_example(&self, replicas: u32, extra_args: &[&str]) -> Result<(), Error> {
-        let kubectl = Kubectl::of(self)?;
-        kubectl.run(&["create", "namespace", SHARDS_NAMESPACE])?;
-        let (key, value) = SHARDED_NAMESPACE_LABEL;
-        kubectl.run(&[
-            "label",
-            "namespace",
-            SHARDS_NAMESPACE,
-            &format!("{key}={value}"),
-        ])?;
+        Kubectl::of(self)?.run(&["create", "namespace", SHARDS_NAMESPACE])?;
         self.reapply_example(replicas, extra_args)
     }
 

@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, RingId};
 use sharder_harness::certs::TestCa;
-use sharder_harness::control_plane::NAMESPACE_LABEL;
+use sharder_harness::control_plane::NAMESPACE_NAME_LABEL;
 use sharder_harness::fixtures::{secret, secrets_ring};
 use sharder_harness::wait::{eventually, metric_value};
 use tokio_util::sync::CancellationToken;
@@ -65,7 +65,7 @@ async fn a_webhook_configuration_follows_its_ring_and_goes_with_it() {
     assert_eq!(
         expressions,
         [(
-            NAMESPACE_LABEL.to_owned(),
+            NAMESPACE_NAME_LABEL.to_owned(),
             "In".to_owned(),
             vec![w.ns.clone()]
         )]

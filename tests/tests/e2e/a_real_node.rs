@@ -287,6 +287,50 @@ async fn create_assigned(
     }
 }
 
+/// The probe Secret of each namespace [`outside_the_ring`] writes to.
+const PROBE: &str = "namespace-selector-probe";
+
+/// Creates a Secret [`PROBE`] in `default`, which the ring's default namespace selector selects,
+/// and in `kube-system` and the release's namespace, which it leaves out; the namespaces where
+/// that went wrong (assigned outside, or unassigned in `default`).
+async fn outside_the_ring(world: &World) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for ns in ["default", "kube-system", RELEASE_NS] {
+        let secrets =
+            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(world.client.clone(), ns);
+        let probe = k8s_openapi::api::core::v1::Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(PROBE.into()),
+                ..kube::api::ObjectMeta::default()
+            },
+            ..Default::default()
+        };
+        let created = secrets
+            .create(&kube::api::PostParams::default(), &probe)
+            .await
+            .expect("a probe Secret");
+        if world.shard_of(&created).is_some() != (ns == "default") {
+            wrong.push(format!("{ns}: {:?}", world.shard_of(&created)));
+        }
+    }
+    wrong
+}
+
+/// The probe Secrets [`outside_the_ring`] created where the ring does not shard that carry a
+/// shard now.
+async fn probes_assigned_outside(world: &World) -> Vec<String> {
+    let mut assigned = Vec::new();
+    for ns in ["kube-system", RELEASE_NS] {
+        let secrets =
+            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(world.client.clone(), ns);
+        let probe = secrets.get(PROBE).await.expect("the probe Secret");
+        if let Some(shard) = world.shard_of(&probe) {
+            assigned.push(format!("{ns}: {shard}"));
+        }
+    }
+    assigned
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_the_chart_through_the_operators_day() {
     let node = Node::shared().await.expect("a node");
@@ -344,6 +388,14 @@ async fn runs_the_chart_through_the_operators_day() {
         creating.elapsed(),
         owner_lookup_errors(&client).await
     );
+    // The default namespace selector (the README's ring has none of its own): a Secret in
+    // `default` is assigned at CREATE, one in `kube-system` or the release's namespace is not
+    // (by the `kubernetes.io/metadata.name` label the apiserver puts on every namespace).
+    let outside = outside_the_ring(&world).await;
+    assert!(
+        outside.is_empty(),
+        "the default namespace selector assigned {outside:?}"
+    );
     eventually("the shards' records read from their logs", MOVE, || async {
         let shards: BTreeSet<String> = records.lines().into_iter().map(|l| l.shard).collect();
         (shards.len() == 3)
@@ -371,6 +423,11 @@ async fn runs_the_chart_through_the_operators_day() {
         .map(|(name, _)| name.clone())
         .collect();
     assert_eq!(moved, expected, "exactly the objects the ring moves");
+    let outside = probes_assigned_outside(&world).await;
+    assert!(
+        outside.is_empty(),
+        "the scale-out's full lists assigned {outside:?} outside the ring's namespaces"
+    );
     let drained: BTreeSet<String> = history
         .versions()
         .into_iter()

@@ -15,7 +15,7 @@ use kube::discovery::{Scope, pinned_kind};
 use serde_json::{Value, json};
 use sharder_common::{ClusterRing, ClusterRingSpec, RingKind};
 use sharder_harness::ControlPlane;
-use sharder_harness::control_plane::NAMESPACE_LABEL;
+use sharder_harness::control_plane::{NAMESPACE_NAME_LABEL, RING_NAMESPACE_LABEL};
 use sharder_harness::helm::{Helm, documents};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::World;
@@ -48,20 +48,20 @@ fn args(deployment: &Value) -> Vec<String> {
 fn ring_values(name: &str, namespace: &str) -> Value {
     json!({
         "name": name,
-        "labels": { NAMESPACE_LABEL: namespace },
+        "labels": { RING_NAMESPACE_LABEL: namespace },
         "resources": [{
             "group": "",
             "resource": "secrets",
             "controlledResources": [{ "group": "", "resource": "configmaps" }]
         }],
-        "namespaceSelector": { "matchLabels": { NAMESPACE_LABEL: namespace } }
+        "namespaceSelector": { "matchLabels": { NAMESPACE_NAME_LABEL: namespace } }
     })
 }
 
 #[test]
 fn the_chart_lints_clean_and_bad_values_are_named() {
     let helm = Helm::get().expect("helm");
-    for kube_version in [None, Some("v1.20.0"), Some("v1.33.0")] {
+    for kube_version in [None, Some("v1.34.0"), Some("v1.37.0")] {
         let report = helm.lint(&json!({}), kube_version).expect("lint");
         let findings: Vec<&Value> = report["messages"]
             .as_array()
@@ -183,13 +183,8 @@ fn the_defaults_render_a_hardened_webhook_and_reconciler() {
     }
     let service = find(&docs, "Service", "sharder-webhook").expect("service");
     assert_eq!(service["spec"]["ports"][0]["port"], 443);
-    // On the 1.20 default of offline rendering: policy/v1beta1; policy/v1 from 1.21 on.
     let pdb = find(&docs, "PodDisruptionBudget", "sharder-webhook").expect("pdb");
-    assert!(
-        pdb["apiVersion"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("policy/"))
-    );
+    assert_eq!(pdb["apiVersion"], "policy/v1");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
     // Without rings, the reconciler may touch no sharded object at all.
     let role = find(&docs, "ClusterRole", "sharder-reconciler").expect("role");
@@ -505,9 +500,9 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_a_crash_and_a_c
     let cr_ns = cp.namespace("chart-cr").await.expect("namespace");
     let controller_ring = json!({
         "name": cr_ns,
-        "labels": { NAMESPACE_LABEL: ns },
+        "labels": { RING_NAMESPACE_LABEL: ns },
         "resources": [{ "group": "", "resource": "secrets" }],
-        "namespaceSelector": { "matchLabels": { NAMESPACE_LABEL: cr_ns } }
+        "namespaceSelector": { "matchLabels": { NAMESPACE_NAME_LABEL: cr_ns } }
     });
     let values = json!({
         "clusterRings": [ring_values(&ns, &ns)],
@@ -539,11 +534,6 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_a_crash_and_a_c
     let docs = documents(release["manifest"].as_str().expect("manifest")).expect("manifest");
     assert!(docs.len() >= 15, "{} objects", docs.len());
     assert_installed(cp, &docs, &release_ns).await;
-    let pdb = find(&docs, "PodDisruptionBudget", "sharder-webhook").expect("pdb");
-    assert_eq!(
-        pdb["apiVersion"], "policy/v1beta1",
-        "what a 1.20 apiserver serves"
-    );
     Api::<ClusterRing>::all(client.clone())
         .get(&ns)
         .await
