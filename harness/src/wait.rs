@@ -92,6 +92,58 @@ pub async fn apiserver_metrics(client: &kube::Client) -> Result<String, kube::Er
     client.request_text(request).await
 }
 
+/// How the apiserver answered the lists of one resource so far (from its own metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ListReads {
+    /// Lists it read from etcd (`etcd_request_duration_seconds_count`, operations `list` and
+    /// `listStream`).
+    pub from_etcd: f64,
+    /// Consistent lists its watch cache answered without falling back to etcd
+    /// (`apiserver_watch_cache_consistent_read_total`, `fallback="false"`).
+    pub from_cache: f64,
+}
+
+impl ListReads {
+    /// The lists answered between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            from_etcd: self.from_etcd - earlier.from_etcd,
+            from_cache: self.from_cache - earlier.from_cache,
+        }
+    }
+}
+
+/// How the apiserver `client` talks to answered the lists of `resource` (of the core group, or
+/// `group`) so far. An error when the apiserver reports no etcd request for the resource at
+/// all: then its metrics are not the ones read here, and counts of 0 would mean nothing.
+pub async fn list_reads(
+    client: &kube::Client,
+    group: &str,
+    resource: &str,
+) -> Result<ListReads, kube::Error> {
+    let metrics = apiserver_metrics(client).await?;
+    let of = [("group", group), ("resource", resource)];
+    let etcd = "etcd_request_duration_seconds_count";
+    if samples(&metrics, etcd, &of).next().is_none() {
+        return Err(kube::Error::Service(
+            format!("the apiserver's metrics have no {etcd} of {resource}").into(),
+        ));
+    }
+    let from_etcd = ["list", "listStream"]
+        .iter()
+        .map(|op| metric_sum(&metrics, etcd, &[of[0], of[1], ("operation", op)]))
+        .sum();
+    let from_cache = metric_sum(
+        &metrics,
+        "apiserver_watch_cache_consistent_read_total",
+        &[of[0], of[1], ("fallback", "false"), ("success", "true")],
+    );
+    Ok(ListReads {
+        from_etcd,
+        from_cache,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

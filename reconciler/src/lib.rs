@@ -131,16 +131,15 @@ pub struct Args {
     #[command(flatten)]
     pub rings: RingKindArgs,
 
-    /// Full resync of every ring: a list of its objects from etcd, page by page, which repairs
+    /// Full resync of every ring: a list of all its objects, page by page, which repairs
     /// what no sweep selects (an object the webhook placed by a ring it had not updated yet).
     /// Rings are also listed in full whenever a shard joins or their spec changes.
     #[arg(long, env = "SHARDER_RESYNC_INTERVAL", default_value = "6h", value_parser = parse_duration)]
     pub resync_interval: Duration,
 
     /// Sweep for objects without a shard or on a shard not in the ring (missed by the webhook,
-    /// created with generateName, labelled by hand), answered from the apiserver's watch cache:
-    /// a quiet ring reads nothing from etcd between resyncs (its cost: `docs/benchmarks.md`
-    /// section 8). The default waits as long as the reference implementation's resync period.
+    /// created with generateName, labelled by hand): one list of what needs work. The default
+    /// waits as long as the reference implementation's resync period.
     #[arg(long, env = "SHARDER_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub sweep_interval: Duration,
 

@@ -52,7 +52,8 @@ pub(crate) const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub(crate) const CONFLICT_RETRIES: usize = 5;
 
 /// How often a write the apiserver was too busy for (429, 503, 504, a failed connection) is
-/// sent again, after its Retry-After or a backoff, before it counts as failed.
+/// sent again, after its Retry-After or a backoff, before it counts as failed; and how often a
+/// list page answered with a Retry-After is asked for again after that wait.
 pub(crate) const OVERLOAD_RETRIES: usize = 5;
 
 /// How long a write may take before it counts as unanswered (an overload: it is sent again,
@@ -64,9 +65,8 @@ pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const INITIAL_CONCURRENT_WRITES: usize = 16;
 
 /// Listed objects that may still wait for a write slot when the next page is requested (on
-/// top of the page's own): the writers work through them while the apiserver prepares the page
-/// (about 0.2 s per page with 300,000 objects in a namespace on etcd 3.4), so they do not run
-/// dry at a page boundary. One round of the default write slots.
+/// top of the page's own): the writers work through them while the apiserver prepares the
+/// page, so they do not run dry at a page boundary. One round of the default write slots.
 pub(crate) const LISTED_AHEAD: usize = 64;
 
 /// The rebalancer's clients: list pages and object writes (with the small reads around them:
@@ -92,7 +92,9 @@ pub(crate) struct Target {
     pub namespaced: bool,
 }
 
-/// Which objects one list selects.
+/// Which objects one list selects. Every list is consistent (`resourceVersion` unset) and
+/// paginated (`--list-page-size`): from Kubernetes 1.34 on the apiserver answers it from its
+/// watch cache after one read of etcd's current revision (`docs/design.md` §5, "Lists").
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Scope {
     /// Every object of the resource (a shard was added, the ring changed, periodic resync).
@@ -100,18 +102,16 @@ pub(crate) enum Scope {
     /// Objects on one shard (`<shard label>=<shard>`), when that shard died.
     OnShard(String),
     /// Objects without a shard (`!<shard label>`) at a drain check: objects whose drain was
-    /// acknowledged, new objects the webhook missed, `generateName` objects; read from the
-    /// apiserver's watch cache.
+    /// acknowledged, new objects the webhook missed, `generateName` objects.
     Unassigned,
     /// Objects without a shard or on a shard that is not available (`<shard label> notin
-    /// (<available shards>)`), read from the apiserver's watch cache: the sweep of a quiet ring.
+    /// (<available shards>)`): the sweep of a quiet ring.
     Stray,
-    /// Every object again, read from etcd, once the drains of a rebalance all ended: what the
-    /// drain checks' lists cannot select. An acknowledged object that a webhook which had not
-    /// seen the new shard's Lease yet put back on its old shard (drained again); a child its
-    /// owner's old shard created while the owner drained (a reconcile begun before the drain
-    /// label), which came after the lists that drained the owner and sits on a live shard;
-    /// an acknowledged object a lagging watch cache hid from the drain checks.
+    /// Every object again, once the drains of a rebalance all ended: what the drain checks'
+    /// lists cannot select. An acknowledged object that a webhook which had not seen the new
+    /// shard's Lease yet put back on its old shard (drained again); a child its owner's old
+    /// shard created while the owner drained (a reconcile begun before the drain label), which
+    /// came after the lists that drained the owner and sits on a live shard.
     AfterDrains,
 }
 
@@ -128,15 +128,6 @@ impl Scope {
                 available.iter().cloned().collect::<Vec<_>>().join(",")
             )),
         }
-    }
-
-    /// Whether the list is answered from the apiserver's watch cache (`resourceVersion=0`: no
-    /// etcd read, in one answer however many objects match) instead of page by page from etcd.
-    /// The sweep of a quiet ring and the drain checks are: what they select is what needs work,
-    /// none or a few objects, and what a slightly stale answer misses, the next sweep or drain
-    /// check finds (the last drain check reads etcd: [`Scope::AfterDrains`]).
-    fn cached(&self) -> bool {
-        matches!(self, Self::Stray | Self::Unassigned)
     }
 }
 
@@ -410,7 +401,7 @@ impl Rebalancer {
         target: &Target,
     ) -> Result<usize, kube::Error> {
         let mut pending = 0;
-        for namespace in view.namespaces.list_ranges(target, false) {
+        for namespace in view.namespaces.list_ranges(target) {
             let mut params = ListParams::default()
                 .labels(&view.labels.drain)
                 .limit(self.settings.page_size);

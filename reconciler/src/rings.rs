@@ -272,8 +272,7 @@ struct Work<'a> {
 /// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
 /// their owners (unless everything was listed), then counts the drains still pending (only
 /// where there can be some: drains were pending, this rebalance drained, or it listed
-/// everything, as after a change of leader), lists everything again from etcd once the drains
-/// ended ([`Scope::AfterDrains`]), and reports. `None`: the ring was deleted or replaced
+/// everything, as after a change of leader), lists everything again once the drains ended ([`Scope::AfterDrains`]), and reports. `None`: the ring was deleted or replaced
 /// meanwhile, and the rest of the rebalance was left (logged once).
 async fn rebalance(
     ctx: &Context,
@@ -349,8 +348,7 @@ async fn rebalance(
             .unwrap_or(1);
     }
     let mut listed = scopes.clone();
-    // Once no drain is pending (counted in etcd), everything again from etcd: what the drain
-    // checks cannot select (`Scope::AfterDrains`). Drained again or failed: it comes again.
+    // Once no drain is pending, everything again: what the drain checks cannot select (`Scope::AfterDrains`). Drained again or failed: it comes again.
     let mut again = false;
     if let Some(last) =
         schedule::closing_scope(pending, drains_pending, outcome.drained + outcome.draining)

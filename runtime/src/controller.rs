@@ -23,11 +23,12 @@
 //! objects trigger nothing as they arrive; every object of the store is reconciled once the
 //! relist is complete (`after_a_relist_every_object_is_reconciled_as_relisted` below).
 //!
-//! While the apiserver is down (a restart, an upgrade), every watch is refused its connection.
-//! kube-runtime backs off on each such error, doubling up to 30 s, so a watch came back up to
-//! 30 s after the apiserver (figures: `docs/performance-notes.md`, Faults). The
-//! watches here connect again every second instead while the connection is refused
-//! ([`watch`]), as client-go's reflector does; other errors keep the backoff.
+//! While the apiserver is down (a restart, an upgrade), every watch is refused its connection,
+//! and right after it came back, a watch of a resource whose watch cache still initialises is
+//! answered 429 with a Retry-After. kube-runtime backs off on each such error, doubling up to
+//! 30 s, so a watch would come back long after the apiserver. The watches here connect again
+//! every second while the connection is refused, as client-go's reflector does, and wait as
+//! long as a 429's Retry-After says ([`watch`]); other errors keep the backoff.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -140,10 +141,10 @@ where
     )
 }
 
-/// kube-runtime's watch of `api` (objects selected by `config`) that connects again every
-/// second while the apiserver refuses connections ([`reconnect_when_refused`]). Use it for a
-/// controller's secondary watches too (`owns_stream(watch(api, config).touched_objects())`):
-/// a controller backs off once for all its watches, so one watch's errors delay every other.
+/// kube-runtime's watch of `api` (objects selected by `config`) that rides out an apiserver's
+/// restart ([`wait_out_refusals`]). Use it for a controller's secondary watches too
+/// (`owns_stream(watch(api, config).touched_objects())`): a controller backs off once for all
+/// its watches, so one watch's errors delay every other.
 pub fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -151,7 +152,7 @@ pub fn watch<K>(
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    reconnect_when_refused(watcher::watcher(api, config))
+    wait_out_refusals(watcher::watcher(api, config))
 }
 
 /// How long a watch waits before it connects again after its connection was refused.
@@ -173,34 +174,45 @@ pub fn is_connection_refused(error: &(dyn std::error::Error + 'static)) -> bool 
     false
 }
 
-/// `events` (a watcher's stream) with refused connections retried every [`REFUSED_RETRY`]
-/// instead of passed on: the first of a run is logged, and a backoff after the stream (a
-/// controller's, or `default_backoff`) does not grow while the apiserver is away. Any other
+/// How long a watch waits out `error` before it tries again, if it is a refusal for now: a
+/// refused connection ([`REFUSED_RETRY`]) or an answer with a Retry-After
+/// ([`crate::retry::watch_retry_after`]). `None`: an error for the backoff.
+pub fn pause_for(error: &watcher::Error) -> Option<Duration> {
+    if is_connection_refused(error) {
+        return Some(REFUSED_RETRY);
+    }
+    crate::retry::watch_retry_after(error)
+}
+
+/// `events` (a watcher's stream) with refusals waited out ([`pause_for`]) instead of passed on:
+/// the first of a run is logged, and a backoff after the stream (a controller's, or
+/// `default_backoff`) does not grow while the apiserver is away or asks to wait. Any other
 /// error is passed on.
-pub fn reconnect_when_refused<T: Send>(
+pub fn wait_out_refusals<T: Send>(
     events: impl futures::Stream<Item = Result<T, watcher::Error>> + Send,
 ) -> impl futures::Stream<Item = Result<T, watcher::Error>> + Send {
     let mut refused = false;
     events.filter_map(move |event| {
-        let retry = match &event {
-            Err(e) if is_connection_refused(e) => {
-                if !std::mem::replace(&mut refused, true) {
-                    warn!(error = %e, "the apiserver refused the watch's connection: connecting again every second");
-                }
-                true
-            }
-            Err(_) => false,
-            Ok(_) => {
-                refused = false;
-                false
-            }
+        let pause = match &event {
+            Err(e) => pause_for(e),
+            Ok(_) => None,
         };
+        match (&event, pause) {
+            (Err(e), Some(pause)) => {
+                if !std::mem::replace(&mut refused, true) {
+                    warn!(error = %e, wait_ms = pause.as_millis(), "the apiserver refused the watch for now: trying again after the wait");
+                }
+            }
+            (Ok(_), _) => refused = false,
+            (Err(_), None) => {}
+        }
         async move {
-            if retry {
-                tokio::time::sleep(REFUSED_RETRY).await;
-                None
-            } else {
-                Some(event)
+            match pause {
+                Some(pause) => {
+                    tokio::time::sleep(pause).await;
+                    None
+                }
+                None => Some(event),
             }
         }
     })
@@ -402,16 +414,41 @@ mod tests {
         assert!(!is_connection_refused(&watcher::Error::NoResourceVersion));
     }
 
+    fn busy(retry_after_seconds: u32) -> watcher::Error {
+        let status = serde_json::json!({
+            "code": 429,
+            "status": "Failure",
+            "details": { "retryAfterSeconds": retry_after_seconds },
+        });
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+            serde_json::from_value(status).expect("a Status"),
+        )))
+    }
+
+    #[test]
+    fn a_watch_waits_out_refused_connections_and_retry_afters_and_nothing_else() {
+        let cases = [
+            (refused(), Some(REFUSED_RETRY)),
+            (busy(3), Some(Duration::from_secs(3))),
+            (busy(0), None),
+            (watcher::Error::NoResourceVersion, None),
+        ];
+        for (error, pause) in cases {
+            assert_eq!(pause_for(&error), pause, "{error:?}");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn refused_connections_are_retried_every_second_and_other_errors_passed_on() {
+    async fn refusals_are_waited_out_as_told_and_other_errors_passed_on() {
         let started = tokio::time::Instant::now();
         let events = futures::stream::iter([
             Err(refused()),
+            Err(busy(3)),
             Err(refused()),
             Err(watcher::Error::NoResourceVersion),
             Ok(1),
         ]);
-        let out: Vec<_> = reconnect_when_refused(events).collect().await;
+        let out: Vec<_> = wait_out_refusals(events).collect().await;
         assert!(
             matches!(
                 out.as_slice(),
@@ -419,6 +456,9 @@ mod tests {
             ),
             "{out:?}"
         );
-        assert_eq!(started.elapsed(), 2 * REFUSED_RETRY);
+        assert_eq!(
+            started.elapsed(),
+            2 * REFUSED_RETRY + Duration::from_secs(3)
+        );
     }
 }

@@ -17,6 +17,7 @@ pub mod files;
 pub mod lease;
 pub mod logging;
 pub mod metrics;
+pub mod retry;
 pub mod tasks;
 
 pub use admin::{AdminArgs, Readiness};

@@ -16,8 +16,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
+use sharder_runtime::retry::retry_after;
+
 use super::pages;
-use super::{Outcome, Rebalancer, RingView, Scope, Target};
+use super::{OVERLOAD_RETRIES, Outcome, Rebalancer, RingView, Scope, Target};
 
 /// One page of a metadata-only list, read whole and parsed into what a move needs
 /// ([`pages::parse`]).
@@ -107,15 +109,11 @@ impl Rebalancer {
         tx: UnboundedSender<Queued>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
-        let mut first = if scope.cached() {
-            ListParams::default().match_any()
-        } else {
-            ListParams::default().limit(self.settings.page_size)
-        };
+        let mut first = ListParams::default().limit(self.settings.page_size);
         if let Some(selector) = scope.selector(view.labels, view.available) {
             first = first.labels(&selector);
         }
-        for namespace in view.namespaces.list_ranges(target, scope.cached()) {
+        for namespace in view.namespaces.list_ranges(target) {
             let range = ListRange {
                 target,
                 namespace,
@@ -171,8 +169,22 @@ impl Rebalancer {
                 .acquire_many_owned(page_size)
                 .await
                 .expect("the room is never closed");
-            let page = Page::open(&client, &api, namespace.as_deref(), &params).await?;
-            Ok((page, places))
+            // An apiserver too busy for the list for now (a 429 with Retry-After) is asked
+            // again after the wait it named, a few times, before the list counts as failed.
+            let mut busy = 0;
+            loop {
+                match Page::open(&client, &api, namespace.as_deref(), &params).await {
+                    Ok(page) => return Ok((page, places)),
+                    Err(e) => match retry_after(&e) {
+                        Some(wait) if busy < OVERLOAD_RETRIES => {
+                            busy += 1;
+                            debug!(error = %e, wait_ms = wait.as_millis(), "the apiserver asked to list again later");
+                            tokio::time::sleep(wait).await;
+                        }
+                        _ => return Err(e),
+                    },
+                }
+            }
         }))
     }
 
@@ -208,7 +220,7 @@ impl Rebalancer {
                 outcome.draining += usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
                 continue;
             }
-            // A page longer than asked for (a server that ignores `limit`) waits for places.
+            // A page longer than asked for (an apiserver that ignores `limit`) waits for places.
             let place = match places.split(1) {
                 Some(place) => place,
                 None => Arc::clone(range.room)

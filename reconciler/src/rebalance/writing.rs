@@ -12,6 +12,7 @@ use kube::{Api, Client};
 use sharder_common::key::{display_name, group_of_api_version};
 use sharder_common::{OwnerState, Role};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
+use sharder_runtime::retry::retry_after;
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
@@ -365,14 +366,9 @@ impl Rebalancer {
 fn overloaded<T>(result: &Result<T, kube::Error>) -> Option<Option<Duration>> {
     match result {
         Ok(_) => None,
-        Err(kube::Error::Api(status)) => matches!(status.code, 429 | 503 | 504).then(|| {
-            status
-                .details
-                .as_ref()
-                .map(|d| d.retry_after_seconds)
-                .filter(|s| *s > 0)
-                .map(|s| Duration::from_secs(u64::from(s)))
-        }),
+        Err(error @ kube::Error::Api(status)) => {
+            matches!(status.code, 429 | 503 | 504).then(|| retry_after(error))
+        }
         Err(kube::Error::HyperError(_) | kube::Error::Service(_)) => Some(None),
         Err(_) => None,
     }

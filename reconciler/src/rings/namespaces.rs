@@ -1,8 +1,7 @@
 //! Which namespaces a ring's namespaced objects are sharded in: those both its
 //! namespaceSelector (none: all) and the global `--namespace-selector` select (the same selector
 //! the ring's webhook configuration carries), and how its objects are listed
-//! ([`Namespaces::new`]: namespace by namespace when it selects at most half of the cluster's;
-//! [`Namespaces::list_ranges`]: from the watch cache only when it selects a few).
+//! ([`Namespaces::new`]: namespace by namespace when it selects at most half of the cluster's).
 
 use std::collections::BTreeSet;
 
@@ -19,13 +18,6 @@ use sharder_common::webhook_configuration::ring_namespace_selector;
 
 /// Namespaces per list page.
 const PAGE: u32 = 500;
-
-/// The most namespaces a list from the watch cache goes through one by one. Each such request
-/// filters every object of the resource the cache holds, whatever the namespace, where a list
-/// across the cluster carries every object of the other namespaces that matches the selector
-/// (the sweep's `!<shard label>` matches every object of another ring); measured in
-/// `docs/performance-notes.md` ("Quiet sweeps namespace by namespace").
-const CACHED_ONE_BY_ONE: usize = 4;
 
 /// The ring's namespaces now: every namespace is listed (metadata only, page by page) and
 /// matched against the ring's selector with the apiserver's semantics (kube's `Selector`).
@@ -71,10 +63,11 @@ pub(crate) struct Namespaces {
 impl Namespaces {
     /// The ring's namespaces `selected` among the cluster's `total`. Its namespaced objects
     /// are listed namespace by namespace when it selects at most half of them, else across the
-    /// cluster (objects elsewhere left out as they arrive). A list reads every object of the
-    /// resource in its range from etcd, whatever the label selector: across the cluster, a
-    /// ring of a few namespaces would read every Secret (say) of the cluster on every sweep,
-    /// while one list per namespace reads only its own, at a request each.
+    /// cluster (objects elsewhere left out as they arrive). The apiserver goes through every
+    /// object of the resource in a list's range, whatever the label selector (its watch cache
+    /// holds each resource ordered by namespace): across the cluster, a ring of a few
+    /// namespaces would have every Secret (say) of the cluster read on every sweep, while one
+    /// list per namespace reads only its own, at a request each.
     pub(crate) fn new(selected: BTreeSet<String>, total: usize) -> Self {
         let one_by_one = selected.len() * 2 <= total;
         Self {
@@ -95,11 +88,9 @@ impl Namespaces {
     }
 
     /// Where `target`'s objects are listed from: `None` for the whole cluster, else each
-    /// namespace. A list from the watch cache (`cached`) goes namespace by namespace only for
-    /// a ring of at most [`CACHED_ONE_BY_ONE`] namespaces.
-    pub(crate) fn list_ranges(&self, target: &Target, cached: bool) -> Vec<Option<&str>> {
-        let one_by_one = self.one_by_one && (!cached || self.selected.len() <= CACHED_ONE_BY_ONE);
-        if target.namespaced && one_by_one {
+    /// namespace.
+    pub(crate) fn list_ranges(&self, target: &Target) -> Vec<Option<&str>> {
+        if target.namespaced && self.one_by_one {
             self.selected.iter().map(|ns| Some(ns.as_str())).collect()
         } else {
             vec![None]
@@ -165,46 +156,20 @@ mod tests {
 
     #[test]
     fn list_ranges_are_each_namespace_in_order_or_the_whole_cluster() {
-        for cached in [false, true] {
-            let few = Namespaces::new(names(&["b", "a"]), 10);
-            assert_eq!(
-                few.list_ranges(&target(true), cached),
-                vec![Some("a"), Some("b")]
-            );
-            assert_eq!(
-                few.list_ranges(&target(false), cached),
-                vec![None],
-                "cluster-scoped objects are listed across the cluster"
-            );
-            let most = Namespaces::new(names(&["a", "b", "c"]), 4);
-            assert_eq!(most.list_ranges(&target(true), cached), vec![None]);
-            assert!(most.contains("a") && !most.contains("d"));
-            let none = Namespaces::new(BTreeSet::new(), 3);
-            assert!(
-                none.list_ranges(&target(true), cached).is_empty(),
-                "no namespace selected: nothing namespaced to list"
-            );
-        }
-    }
-
-    #[test]
-    fn lists_from_the_watch_cache_go_namespace_by_namespace_only_for_a_few_namespaces() {
-        let selected = |n: usize| (0..n).map(|i| format!("ns-{i:03}")).collect();
-        let at_most = Namespaces::new(selected(CACHED_ONE_BY_ONE), 1000);
+        let few = Namespaces::new(names(&["b", "a"]), 10);
+        assert_eq!(few.list_ranges(&target(true)), vec![Some("a"), Some("b")]);
         assert_eq!(
-            at_most.list_ranges(&target(true), true).len(),
-            CACHED_ONE_BY_ONE
-        );
-        let more = Namespaces::new(selected(CACHED_ONE_BY_ONE + 1), 1000);
-        assert_eq!(
-            more.list_ranges(&target(true), true),
+            few.list_ranges(&target(false)),
             vec![None],
-            "each cached request filters the whole cache: more go across the cluster once"
+            "cluster-scoped objects are listed across the cluster"
         );
-        assert_eq!(
-            more.list_ranges(&target(true), false).len(),
-            CACHED_ONE_BY_ONE + 1,
-            "a consistent list reads only its namespace's range from etcd"
+        let most = Namespaces::new(names(&["a", "b", "c"]), 4);
+        assert_eq!(most.list_ranges(&target(true)), vec![None]);
+        assert!(most.contains("a") && !most.contains("d"));
+        let none = Namespaces::new(BTreeSet::new(), 3);
+        assert!(
+            none.list_ranges(&target(true)).is_empty(),
+            "no namespace selected: nothing namespaced to list"
         );
     }
 }

@@ -5,13 +5,13 @@
 //! - A full list ([`Scope::All`]) when the ring is new to this leader, was recreated (new uid),
 //!   its spec changed (generation), a shard was added, or the resync interval passed.
 //! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
-//! - While drains are pending, the unassigned objects ([`Scope::Unassigned`], from the
-//!   apiserver's watch cache) at every reconcile: acknowledged drains leave their objects
-//!   unassigned. Once none is pending, everything again from etcd ([`Scope::AfterDrains`],
-//!   chosen by the ring controller after its count of the pending drains).
+//! - While drains are pending, the unassigned objects ([`Scope::Unassigned`]) at every
+//!   reconcile: acknowledged drains leave their objects unassigned. Once none is pending,
+//!   everything again ([`Scope::AfterDrains`], chosen by the ring controller after its count of
+//!   the pending drains).
 //! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
-//!   left the ring ([`Scope::Stray`]), from the apiserver's watch cache, so a quiet ring reads
-//!   nothing from etcd between resyncs.
+//!   left the ring ([`Scope::Stray`]), so a quiet ring lists only what needs work between
+//!   resyncs.
 //! - After a rebalance in which a list or a write failed, its work again after a backoff
 //!   ([`FIRST_RETRY`], doubled at each failure in a row, at most the sweep interval): the same
 //!   lists (a failed sweep is a sweep again). A failed full list is listed again at every drain
@@ -225,7 +225,7 @@ pub(crate) fn progress_after(
 }
 
 /// What a rebalance lists last, once its count found `pending` drains still pending (the count
-/// comes after its other lists): everything again, from etcd ([`Scope::AfterDrains`]), once the
+/// comes after its other lists): everything again ([`Scope::AfterDrains`]), once the
 /// drains that were pending before (`drains_pending`) or that it made or listed (`drains`: a new
 /// leader's first list meets its predecessor's) all ended. If that list fails or drains again,
 /// the ring counts as draining still, so the drain checks go on and it comes again.
@@ -672,7 +672,7 @@ mod tests {
     }
 
     #[test]
-    fn everything_is_listed_again_from_etcd_once_the_drains_ended() {
+    fn everything_is_listed_again_once_the_drains_ended() {
         let last = Some(Scope::AfterDrains);
         // (what, pending, drains pending before, drains made or listed, the closing list)
         #[rustfmt::skip]

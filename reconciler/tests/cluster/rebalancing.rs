@@ -3,11 +3,11 @@
 //! directly (1 write each), objects the webhook missed are swept, cluster-scoped resources are
 //! sharded and unselected namespaces left alone, a ring over most namespaces is listed across
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
-//! apiserver's watch cache namespace by namespace, an object a lagging watch cache hides (or a
-//! drain acknowledged behind it) reaches its shard once the cache catches up, an acknowledged
-//! object a lagging webhook put back on its old shard is drained again, and a child created
-//! while its owner drains follows the owner (also when the list that finds it failed, and when a
-//! new leader met the drains).
+//! apiserver's watch cache namespace by namespace and no list reads etcd, an object a lagging
+//! watch cache hides (or a drain acknowledged behind it) reaches its shard once the cache
+//! catches up, an acknowledged object a lagging webhook put back on its old shard is drained
+//! again, and a child created while its owner drains follows the owner (also when the list that
+//! finds it failed, and when a new leader met the drains).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -22,13 +22,13 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, Ring};
-use sharder_harness::control_plane::{ControlPlane, Options};
+use sharder_harness::control_plane::{ControlPlane, NAMESPACE_NAME_LABEL, Options};
 use sharder_harness::fixtures::{
     child_of, refusing_configuration, rule, secret, secrets_ring, shard_lease,
 };
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
-use sharder_harness::wait::eventually;
+use sharder_harness::wait::{ListReads, eventually, list_reads};
 
 use crate::{Test, WAIT};
 
@@ -749,9 +749,8 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
 /// A scale-out whose moves the apiserver refuses for good is listed again at its retries (2, 4,
 /// 8 s...), not at every drain check: the drain checks in between, while the drains it did
 /// write wait for their acknowledgements, list the unassigned objects only. Refused for good
-/// here: gizmos a tightened schema no longer admits (1.20 validates the whole object at every
-/// update, labels too: 422), as after a CRD upgrade. Once they are admitted again, a retry
-/// moves them.
+/// here: updates of big gizmos, by a ValidatingAdmissionPolicy installed after they were
+/// created (422). Once they are admitted again, a retry moves them.
 #[tokio::test]
 async fn a_scale_out_refused_for_good_is_listed_again_at_its_retries_not_at_every_drain_check() {
     use kube::core::DynamicObject;
@@ -819,7 +818,7 @@ async fn a_scale_out_refused_for_good_is_listed_again_at_its_retries_not_at_ever
     })
     .await;
 
-    set_gizmo_maximum(&w, Some(5)).await;
+    refuse_big_gizmos(&w, true).await;
     let big = format!("gizmo-{}", refused[0]);
     eventually("the big gizmos refused", WAIT, || async {
         let touch = json!({"metadata": {"labels": {"sharder.test/touched": "true"}}});
@@ -873,31 +872,65 @@ async fn a_scale_out_refused_for_good_is_listed_again_at_its_retries_not_at_ever
         .expect("the small movers drained");
 
     // Admitted again: a retry moves the big ones too.
-    set_gizmo_maximum(&w, None).await;
+    refuse_big_gizmos(&w, false).await;
     eventually("the big gizmos drained", WAIT, || {
         all_drained(refused.clone())
     })
     .await;
 }
 
-/// Sets the largest `spec.size` the gizmos' schema admits (`None`: any).
-async fn set_gizmo_maximum(w: &Test, maximum: Option<i64>) {
-    let mut size = json!({"type": "integer"});
-    if let Some(maximum) = maximum {
-        size["maximum"] = json!(maximum);
+/// Refuses every update of the test namespace's gizmos with a `spec.size` over 5 (`on`), as a
+/// ValidatingAdmissionPolicy installed after the objects were would (422: for good), or admits
+/// them again (`!on`).
+async fn refuse_big_gizmos(w: &Test, on: bool) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let name = format!("big-gizmos-{}", w.ns);
+    let policies = Api::<ValidatingAdmissionPolicy>::all(w.client.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(w.client.clone());
+    if !on {
+        let dp = DeleteParams::default();
+        bindings
+            .delete(&name, &dp)
+            .await
+            .expect("the binding deleted");
+        policies
+            .delete(&name, &dp)
+            .await
+            .expect("the policy deleted");
+        return;
     }
-    let schema = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true,
-        "properties": {"spec": {"type": "object", "properties": {"size": size}}}});
-    let versions = json!({"spec": {"versions": [{"name": "v1", "served": true, "storage": true,
-        "schema": {"openAPIV3Schema": schema}}]}});
-    Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(w.client.clone())
-        .patch(
-            "gizmos.test.sharder.dev",
-            &PatchParams::default(),
-            &Patch::Merge(&versions),
-        )
-        .await
-        .expect("the gizmos' schema");
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["test.sharder.dev"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["gizmos"],
+            }]},
+            "validations": [{
+                "expression": "!has(object.spec) || !has(object.spec.size) || object.spec.size <= 5",
+                "message": "gizmos over size 5 are refused",
+                "reason": "Invalid",
+            }],
+        },
+    }))
+    .expect("a policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {
+                NAMESPACE_NAME_LABEL: w.ns,
+            }}},
+        },
+    }))
+    .expect("a binding");
+    let pp = PostParams::default();
+    policies.create(&pp, &policy).await.expect("the policy");
+    bindings.create(&pp, &binding).await.expect("the binding");
 }
 
 #[tokio::test]
@@ -1394,7 +1427,7 @@ async fn the_write_rate_limit_holds_across_rings() {
     );
     flags.ring_selector = format!(
         "{} in ({}, {})",
-        sharder_harness::control_plane::NAMESPACE_LABEL,
+        sharder_harness::control_plane::RING_NAMESPACE_LABEL,
         w.world.ns,
         other.ns
     );
@@ -1601,20 +1634,15 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
 }
 
 /// The lists of Secrets the apiserver has sent to etcd so far (its own metric).
-async fn etcd_secret_lists(w: &Test) -> f64 {
-    let metrics = sharder_harness::wait::apiserver_metrics(&w.client)
+/// How the apiserver answered the lists of Secrets so far.
+async fn secret_lists(w: &Test) -> ListReads {
+    list_reads(&w.client, "", "secrets")
         .await
-        .expect("metrics");
-    sharder_harness::wait::metric_value(
-        &metrics,
-        "etcd_request_duration_seconds_count",
-        &[("operation", "list"), ("type", "*[]core.Secret")],
-    )
-    .unwrap_or(0.0)
+        .expect("the apiserver's counts of Secret lists")
 }
 
 #[tokio::test]
-async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_shard() {
+async fn a_quiet_ring_is_swept_from_the_watch_cache_alone_and_strays_still_find_their_shard() {
     // An apiserver of its own: no other test's lists in its etcd counts.
     let cp = ControlPlane::dedicated(Options::default())
         .await
@@ -1633,10 +1661,10 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
     let two = Ring::new(["shard-a", "shard-b"]);
     w.create_settled(20, &two).await;
 
-    // Quiet: sweeps every second read nothing from etcd, and the watch cache answers each with
-    // the ring's strays only (none), not the other namespace's Secrets.
+    // Quiet: sweeps every second read no list from etcd, the watch cache answers each as a
+    // consistent list, with the ring's strays only (none), not the other namespace's Secrets.
     w.wait_for_rebalances(0, 1).await;
-    let lists = etcd_secret_lists(&w).await;
+    let lists = secret_lists(&w).await;
     let seen = w.reconcilers[0].process.lines().len();
     w.wait_for_rebalances(0, 3).await;
     let sweeps: Vec<(String, u64)> = w.reconcilers[0].process.lines()[seen..]
@@ -1655,10 +1683,15 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
         sweeps.iter().all(|(_, listed)| *listed == 0),
         "a quiet sweep lists the ring's namespace, not the cluster: {sweeps:?}"
     );
+    let used = secret_lists(&w).await.since(lists);
     assert_eq!(
-        etcd_secret_lists(&w).await,
-        lists,
-        "sweeps of a quiet ring are answered from the watch cache"
+        used.from_etcd, 0.0,
+        "sweeps read no list from etcd: {used:?}"
+    );
+    assert!(
+        used.from_cache >= sweeps.len() as f64,
+        "each sweep is a consistent list the watch cache answers: {used:?} for {} sweeps",
+        sweeps.len()
     );
 
     // What the webhook missed, and an object labelled with a shard that is not in the ring
@@ -1686,20 +1719,20 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_and_strays_still_find_their_
             .expect("moved");
     }
     // Counted before this test lists anything again.
+    let used = secret_lists(&w).await.since(lists);
     assert_eq!(
-        etcd_secret_lists(&w).await,
-        lists,
-        "the strays were found in the watch cache, not by listing etcd"
+        used.from_etcd, 0.0,
+        "the strays were found in the watch cache, not by listing etcd: {used:?}"
     );
     eventually("the strays are on their shards", WAIT, || w.settled(&two)).await;
 }
 
-/// While drains are pending, the drain checks list the unassigned objects from the apiserver's
-/// watch cache instead of page by page from etcd (which reads every object of the ring whatever
-/// the selector); the last one, once no drain is pending, reads etcd.
+/// While drains are pending, the drain checks list the unassigned objects and count the pending
+/// drains, and once none is pending everything is listed again: each of these lists is a
+/// consistent list the apiserver's watch cache answers, none reads etcd.
 #[tokio::test]
-async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
-    // An apiserver of its own: no other test's lists in its etcd counts.
+async fn drain_checks_and_the_list_after_the_drains_are_answered_by_the_watch_cache() {
+    // An apiserver of its own: no other test's lists in its counts.
     let cp = ControlPlane::dedicated(Options::default())
         .await
         .expect("a control plane");
@@ -1709,29 +1742,12 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
         w.add_shard_lease(shard, 3600).await;
     }
     w.start_webhook().await;
-    let page = "10";
-    w.start_reconciler_with(Duration::from_secs(3600), &[("--list-page-size", page)])
+    w.start_reconciler_with(Duration::from_secs(3600), &[("--list-page-size", "10")])
         .await;
     w.wait_until_webhook_assigns().await;
     w.create_secrets(100).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     eventually("settled", WAIT, || w.settled(&two)).await;
-    // What one list of the unassigned objects from etcd costs here, page by page as the
-    // reconciler lists: a request to etcd for every page's worth of objects read.
-    let before = etcd_secret_lists(&w).await;
-    let unassigned = format!("!{}", w.id().labels().shard);
-    let mut params = ListParams::default()
-        .labels(&unassigned)
-        .limit(page.parse().expect("a number"));
-    loop {
-        let listed = w.secrets().list_metadata(&params).await.expect("list");
-        match listed.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
-    }
-    let one_list = etcd_secret_lists(&w).await - before;
-    assert!(one_list >= 10.0, "100 objects, 10 to a page: {one_list}");
 
     // A shard joins; its drains wait unacknowledged, drain checks every 500 ms.
     w.add_shard_lease("shard-c", 3600).await;
@@ -1743,10 +1759,10 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
         drained.map(|i| i + 1).ok_or("no drain yet")
     })
     .await;
-    let lists = etcd_secret_lists(&w).await;
+    let lists = secret_lists(&w).await;
     let checks = 6;
     w.wait_for_rebalances(0, checks).await;
-    let used = etcd_secret_lists(&w).await - lists;
+    let used = secret_lists(&w).await.since(lists);
     let scopes: Vec<_> = w.reconcilers[0].process.lines()[seen..]
         .iter()
         .filter(|l| l["message"] == "rebalance")
@@ -1756,20 +1772,18 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
         scopes.len() >= checks && scopes.iter().all(|s| s == r#"["Unassigned"]"#),
         "drain checks: {scopes:?}"
     );
-    println!(
-        "{checks} drain checks: {used} etcd lists of Secrets (one list of the unassigned objects: {one_list})"
-    );
-    // Each check still counts the pending drains in etcd (it stops at the first page with one).
+    assert_eq!(used.from_etcd, 0.0, "{checks} drain checks: {used:?}");
+    // Each check lists the unassigned objects and counts the pending drains.
     assert!(
-        used < checks as f64 * one_list,
-        "{checks} drain checks made {used} etcd lists of Secrets; one list of the unassigned \
-         objects from etcd makes {one_list}"
+        used.from_cache >= 2.0 * checks as f64,
+        "{checks} drain checks: {used:?}"
     );
 
     // Drains acknowledged with no webhook to assign them: the checks assign them, and the
-    // last one, once none is pending, lists everything again from etcd.
+    // last one, once none is pending, lists everything again, from the watch cache too.
     w.stop_webhook();
     let seen = w.reconcilers[0].process.lines().len();
+    let lists = secret_lists(&w).await;
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
     w.settle_acknowledging("the acknowledged objects on their new shard", &three)
         .await;
@@ -1779,16 +1793,28 @@ async fn drain_checks_read_the_watch_cache_and_the_last_one_reads_etcd() {
             l["message"] == "rebalance" && l["scopes"] == r#"["Unassigned", "AfterDrains"]"#
         })
         .await
-        .expect("the last drain check reads etcd");
+        .expect("the last drain check lists everything");
+    let used = secret_lists(&w).await.since(lists);
+    assert_eq!(
+        used.from_etcd, 0.0,
+        "the checks and the last list: {used:?}"
+    );
+    // The list of everything after the drains alone takes 10 pages of 10 objects.
+    assert!(
+        used.from_cache >= 10.0,
+        "the checks and the last list: {used:?}"
+    );
 }
 
 #[tokio::test]
 async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its_shard_once_the_cache_catches_up()
  {
-    // Sweeps of a quiet ring read the apiserver's watch cache, which may lag behind etcd (one
-    // replica of an HA control plane whose etcd connection stalls). Here: a second apiserver
-    // whose Secrets reach etcd through a proxy the test cuts, so its watch cache of Secrets
-    // stops while the first apiserver writes on. The reconciler talks to the lagging one.
+    // The reconciler's lists are answered from the apiserver's watch cache, which may lag
+    // behind etcd (one replica of an HA control plane whose etcd connection stalls). Here: a
+    // second apiserver whose Secrets reach etcd through a proxy the test cuts, so its watch
+    // cache of Secrets stops while the first apiserver writes on. The reconciler talks to the
+    // lagging one, whose consistent lists wait for its cache (or etcd) to catch up instead of
+    // answering from what it holds.
     let cp = ControlPlane::dedicated(Options::default())
         .await
         .expect("a control plane");
@@ -1802,8 +1828,7 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
     let mut w = Test::on(cp, "lagging").await;
     w.reconciler_env = Env::new(w.dir(), lagging.kubeconfig());
     let two = w.start_swept_ring(10).await;
-    // Quiet: its sweeps read the watch cache only (a consistent list in flight would hang
-    // behind the cut; beside busy neighbours the first full rebalance was still ending).
+    // Quiet first: beside busy neighbours the first full rebalance was still ending.
     let seen = w.reconcilers[0].process.lines().len();
     w.reconcilers[0]
         .process
@@ -1837,15 +1862,6 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
         names.len() == 10 && !names.contains(&"object-hidden".to_owned()),
         "the lagging cache lacks the new object: {names:?}"
     );
-    // Sweeps while the cache lags see nothing to do.
-    w.wait_for_rebalances(0, 2).await;
-    let still = w.secrets().get("object-hidden").await.expect("get");
-    assert_eq!(
-        w.shard_of(&still),
-        None,
-        "assigned from a cache that lacks it"
-    );
-
     link.blackhole(false);
     let seen = w.reconcilers[0].process.lines().len();
     let object = format!("{}/object-hidden", w.ns);
