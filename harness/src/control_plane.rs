@@ -25,6 +25,7 @@ use kube::{Api, Client, Config};
 use tokio::sync::OnceCell;
 
 use crate::Error;
+use crate::proxy::Proxy;
 use crate::supervisor::{
     blocking, lifetime_child_status, remove_at_exit, spawn_for_process_lifetime,
 };
@@ -187,6 +188,12 @@ pub struct Options {
     /// limit answers 429 at once instead of queueing (requests of `system:masters`, such as the
     /// test's own, are never refused).
     pub max_mutating_in_flight: Option<u32>,
+    /// Leases are stored through a proxy in front of etcd ([`ControlPlane::lease_storage`],
+    /// `--etcd-servers-overrides`), so that a test can slow what the apiserver reads of them;
+    /// and the audit log records every list and watch of Leases too, with how it was answered.
+    /// The proxy runs on the runtime of the test that starts the control plane: a test that
+    /// blocks (reading the audit log) should run on a multi-thread runtime.
+    pub lease_storage_link: bool,
 }
 
 /// One of the control plane's two processes (see [`ControlPlane::restart`]).
@@ -261,6 +268,7 @@ pub struct ControlPlane {
     ca_file: PathBuf,
     kubeconfig: PathBuf,
     sa_key: PathBuf,
+    lease_storage: Option<Proxy>,
 }
 
 impl ControlPlane {
@@ -305,11 +313,19 @@ impl ControlPlane {
         // Writes (not Lease renewals or Events) are audited, so tests can count the writes a
         // component makes, by user and object.
         let audit_policy = dir.join("audit-policy.yaml");
+        let lease_reads = if options.lease_storage_link {
+            "- level: Metadata\n  verbs: [list, watch]\n  resources:\n  - group: coordination.k8s.io\n    resources: [leases]\n"
+        } else {
+            ""
+        };
         write(
             &audit_policy,
-            b"apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+            format!(
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{lease_reads}\
 - level: None\n  resources:\n  - group: coordination.k8s.io\n  - group: events.k8s.io\n  - group: \"\"\n    resources: [events]\n\
-- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n",
+- level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n"
+            )
+            .as_bytes(),
         )?;
         let (etcd, etcd_url) = start_on_free_ports("etcd", &dir, |[client, peer]| {
             let etcd_url = format!("http://127.0.0.1:{client}");
@@ -327,6 +343,19 @@ impl ControlPlane {
         })
         .await?;
 
+        let lease_storage = if options.lease_storage_link {
+            let etcd_addr = etcd_url.trim_start_matches("http://");
+            let etcd_addr = etcd_addr
+                .parse()
+                .map_err(|e| Error::Provision(format!("etcd's address {etcd_addr}: {e}")))?;
+            Some(
+                Proxy::to(etcd_addr)
+                    .await
+                    .map_err(Error::io("start the proxy in front of etcd"))?,
+            )
+        } else {
+            None
+        };
         let certs = dir.join("certs");
         let address = options
             .node_address
@@ -367,6 +396,12 @@ impl ControlPlane {
                 if let Some(timeout) = options.request_timeout {
                     apiserver.arg(format!("--request-timeout={}s", timeout.as_secs().max(1)));
                 }
+                if let Some(link) = &lease_storage {
+                    apiserver.arg(format!(
+                        "--etcd-servers-overrides=coordination.k8s.io/leases#http://{}",
+                        link.addr()
+                    ));
+                }
                 let serving = format!("Serving securely on {address}:{secure_port}");
                 (apiserver, serving, secure_port)
             })
@@ -384,6 +419,7 @@ impl ControlPlane {
             ca_file,
             kubeconfig,
             sa_key,
+            lease_storage,
         };
         control_plane.wait_ready().await?;
         write(
@@ -458,13 +494,19 @@ impl ControlPlane {
         command.args(args);
         let pid = spawn_logged(command, &self.dir.join(format!("{name}.log")))?;
         process.pid.store(pid, Ordering::Relaxed);
-        // The apiserver's readiness includes its etcd: either restart ends here.
+        // The apiserver's readiness includes its etcd and its watch caches: either restart
+        // ends here.
         self.wait_ready().await?;
         eprintln!(
             "[control-plane] {name} started again, the apiserver ready {:.1} s after the start",
             starting.elapsed().as_secs_f64()
         );
         Ok(())
+    }
+
+    /// The proxy Leases are stored through ([`Options::lease_storage_link`]).
+    pub fn lease_storage(&self) -> Option<&Proxy> {
+        self.lease_storage.as_ref()
     }
 
     /// etcd's client address.

@@ -6,11 +6,13 @@
 //! It also stands for the network between a component and the apiserver: [`Proxy::blackhole`]
 //! stops every byte in both directions (connections stay open, new ones are accepted and hang,
 //! as behind a partition) until it is lifted; what was sent meanwhile is delivered then, as TCP
-//! retransmission would once a partition heals.
+//! retransmission would once a partition heals. [`Proxy::throttle`] slows what the backend
+//! sends (a congested link), so that a large answer takes as long as a test needs.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,11 +22,13 @@ use tokio::task::JoinHandle;
 type Backends = Arc<RwLock<Vec<Option<SocketAddr>>>>;
 
 /// A running proxy; stops when dropped.
+#[derive(Debug)]
 pub struct Proxy {
     addr: SocketAddr,
     backends: Backends,
     connections: Arc<AtomicUsize>,
     open: watch::Sender<bool>,
+    rate: watch::Sender<Option<u64>>,
     task: JoinHandle<()>,
 }
 
@@ -39,6 +43,7 @@ impl Proxy {
         let shared = Arc::clone(&backends);
         let next = Arc::new(AtomicUsize::new(0));
         let (open, passing) = watch::channel(true);
+        let (rate, limit) = watch::channel(None);
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
@@ -52,6 +57,7 @@ impl Proxy {
                     .collect();
                 let start = next.fetch_add(1, Ordering::Relaxed);
                 let mut passing = passing.clone();
+                let limit = limit.clone();
                 let counted = Arc::clone(&counted);
                 counted.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
@@ -62,8 +68,8 @@ impl Proxy {
                                 let (in_read, in_write) = inbound.into_split();
                                 let (out_read, out_write) = outbound.into_split();
                                 tokio::join!(
-                                    pipe(in_read, out_write, passing.clone()),
-                                    pipe(out_read, in_write, passing),
+                                    pipe(in_read, out_write, passing.clone(), None),
+                                    pipe(out_read, in_write, passing, Some(limit)),
                                 );
                                 break;
                             }
@@ -78,6 +84,7 @@ impl Proxy {
             backends,
             connections,
             open,
+            rate,
             task,
         })
     }
@@ -93,6 +100,12 @@ impl Proxy {
     /// hang; `false` heals it and delivers what waited.
     pub fn blackhole(&self, on: bool) {
         self.open.send_replace(!on);
+    }
+
+    /// Lets the backend's bytes pass at most `bytes_per_second` on each connection (`None`: as
+    /// fast as they come), from the next read on.
+    pub fn throttle(&self, bytes_per_second: Option<u64>) {
+        self.rate.send_replace(bytes_per_second.map(|r| r.max(1)));
     }
 
     /// Points slot `i` at `backend` (`None`: no backend in that slot).
@@ -125,20 +138,29 @@ impl Drop for Proxy {
 }
 
 /// Copies `from` to `to` while the proxy lets bytes pass (holding them, and the end of the
-/// stream, while it is blackholed).
+/// stream, while it is blackholed), at most at the rate `limit` names, if any.
 async fn pipe(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     mut passing: watch::Receiver<bool>,
+    limit: Option<watch::Receiver<Option<u64>>>,
 ) {
     let mut buffer = vec![0; 16 * 1024];
     loop {
-        let read = from.read(&mut buffer).await;
+        // A throttled link reads little at a time, so a lifted throttle takes effect at once.
+        let rate = limit.as_ref().and_then(|l| *l.borrow());
+        let size = rate.map_or(buffer.len(), |r| {
+            (r / 10).clamp(1, buffer.len() as u64) as usize
+        });
+        let read = from.read(&mut buffer[..size]).await;
         if passing.wait_for(|open| *open).await.is_err() {
             return;
         }
         match read {
             Ok(n) if n > 0 => {
+                if let Some(rate) = limit.as_ref().and_then(|l| *l.borrow()) {
+                    tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
+                }
                 if to.write_all(&buffer[..n]).await.is_err() {
                     return;
                 }
@@ -179,6 +201,28 @@ mod tests {
         let mut answer = vec![0; message.len()];
         stream.read_exact(&mut answer).await.expect("read");
         answer
+    }
+
+    #[tokio::test]
+    async fn a_throttled_proxy_passes_the_backends_bytes_no_faster_than_its_rate() {
+        let proxy = Proxy::to(echo().await).await.expect("proxy");
+        let mut stream = TcpStream::connect(proxy.addr()).await.expect("connect");
+        assert_eq!(round_trip(&mut stream, b"warm").await, b"warm");
+        let rate = 20_000;
+        proxy.throttle(Some(rate));
+        let message = vec![7u8; 10_000];
+        let started = std::time::Instant::now();
+        assert_eq!(round_trip(&mut stream, &message).await, message);
+        // All but the first read's worth (a tenth of the rate) waited for the rate.
+        let least = (message.len() as f64 - rate as f64 / 10.0) / rate as f64;
+        assert!(
+            started.elapsed().as_secs_f64() >= least,
+            "{:?} for {} bytes at {rate}/s",
+            started.elapsed(),
+            message.len()
+        );
+        proxy.throttle(None);
+        assert_eq!(round_trip(&mut stream, b"fast").await, b"fast");
     }
 
     #[tokio::test]

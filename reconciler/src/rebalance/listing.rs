@@ -5,6 +5,7 @@
 //! a write slot (a page and [`LISTED_AHEAD`] more), so a page is read to its end at the
 //! apiserver's speed, however slowly its objects are written.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::AsyncBufReadExt;
@@ -66,6 +67,26 @@ impl Page {
     /// The token of the next page (`None` on the last page).
     pub(super) fn continue_token(&self) -> Option<&str> {
         self.continue_token.as_deref()
+    }
+}
+
+/// `request`'s answer, asked for again after the wait the apiserver named when it was too busy
+/// for it for now (a 429 with Retry-After), up to [`OVERLOAD_RETRIES`] times, before its error
+/// counts.
+async fn as_told<T, F: Future<Output = Result<T, kube::Error>>>(
+    mut request: impl FnMut() -> F,
+) -> Result<T, kube::Error> {
+    let mut busy = 0;
+    loop {
+        match request().await {
+            Err(e) if busy < OVERLOAD_RETRIES && retry_after(&e).is_some() => {
+                let wait = retry_after(&e).unwrap_or_default();
+                busy += 1;
+                debug!(error = %e, wait_ms = wait.as_millis(), "the apiserver asked to list again later");
+                tokio::time::sleep(wait).await;
+            }
+            answer => return answer,
+        }
     }
 }
 
@@ -169,22 +190,8 @@ impl Rebalancer {
                 .acquire_many_owned(page_size)
                 .await
                 .expect("the room is never closed");
-            // An apiserver too busy for the list for now (a 429 with Retry-After) is asked
-            // again after the wait it named, a few times, before the list counts as failed.
-            let mut busy = 0;
-            loop {
-                match Page::open(&client, &api, namespace.as_deref(), &params).await {
-                    Ok(page) => return Ok((page, places)),
-                    Err(e) => match retry_after(&e) {
-                        Some(wait) if busy < OVERLOAD_RETRIES => {
-                            busy += 1;
-                            debug!(error = %e, wait_ms = wait.as_millis(), "the apiserver asked to list again later");
-                            tokio::time::sleep(wait).await;
-                        }
-                        _ => return Err(e),
-                    },
-                }
-            }
+            let page = as_told(|| Page::open(&client, &api, namespace.as_deref(), &params)).await?;
+            Ok((page, places))
         }))
     }
 
@@ -233,5 +240,70 @@ impl Rebalancer {
             }
         }
         Ok(PageEnd::Page(next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An apiserver answer: `code` with a Retry-After of `seconds`, or a page (`None`).
+    fn answer(code: Option<(u16, u32)>) -> Result<&'static str, kube::Error> {
+        match code {
+            None => Ok("page"),
+            Some((code, seconds)) => {
+                let status = serde_json::json!({
+                    "code": code,
+                    "status": "Failure",
+                    "details": { "retryAfterSeconds": seconds },
+                });
+                Err(kube::Error::Api(Box::new(
+                    serde_json::from_value(status).expect("a Status"),
+                )))
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_page_is_asked_again_after_each_retry_after_and_other_errors_end_it() {
+        let busy = Some((429, 2));
+        let cases = [
+            (vec![None], Ok(()), 1, 0),
+            (vec![busy, busy, None], Ok(()), 3, 4),
+            (vec![Some((429, 0)), None], Err(429), 1, 0),
+            (vec![Some((500, 2)), None], Err(500), 1, 0),
+            (
+                vec![busy; OVERLOAD_RETRIES + 1],
+                Err(429),
+                OVERLOAD_RETRIES + 1,
+                2 * OVERLOAD_RETRIES as u64,
+            ),
+        ];
+        for (answers, outcome, requests, waited) in cases {
+            let left = Mutex::new(answers.clone().into_iter());
+            let asked = Mutex::new(0);
+            let started = tokio::time::Instant::now();
+            let result = as_told(|| {
+                *asked.lock().expect("count") += 1;
+                let next = left.lock().expect("answers").next().expect("an answer");
+                async move { answer(next) }
+            })
+            .await;
+            let outcome_seen = match result {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(status)) => Err(status.code),
+                Err(e) => panic!("{e}"),
+            };
+            assert_eq!(outcome_seen, outcome, "{answers:?}");
+            assert_eq!(*asked.lock().expect("count"), requests, "{answers:?}");
+            assert_eq!(
+                started.elapsed(),
+                Duration::from_secs(waited),
+                "{answers:?}"
+            );
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! Faults real clusters have, with the ownership and handover checkers running: a zombie shard
 //! (alive, its Lease renewals refused), a shard cut off from the apiserver by a partition that
 //! heals, a webhook that accepts connections and never answers, the apiserver or etcd killed
-//! and started again in the middle of a rebalance, and an apiserver refusing writes (429)
-//! through a scale-out.
+//! and started again in the middle of a rebalance, an apiserver whose watch cache answers 429
+//! after a restart, and an apiserver refusing writes (429) through a scale-out.
 //!
 //! What each case showed (the margin a lost shard stops before its Lease expires, how late its
 //! Lease is taken over, the cost of a hung webhook per CREATE) is printed for the notes.
@@ -542,6 +542,221 @@ async fn restart_mid_rebalance(part: Part) {
         back.duration_since(cut).as_secs_f64(),
         completed.as_secs_f64(),
     );
+}
+
+/// How many answered-429 reads of Leases [`watches_wait_out_a_restarted_apiserver_s_retry_after`]
+/// needs per watch: kube-runtime's backoff would have grown past the Retry-After by the fourth
+/// (0.8, 1.6, 3.2 s and jitter), and would not make that many in the window.
+const REFUSED_READS: usize = 4;
+
+/// The bytes per second the restarted apiserver reads its Leases' storage at.
+const LEASE_STORAGE_RATE: u64 = 20 * 1024;
+
+/// Leases of 2 KiB that its Lease cache reads first: 240 KiB, about 12 s at that rate (the
+/// apiserver's Retry-After grows from 1 s to 2 s after 11.5 s).
+const BALLAST_LEASES: usize = 120;
+
+/// Right after an apiserver restart its watch cache of Leases initialises (here held back by a
+/// throttled link to their storage), and lists and watches of Leases are answered 429 with a
+/// Retry-After. The webhook's and the reconciler's Lease watches each try again after the wait
+/// the answer names, neither sooner nor after a growing backoff, and both go on working
+/// without a restart once the cache is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_wait_out_a_restarted_apiserver_s_retry_after() {
+    use kube::api::{ObjectMeta, PostParams};
+    let cp = sharder_harness::ControlPlane::dedicated(sharder_harness::control_plane::Options {
+        lease_storage_link: true,
+        ..Default::default()
+    })
+    .await
+    .expect("a control plane of its own");
+    let ns = cp.namespace("retry-after").await.expect("a namespace");
+    let webhook_token = cp
+        .cluster_admin_token(&ns, "sharder-webhook")
+        .await
+        .expect("the webhook's token");
+    let webhook_kubeconfig = cp
+        .write_kubeconfig(&format!("webhook-{ns}"), &webhook_token)
+        .expect("the webhook's kubeconfig");
+    // Leases that outlast the throttled link: renewals wait behind the cache's list there.
+    let lease = Duration::from_secs(120);
+    let mut system = System::start(
+        "retry-after",
+        Options {
+            shards: 2,
+            lease_seconds: lease.as_secs(),
+            control_plane: Some(cp),
+            namespace: Some(ns.clone()),
+            service_accounts: true,
+            webhook_kubeconfig: Some(webhook_kubeconfig),
+            reconciler_extra: vec![
+                (
+                    "--leader-election-duration".into(),
+                    format!("{}s", lease.as_secs()),
+                ),
+                ("--leader-election-renew".into(), "2s".into()),
+            ],
+            ..Options::default()
+        },
+    )
+    .await;
+    create_at_once(&system, 20, 8).await;
+    eventually("objects on two shards", WAIT, || system.converged()).await;
+    // Leases of no ring in a namespace of their own: what the cache must read before it is
+    // ready, for several Retry-Afters at the throttled rate.
+    let ballast = cp.namespace("lease-ballast").await.expect("a namespace");
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        system.client.clone(),
+        &ballast,
+    );
+    futures::stream::iter(0..BALLAST_LEASES)
+        .map(|i| {
+            let leases = leases.clone();
+            async move {
+                let lease = k8s_openapi::api::coordination::v1::Lease {
+                    metadata: ObjectMeta {
+                        name: Some(format!("ballast-{i}")),
+                        annotations: Some([("ballast".to_owned(), "x".repeat(2048))].into()),
+                        ..ObjectMeta::default()
+                    },
+                    ..Default::default()
+                };
+                leases
+                    .create(&PostParams::default(), &lease)
+                    .await
+                    .expect("a ballast Lease");
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+
+    let users = [
+        system.service_account("sharder-webhook"),
+        system.service_account(RECONCILER_ACCOUNT),
+    ];
+    let link = cp.lease_storage().expect("the link to the Leases' storage");
+    let mark = cp.audit_mark();
+    link.throttle(Some(LEASE_STORAGE_RATE));
+    cp.restart(Part::Apiserver, Duration::from_secs(1))
+        .await
+        .expect("the apiserver is ready again, its Lease cache initialised");
+    link.throttle(None);
+
+    // Both go on without a restart: a new shard joins the reconciler's ring and takes its
+    // share, and the webhook places a new object by the ring of three.
+    system.start_shard("shard-2").await;
+    eventually("the objects on three shards", WAIT, || system.converged()).await;
+    let created = system
+        .create_secret("after-the-restart", "1")
+        .await
+        .expect("create");
+    let three = sharder_common::Ring::new(["shard-0", "shard-1", "shard-2"]);
+    assert_eq!(
+        system.shard_of(&created).as_deref(),
+        three.shard_for(&system.key("after-the-restart")),
+        "the webhook assigns by the ring it watched again"
+    );
+    let exited = system.exited();
+    assert!(exited.is_empty(), "components exited: {exited:?}");
+
+    // Each component's watches of one request: the webhook's one Lease watch per ring kind,
+    // the reconciler's two (its shard lease controller's and its rings' triggers).
+    let requests = cp.audited_requests_since(mark);
+    for (user, watches) in users.iter().zip([1, 2]) {
+        let reads = lease_reads(&requests, user);
+        let mut uris: Vec<&str> = reads
+            .iter()
+            .filter(|r| r.code == 429)
+            .map(|r| r.uri.as_str())
+            .collect();
+        uris.sort_unstable();
+        uris.dedup();
+        assert!(!uris.is_empty(), "{user}: no Lease read answered 429");
+        for uri in uris {
+            let of_uri: Vec<&LeaseRead> = reads.iter().filter(|r| r.uri == uri).collect();
+            let refusals = of_uri.iter().filter(|r| r.code == 429).count();
+            assert!(
+                refusals >= REFUSED_READS * watches,
+                "{user}: {refusals} reads answered 429 by {watches} watches: {uri}"
+            );
+            let broken = retry_after_broken(&of_uri, watches);
+            assert!(broken.is_empty(), "{user}, {uri}: {broken:#?}");
+            eprintln!("{user}: {refusals} reads answered 429, each waited out as asked: {uri}");
+        }
+    }
+    system.assert_single_ownership();
+}
+
+/// One list or watch of Leases, as the audit log recorded it.
+#[derive(Debug)]
+struct LeaseRead {
+    uri: String,
+    code: u64,
+    /// The Retry-After of a refusal.
+    retry_after: Option<Duration>,
+    received: Timestamp,
+    answered: Timestamp,
+}
+
+/// The lists and watches of Leases `user` made, by the time they were received.
+fn lease_reads(events: &[serde_json::Value], user: &str) -> Vec<LeaseRead> {
+    let time = |v: &serde_json::Value| v.as_str().and_then(|t| t.parse::<Timestamp>().ok());
+    let mut reads: Vec<LeaseRead> = events
+        .iter()
+        .filter(|e| e["user"]["username"] == user && e["objectRef"]["resource"] == "leases")
+        .filter(|e| e["verb"] == "list" || e["verb"] == "watch")
+        .filter_map(|e| {
+            Some(LeaseRead {
+                uri: e["requestURI"].as_str()?.to_owned(),
+                code: e["responseStatus"]["code"].as_u64()?,
+                retry_after: e["responseStatus"]["details"]["retryAfterSeconds"]
+                    .as_u64()
+                    .map(Duration::from_secs),
+                received: time(&e["requestReceivedTimestamp"])?,
+                answered: time(&e["stageTimestamp"])?,
+            })
+        })
+        .collect();
+    reads.sort_by_key(|r| r.received);
+    reads
+}
+
+/// How the reads of one request (`reads`, by a component with `watches` watches making it, in
+/// the order they came) broke the Retry-After of their refusals. Each watch asks again no sooner
+/// than the answer says, so of any `watches + 1` reads in a row the last came at least that
+/// long after the first's refusal; and not after a backoff growing beyond it (2 s of margin for
+/// a busy machine).
+fn retry_after_broken(reads: &[&LeaseRead], watches: usize) -> Vec<String> {
+    let since = |later: &LeaseRead, earlier: &LeaseRead| {
+        Duration::try_from(later.received.duration_since(earlier.answered)).unwrap_or_default()
+    };
+    let mut broken = Vec::new();
+    for (i, read) in reads.iter().enumerate().filter(|(_, r)| r.code == 429) {
+        let Some(asked) = read.retry_after else {
+            broken.push(format!("a 429 at {} without a Retry-After", read.answered));
+            continue;
+        };
+        if let Some(next) = reads.get(i + watches) {
+            let waited = since(next, read);
+            if waited + Duration::from_millis(10) < asked {
+                broken.push(format!(
+                    "asked again {waited:?} after a 429 at {} asking for {asked:?}",
+                    read.answered
+                ));
+            }
+        }
+        if let Some(next) = reads.get(i + 1) {
+            let waited = since(next, read);
+            if waited > asked + Duration::from_secs(2) {
+                broken.push(format!(
+                    "asked again only {waited:?} after a 429 at {} asking for {asked:?}",
+                    read.answered
+                ));
+            }
+        }
+    }
+    broken
 }
 
 /// Waits until `system` converges, at most `timeout`, starting again every shard or reconciler
