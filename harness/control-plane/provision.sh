@@ -57,8 +57,8 @@ fi
 
 # Bumped whenever the build recipe (flags, wrapper, etcd choice) changes, so caches rebuild.
 RECIPE=1
-K8S_VERSION="${SHARDER_K8S_VERSION:-1.37.2}"
-K8S_VERSION="v${K8S_VERSION#v}"
+ASKED="${SHARDER_K8S_VERSION:-1.37.2}"
+K8S_VERSION="v${ASKED#v}"
 CACHE_ROOT="${SHARDER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sharder}"
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
 
@@ -113,7 +113,7 @@ if [[ "$K8S_VERSION" =~ ^v[0-9]+\.[0-9]+$ ]]; then
   K8S_VERSION=$resolved
 fi
 [[ "$K8S_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] ||
-  die "SHARDER_K8S_VERSION=$K8S_VERSION is not a release version such as 1.37.2 or 1.36"
+  die "SHARDER_K8S_VERSION=$ASKED is not a release version such as 1.37.2 or 1.36"
 K8S_MINOR=${BASH_REMATCH[1]}
 STAGING_VERSION="v0.$K8S_MINOR.${BASH_REMATCH[2]}"
 
@@ -228,7 +228,7 @@ mv "$ASSETS/etcd.tmp" "$ASSETS/etcd"
 # What was built, for logs and the benchmark report's versions table.
 {
   "$ASSETS/kube-apiserver" --version
-  "$ASSETS/etcd" --version | head -n 1
+  "$ASSETS/etcd" --version | sed -n 1p
 } >"$ASSETS/versions.tmp"
 mv "$ASSETS/versions.tmp" "$ASSETS/versions"
 log "built $(paste -sd ' ' "$ASSETS/versions") into $ASSETS"
