@@ -49,9 +49,11 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| 100 | sharder reconciler: sweeps and resyncs | ",
             "| 100 | sharder reconciler: leader election and watches | ",
             "| 200 | sharder reconciler (both) | ",
-            "| 200 | reference schedule (full list every 5 min) | ",
+            "| 200 | reference: resync lists (every 5 min) | ",
+            "| 200 | reference: leader election (renewed every 2 s) | ",
+            "| 200 | reference (both) | ",
             "| 200 | metadata reflector (after its first list) | ",
-            "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference schedule's | ",
+            "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference's | ",
             "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
         ],
     );

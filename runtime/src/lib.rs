@@ -125,9 +125,17 @@ where
     run(client().await?, shutdown_on_signal()).await
 }
 
-/// A Kubernetes client from the environment (KUBECONFIG or in-cluster).
+/// A Kubernetes client from the environment (KUBECONFIG or in-cluster), without kube's retry
+/// layer: an apiserver's refusal for now (429, 503) reaches the caller, which waits as long as
+/// its Retry-After says ([`retry`]: watches, list pages, writes) or tries again on its own
+/// schedule (a Lease renewal, a controller's requeue). kube's layer would wait longer than the
+/// answer asks once its own backoff grows past it, and give up after 15 tries.
 pub async fn client() -> Result<kube::Client, Error> {
-    kube::Client::try_default().await.map_err(Error::Client)
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?;
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(Error::Client)
 }
 
 /// This machine's host name (a pod's name in Kubernetes), if it has one.
