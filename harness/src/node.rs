@@ -238,11 +238,6 @@ impl Node {
                 "100",
             ])
             .args(["--eviction-hard=", "--v", "1"])
-            // Kubelet 1.20 deletes a terminated pod's object only after periodic syncs (default
-            // every 1 min), and a StatefulSet creates the pod's successor only
-            // after that: with the default, a rolling restart outlasts a 15 s shard Lease and
-            // moves objects. See docs/design.md §9.
-            .args(["--sync-frequency", "3s"])
             // The node's status is computed every 10 s by default, so the node reported Ready
             // up to 10 s after it was; a status unchanged is still posted only every 5 minutes.
             .args(["--node-status-update-frequency", "1s"]);
