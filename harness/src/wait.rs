@@ -98,9 +98,14 @@ pub struct ListReads {
     /// Lists it read from etcd (`etcd_request_duration_seconds_count`, operations `list` and
     /// `listStream`).
     pub from_etcd: f64,
-    /// Consistent lists its watch cache answered without falling back to etcd
-    /// (`apiserver_watch_cache_consistent_read_total`, `fallback="false"`).
+    /// List responses its watch cache served: every page of a paginated list and every list with
+    /// `resourceVersion=0` (`apiserver_cache_list_total`, or from 1.37 on
+    /// `apiserver_storage_list_total` with `storage="watchcache"`).
     pub from_cache: f64,
+    /// Consistent lists (first pages) its watch cache answered without falling back to etcd
+    /// (`apiserver_watch_cache_consistent_read_total`, `fallback="false"`); a list with
+    /// `resourceVersion=0` is not one.
+    pub consistent: f64,
 }
 
 impl ListReads {
@@ -109,6 +114,7 @@ impl ListReads {
         Self {
             from_etcd: self.from_etcd - earlier.from_etcd,
             from_cache: self.from_cache - earlier.from_cache,
+            consistent: self.consistent - earlier.consistent,
         }
     }
 }
@@ -133,7 +139,18 @@ pub async fn list_reads(
         .iter()
         .map(|op| metric_sum(&metrics, etcd, &[of[0], of[1], ("operation", op)]))
         .sum();
-    let from_cache = metric_sum(
+    let deprecated = "apiserver_cache_list_total";
+    let from_cache = if samples(&metrics, deprecated, &of).next().is_some() {
+        metric_sum(&metrics, deprecated, &of)
+    } else {
+        let storage = ("storage", "watchcache");
+        metric_sum(
+            &metrics,
+            "apiserver_storage_list_total",
+            &[of[0], of[1], storage],
+        )
+    };
+    let consistent = metric_sum(
         &metrics,
         "apiserver_watch_cache_consistent_read_total",
         &[of[0], of[1], ("fallback", "false"), ("success", "true")],
@@ -141,6 +158,7 @@ pub async fn list_reads(
     Ok(ListReads {
         from_etcd,
         from_cache,
+        consistent,
     })
 }
 

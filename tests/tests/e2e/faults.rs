@@ -556,6 +556,12 @@ const LEASE_STORAGE_RATE: u64 = 20 * 1024;
 /// apiserver's Retry-After grows from 1 s to 2 s after 11.5 s).
 const BALLAST_LEASES: usize = 120;
 
+/// How long the example shards' watches may take to resume after the restart: they back off
+/// kube-runtime's way (at most 30 s between tries, up to doubled by jitter), and the restarted
+/// apiserver refuses them for up to two more tries (403 until its authorizer has synced, then
+/// 410 Gone for the version they resume from) after the ones its absence refused.
+const SHARDS_RESUME: Duration = Duration::from_secs(2 * 60);
+
 /// Right after an apiserver restart its watch cache of Leases initialises (here held back by a
 /// throttled link to their storage), and lists and watches of Leases are answered 429 with a
 /// Retry-After. The webhook's and the reconciler's Lease watches (their clients without kube's
@@ -647,7 +653,10 @@ async fn watches_wait_out_a_restarted_apiserver_s_retry_after() {
     // Both go on without a restart: a new shard joins the reconciler's ring and takes its
     // share, and the webhook places a new object by the ring of three.
     system.start_shard("shard-2").await;
-    eventually("the objects on three shards", WAIT, || system.converged()).await;
+    eventually("the objects on three shards", WAIT + SHARDS_RESUME, || {
+        system.converged()
+    })
+    .await;
     let created = system
         .create_secret("after-the-restart", "1")
         .await
