@@ -474,25 +474,38 @@ pub async fn run(args: Args) -> Result<(), Error> {
             Section::Idle => idle::run(cp, &webhooks, &args).await?,
         };
         texts.insert(section, text);
+        // What is measured so far is on disk: an interrupted run keeps its finished sections.
+        save_report(&args, Some(cp), started.elapsed(), &texts)?;
     }
     write_report(&args, Some(cp), started.elapsed(), &texts)
 }
 
-/// Renders the report of the sections in `texts` and writes it to `args.output`.
+/// Renders the report of the sections in `texts`, writes it to `args.output` and prints it.
 fn write_report(
     args: &Args,
     cp: Option<&ControlPlane>,
     took: Duration,
     texts: &std::collections::BTreeMap<Section, String>,
 ) -> Result<(), Error> {
+    let text = save_report(args, cp, took, texts)?;
+    println!("{text}");
+    eprintln!("[bench] report written to {}", args.output.display());
+    Ok(())
+}
+
+/// Renders the report of the sections in `texts` and writes it to `args.output`; returns it.
+fn save_report(
+    args: &Args,
+    cp: Option<&ControlPlane>,
+    took: Duration,
+    texts: &std::collections::BTreeMap<Section, String>,
+) -> Result<String, Error> {
     let text = report::render(args, cp, took, texts);
     if let Some(parent) = args.output.parent() {
         std::fs::create_dir_all(parent).map_err(Error::io("create the report folder"))?;
     }
     std::fs::write(&args.output, &text).map_err(Error::io("write the report"))?;
-    println!("{text}");
-    eprintln!("[bench] report written to {}", args.output.display());
-    Ok(())
+    Ok(text)
 }
 
 #[cfg(test)]

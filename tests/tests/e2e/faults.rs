@@ -550,11 +550,15 @@ async fn restart_mid_rebalance(part: Part) {
 const REFUSED_READS: usize = 4;
 
 /// The bytes per second the restarted apiserver reads its Leases' storage at.
-const LEASE_STORAGE_RATE: u64 = 20 * 1024;
+const LEASE_STORAGE_RATE: u64 = 4 * 1024;
 
-/// Leases of 2 KiB that its Lease cache reads first: 240 KiB, about 12 s at that rate (the
-/// apiserver's Retry-After grows from 1 s to 2 s after 11.5 s).
+/// Leases of 2 KiB that its Lease cache reads first: 240 KiB, about 60 s at that rate, longer
+/// than [`REFUSAL_WINDOW`].
 const BALLAST_LEASES: usize = 120;
+
+/// How long the link stays throttled at most: it is opened as soon as both components were
+/// refused [`REFUSED_READS`] times, however long the restarted apiserver took to authorise them.
+const REFUSAL_WINDOW: Duration = Duration::from_secs(45);
 
 /// How long the example shards' watches may take to resume after the restart: they back off
 /// kube-runtime's way (at most 30 s between tries, up to doubled by jitter), and the restarted
@@ -645,10 +649,23 @@ async fn watches_wait_out_a_restarted_apiserver_s_retry_after() {
     let link = cp.lease_storage().expect("the link to the Leases' storage");
     let mark = cp.audit_mark();
     link.throttle(Some(LEASE_STORAGE_RATE));
-    cp.restart(Part::Apiserver, Duration::from_secs(1))
-        .await
-        .expect("the apiserver is ready again, its Lease cache initialised");
-    link.throttle(None);
+    // The cache stays uninitialised until both were refused often enough to show how they wait.
+    let opened = async {
+        let deadline = Instant::now() + REFUSAL_WINDOW;
+        while Instant::now() < deadline {
+            let requests = cp.audited_requests_since(mark);
+            if users.iter().all(|user| {
+                let reads = lease_reads(&requests, user);
+                reads.iter().filter(|r| r.code == 429).count() >= REFUSED_READS
+            }) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        link.throttle(None);
+    };
+    let (restarted, ()) = tokio::join!(cp.restart(Part::Apiserver, Duration::from_secs(1)), opened);
+    restarted.expect("the apiserver is ready again, its Lease cache initialised");
 
     // Both go on without a restart: a new shard joins the reconciler's ring and takes its
     // share, and the webhook places a new object by the ring of three.
