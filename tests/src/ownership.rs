@@ -177,6 +177,13 @@ mod tests {
 /// rules; returns a one-line summary of both.
 pub fn assert_holds(report: &Report, handover: &Handover) -> String {
     assert!(
+        handover.records_checked > 0,
+        "no record was checked against the owners' versions ({} reconciles recorded, {} records \
+         unplaced): the check saw nothing",
+        report.total(),
+        handover.records_unplaced
+    );
+    assert!(
         report.overlaps.is_empty(),
         "{} overlapping reconciles, first: {:?}",
         report.overlaps.len(),
@@ -189,7 +196,7 @@ pub fn assert_holds(report: &Report, handover: &Handover) -> String {
         handover.violations.first()
     );
     format!(
-        "{} reconciles of {} objects, {} reconciled by more than one shard over time, no overlap; {} children, {} child moves, none ahead of its owner, longest behind {:?}; {} records checked against the owners' versions",
+        "{} reconciles of {} objects, {} reconciled by more than one shard over time, no overlap; {} children, {} child moves, none ahead of its owner, longest behind {:?}; {} records checked against the owners' versions, {} unplaced",
         report.total(),
         report.reconciles.len(),
         report.objects_with_several_shards(),
@@ -197,6 +204,7 @@ pub fn assert_holds(report: &Report, handover: &Handover) -> String {
         handover.child_moves,
         std::time::Duration::from_nanos(u64::try_from(handover.longest_behind).unwrap_or(u64::MAX)),
         handover.records_checked,
+        handover.records_unplaced,
     )
 }
 
@@ -243,6 +251,9 @@ pub struct Handover {
     pub longest_behind: u128,
     /// Reconcile starts and child writes checked against the owner's observed versions.
     pub records_checked: usize,
+    /// Records of an owner that name a version its observed history lacks (a watch that
+    /// reconnected past it): not checked.
+    pub records_unplaced: usize,
 }
 
 /// How long after an owner moved on a shard may still act on its old copy (watch delivery).
@@ -394,6 +405,7 @@ fn check_records(sorted: &[&Version], lines: &[Line], report: &mut Handover) {
             continue;
         };
         let Some(seen) = versions.iter().find(|v| v.rv == rv) else {
+            report.records_unplaced += 1;
             continue;
         };
         report.records_checked += 1;
@@ -563,5 +575,19 @@ mod handover_tests {
         assert_eq!(not_held.violations.len(), 1, "b did not hold it at rv 1");
         let stale = check(&versions, &[start("a", 1, 600 * MS + STALE_TOLERANCE + 1)]);
         assert_eq!(stale.violations.len(), 1, "long after it moved to b");
+        let unseen = check(&versions, &[start("a", 3, 300 * MS)]);
+        assert_eq!(
+            (unseen.records_checked, unseen.records_unplaced),
+            (0, 1),
+            "rv 3 was never observed"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "no record was checked")]
+    fn a_run_whose_records_were_none_checked_fails() {
+        let versions = [owner(1, Some("a"), false)];
+        let nothing = check(&versions, &[]);
+        assert_holds(&Report::default(), &nothing);
     }
 }

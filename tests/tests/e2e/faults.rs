@@ -389,6 +389,10 @@ async fn a_partitioned_shard_stops_in_time_and_nothing_it_sent_lands_stale_after
         .map(|r| format!("{} {}", r.what, r.code))
         .collect();
     assert!(
+        !late.is_empty(),
+        "no write of {CUT_OFF} arrived after its Lease expired: the partition held nothing back"
+    );
+    assert!(
         late.iter().all(|r| r.code >= 400),
         "a write sent before the partition landed after the Lease expired: {described:?}"
     );
@@ -437,6 +441,40 @@ async fn a_hung_webhook_costs_each_create_its_timeout_and_the_sweep_assigns_what
     system.assert_single_ownership();
     let hung: Vec<Duration> = hung.into_iter().map(|(took, _)| took).collect();
     eprintln!("CREATE took {answered:?} with the webhook answering, {hung:?} with it hung");
+    // The apiserver waits the ring's webhook out once per CREATE, neither less nor again.
+    let timeout = webhook_timeout(&system).await;
+    for took in &hung {
+        assert!(
+            *took >= timeout && *took <= timeout + HUNG_CREATE_MARGIN,
+            "a CREATE with the webhook hung took {took:?}, its timeoutSeconds being {timeout:?}"
+        );
+    }
+}
+
+/// What a CREATE may take beyond the webhook's `timeoutSeconds` on a busy machine.
+const HUNG_CREATE_MARGIN: Duration = Duration::from_secs(3);
+
+/// The `timeoutSeconds` of the webhook configuration the reconciler keeps for `system`'s ring.
+async fn webhook_timeout(system: &System) -> Duration {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let configurations = Api::<MutatingWebhookConfiguration>::all(system.client.clone())
+        .list(&Default::default())
+        .await
+        .expect("the webhook configurations");
+    let seconds = configurations
+        .items
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.name == system.ring)
+        })
+        .flat_map(|c| c.webhooks.iter().flatten())
+        .find_map(|w| w.timeout_seconds)
+        .expect("the ring's webhook configuration with a timeoutSeconds");
+    Duration::from_secs(u64::try_from(seconds).expect("a positive timeoutSeconds"))
 }
 
 #[tokio::test]
@@ -793,12 +831,12 @@ fn retry_after_broken(reads: &[&LeaseRead], watches: usize) -> Vec<String> {
 
 /// Waits until `system` converges, at most `timeout`, starting again every shard or reconciler
 /// that gave its Lease up meanwhile (renewals refused for longer than its renew deadline: its
-/// pod would be restarted), and reading the reconciler's write limit into `lowest_limit` (its
-/// lowest value shows the backoff). Returns what was restarted.
+/// pod would be restarted), and appending each reading of the reconciler's write limit to
+/// `limits` (their course shows the backoff). Returns what was restarted.
 async fn converge_restarting(
     system: &mut System,
     timeout: Duration,
-    lowest_limit: &mut f64,
+    limits: &mut Vec<f64>,
 ) -> Vec<String> {
     let deadline = Instant::now() + timeout;
     let mut restarted = Vec::new();
@@ -812,7 +850,7 @@ async fn converge_restarting(
         if let Some(limit) =
             metric_value(&metrics, "sharder_reconciler_write_concurrency_limit", &[])
         {
-            *lowest_limit = lowest_limit.min(limit);
+            limits.push(limit);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -857,14 +895,14 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
     create_at_once(&system, OBJECTS, 4).await;
     // The shards' first reconcile of each object is a write too, refused as often.
     let first = Instant::now();
-    let mut lowest_limit = f64::INFINITY;
-    let mut restarted = converge_restarting(&mut system, RECOVERY, &mut lowest_limit).await;
+    let mut limits = Vec::new();
+    let mut restarted = converge_restarting(&mut system, RECOVERY, &mut limits).await;
     let settled = first.elapsed();
 
     let mark = system.audit_mark();
     let started = Instant::now();
     system.start_shard("shard-2").await;
-    restarted.extend(converge_restarting(&mut system, RECOVERY, &mut lowest_limit).await);
+    restarted.extend(converge_restarting(&mut system, RECOVERY, &mut limits).await);
     let completed = started.elapsed();
     let holdings = system.holdings().await;
     assert_eq!(
@@ -883,6 +921,8 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
     let (shards_refused, shards_requests) = refused(SHARD_ACCOUNT);
     let metrics = system.reconciler_metrics(0).await;
     let counted = metric_sum(&metrics, "sharder_reconciler_overloaded_writes_total", &[]);
+    let (fell, recovered) = fell_and_recovered(&limits);
+    let lowest_limit = limits.iter().copied().fold(f64::INFINITY, f64::min);
     eprintln!(
         "overload (--max-mutating-requests-inflight={MUTATING_IN_FLIGHT}): {OBJECTS} objects \
          settled on two shards {:.1} s after their creation; scale-out of them to a third shard complete in {:.1} s; reconciler {reconciler_refused} \
@@ -900,4 +940,42 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
         counted >= 1.0 && counted <= reconciler_refused as f64,
         "the reconciler's metric counts its refused writes: {counted} of {reconciler_refused}"
     );
+    assert!(
+        fell && recovered,
+        "the write limit fell under the 429s ({fell}) and rose again after ({recovered}): \
+         {limits:?}"
+    );
+}
+
+/// Whether a course of readings of the write limit fell below an earlier reading, and rose
+/// again after a fall.
+fn fell_and_recovered(limits: &[f64]) -> (bool, bool) {
+    let mut highest = f64::NEG_INFINITY;
+    let mut lowest_since_fall: Option<f64> = None;
+    let mut recovered = false;
+    for &limit in limits {
+        if let Some(lowest) = lowest_since_fall.as_mut() {
+            recovered |= limit > *lowest;
+            *lowest = lowest.min(limit);
+        } else if limit < highest {
+            lowest_since_fall = Some(limit);
+        }
+        highest = highest.max(limit);
+    }
+    (lowest_since_fall.is_some(), recovered)
+}
+
+#[test]
+fn a_write_limit_that_only_grows_or_never_rises_again_is_told_apart() {
+    let cases: [(&[f64], (bool, bool)); 6] = [
+        (&[], (false, false)),
+        (&[16.0, 17.0, 30.0], (false, false)),
+        (&[16.0, 8.0], (true, false)),
+        (&[16.0, 8.0, 4.0, 4.0], (true, false)),
+        (&[16.0, 8.0, 4.0, 5.0], (true, true)),
+        (&[16.0, 20.0, 10.0, 10.5], (true, true)),
+    ];
+    for (limits, expected) in cases {
+        assert_eq!(fell_and_recovered(limits), expected, "{limits:?}");
+    }
 }
