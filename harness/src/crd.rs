@@ -20,11 +20,16 @@ pub const RING_CRDS: [&str; 2] = [
 /// is harmless) and waits until the apiserver reports them Established.
 pub async fn install_ring_crds(client: &Client) -> Result<(), Error> {
     for file in RING_CRDS {
-        let crd: CustomResourceDefinition = serde_yaml::from_str(file)
-            .map_err(|e| Error::Provision(format!("the chart's CRD does not parse: {e}")))?;
-        install_crd(client, &crd).await?;
+        install_chart_crd(client, file).await?;
     }
     Ok(())
+}
+
+/// Installs one of the chart's [`RING_CRDS`] ([`install_crd`]).
+pub async fn install_chart_crd(client: &Client, file: &str) -> Result<(), Error> {
+    let crd: CustomResourceDefinition = serde_yaml::from_str(file)
+        .map_err(|e| Error::Provision(format!("the chart's CRD does not parse: {e}")))?;
+    install_crd(client, &crd).await.map(drop)
 }
 
 /// Applies `crd` server-side, as Helm 4 applies a chart's CRDs (so calling it again is

@@ -21,6 +21,7 @@ pub mod launch;
 pub mod node;
 pub mod procfs;
 pub mod proxy;
+pub mod reference;
 pub mod supervisor;
 pub mod wait;
 pub mod world;
@@ -56,6 +57,10 @@ pub enum Error {
     /// carries its output.
     #[error("{0}")]
     Command(String),
+
+    /// A data file the tests read (the reference's objects) does not parse; the message names it.
+    #[error("{0}")]
+    Data(String),
 
     /// A file or process operation failed; the first field says which.
     #[error("cannot {0}: {1}")]

@@ -89,8 +89,16 @@ impl World {
 
     /// The same in the existing namespace `ns`, with the ClusterRing named `ring`.
     pub async fn with_ring(cp: &'static ControlPlane, ns: String, ring: String) -> Self {
+        install_ring_crds(&cp.client().await.expect("client"))
+            .await
+            .expect("CRD");
+        Self::under_installed_crds(cp, ns, ring).await
+    }
+
+    /// The same, with the ring CRDs `cp` serves already (a test that installed the reference's
+    /// instead of Sharder's).
+    pub async fn under_installed_crds(cp: &'static ControlPlane, ns: String, ring: String) -> Self {
         let client = cp.client().await.expect("client");
-        install_ring_crds(&client).await.expect("CRD");
         // Kept, with the component logs in it, when `SHARDER_KEEP_TMP` is set.
         let dir = tempfile::Builder::new()
             .prefix(&format!("sharder-{ns}-"))

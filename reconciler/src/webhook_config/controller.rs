@@ -3,7 +3,8 @@
 //! configuration changes or goes (by its ring label, or its owner reference when the label was
 //! removed), when the CA bundle changes, and every resync interval; it reads the configuration
 //! and writes (server-side apply) only when [`drift`] finds a difference, so an unchanged
-//! configuration is never written again.
+//! configuration is never written again. A configuration the reference sharder applied is taken
+//! over whole: its fields are released first ([`previous_managers`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +21,7 @@ use sharder_runtime::metrics::RingLabel;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::drift::drift;
+use super::drift::{drift, previous_managers};
 use crate::Error;
 use crate::metrics::{ConfigurationWriteLabels, Metrics};
 use crate::rings::FIELD_MANAGER;
@@ -78,7 +79,27 @@ pub(crate) async fn reconcile(
     let desired = webhook_configuration(&ring, &roles, &settings);
     let name = desired.metadata.name.clone().unwrap_or_default();
     let api = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
-    let existing = api.get_opt(&name).await.map_err(Error::Kube)?;
+    let mut existing = api.get_opt(&name).await.map_err(Error::Kube)?;
+    let previous = existing.as_ref().map(previous_managers).unwrap_or_default();
+    for manager in &previous {
+        // An apply with no fields: whatever only that manager set goes.
+        let release = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": { "name": name },
+        });
+        existing = Some(
+            api.patch(&name, &PatchParams::apply(manager), &Patch::Apply(&release))
+                .await
+                .map_err(Error::Kube)?,
+        );
+        info!(
+            ring = %ring.id,
+            webhook_configuration = %name,
+            manager = %manager,
+            "the reference's fields of the webhook configuration released"
+        );
+    }
     if let Some(drift) = drift(existing.as_ref(), &desired) {
         api.patch(
             &name,

@@ -144,6 +144,30 @@ pub(crate) fn drift(
     (!changed.is_empty()).then_some(Drift::Changed(changed))
 }
 
+/// The field managers of the reference sharder's ring controllers (`controllerring-controller`
+/// from v0.9, `clusterring-controller` before): the configurations they applied have the names
+/// Sharder's have, and fields Sharder does not set (a Service client config beside Sharder's URL,
+/// a cert-manager CA injection annotation, labels) that Sharder's applies would leave in place.
+pub(crate) const REFERENCE_MANAGERS: [&str; 2] =
+    ["controllerring-controller", "clusterring-controller"];
+
+/// The reference's managers that still own fields of `existing`: before Sharder applies the
+/// configuration, each releases them (an apply as that manager with no fields), so nothing of
+/// the reference's is left in it.
+pub(crate) fn previous_managers(existing: &MutatingWebhookConfiguration) -> Vec<String> {
+    let mut managers: Vec<String> = existing
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|entry| entry.manager.clone())
+        .filter(|manager| REFERENCE_MANAGERS.contains(&manager.as_str()))
+        .collect();
+    managers.sort_unstable();
+    managers.dedup();
+    managers
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::ByteString;
@@ -285,6 +309,49 @@ mod tests {
         assert_eq!(
             Drift::Changed(vec!["caBundle".into(), "rules".into()]).to_string(),
             "caBundle,rules"
+        );
+    }
+
+    #[test]
+    fn the_reference_s_managers_are_found_and_no_other() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        let managed = |managers: &[&str]| {
+            let mut mwc = desired(b"ca-1");
+            mwc.metadata.managed_fields = Some(
+                managers
+                    .iter()
+                    .map(|m| ManagedFieldsEntry {
+                        manager: Some((*m).to_owned()),
+                        operation: Some("Apply".into()),
+                        ..ManagedFieldsEntry::default()
+                    })
+                    .collect(),
+            );
+            previous_managers(&mwc)
+        };
+        let cases: [(&[&str], &[&str]); 5] = [
+            (&[], &[]),
+            (&["sharder-reconciler"], &[]),
+            (&["sharder-reconciler", "kubectl-edit"], &[]),
+            (
+                &["controllerring-controller", "sharder-reconciler"],
+                &["controllerring-controller"],
+            ),
+            (
+                &[
+                    "clusterring-controller",
+                    "controllerring-controller",
+                    "clusterring-controller",
+                ],
+                &["clusterring-controller", "controllerring-controller"],
+            ),
+        ];
+        for (managers, want) in cases {
+            assert_eq!(managed(managers), want, "{managers:?}");
+        }
+        assert!(
+            previous_managers(&desired(b"ca-1")).is_empty(),
+            "no managed fields"
         );
     }
 }

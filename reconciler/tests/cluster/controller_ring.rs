@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use sharder_common::{Ring, RingKind};
 use sharder_harness::wait::{eventually, metric_value};
@@ -222,104 +222,4 @@ async fn a_cluster_ring_and_a_controller_ring_over_the_same_objects_keep_their_o
         },
     )
     .await;
-}
-
-/// The shard the reference's ring picks for `key` among `shards`, computed here from the ring
-/// rule alone (XXH64 seed 0, 100 tokens `xxh64(shard + i)` per shard, the first token at or
-/// after the key's hash, wrapping), not with Sharder's `Ring`.
-fn reference_shard<'a>(shards: &[&'a str], key: &str) -> &'a str {
-    use xxhash_rust::xxh64::xxh64;
-    let mut tokens: Vec<(u64, &str)> = shards
-        .iter()
-        .flat_map(|s| (0..100).map(move |i| (xxh64(format!("{s}{i}").as_bytes(), 0), *s)))
-        .collect();
-    tokens.sort_unstable();
-    let hash = xxh64(key.as_bytes(), 0);
-    tokens
-        .iter()
-        .find(|(t, _)| *t >= hash)
-        .unwrap_or(&tokens[0])
-        .1
-}
-
-#[tokio::test]
-async fn switching_from_the_reference_writes_nothing_to_objects_placed_by_it() {
-    let mut w = Test::of_kind("switch", RingKind::ControllerRing).await;
-    w.create_ring().await;
-    let shards = ["ref-a", "ref-b", "ref-c"];
-    for shard in shards {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    // What the reference left: objects and children labelled by its ring, and its webhook
-    // configuration (pointing at its own Service).
-    let pp = PostParams::default();
-    for i in 0..60 {
-        let name = format!("object-{i}");
-        let shard = reference_shard(&shards, &w.key(&name));
-        let mut owner = sharder_harness::fixtures::secret(&name);
-        owner.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
-        let owner = w.secrets().create(&pp, &owner).await.expect("secret");
-        let mut child = sharder_harness::fixtures::child_of(&owner, &format!("child-{i}"));
-        child.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
-        w.configmaps().create(&pp, &child).await.expect("configmap");
-    }
-    // The reference writes the same configuration (name, webhook name, selectors, rules),
-    // pointing at its own webhook.
-    let ring = w.rings().get(&w.ring).await.expect("the ring");
-    let ring = sharder_common::RingObject::from_dynamic(RingKind::ControllerRing, &ring);
-    let theirs = sharder_common::webhook_configuration::webhook_configuration(
-        &ring,
-        &ring.roles().expect("roles"),
-        &sharder_common::webhook_configuration::WebhookSettings {
-            target: sharder_common::webhook_configuration::WebhookTarget::Url(
-                "https://127.0.0.1:9".into(),
-            ),
-            ca_bundle: std::fs::read(w.ca_file()).expect("CA"),
-            timeout_seconds: 5,
-            namespace_selector: Default::default(),
-        },
-    );
-    Api::<MutatingWebhookConfiguration>::all(w.client.clone())
-        .create(&pp, &theirs)
-        .await
-        .expect("the reference's configuration");
-
-    let mark = w.audit_mark();
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    let ours = w.webhook.as_ref().expect("webhook").url(&w.id());
-    eventually(
-        "the configuration points at Sharder's webhook",
-        WAIT,
-        || async {
-            let mwc = w.configuration_of("the configuration").await;
-            let url = mwc
-                .webhooks
-                .as_ref()
-                .and_then(|h| h[0].client_config.url.clone());
-            (url.as_deref() == Some(ours.as_str()))
-                .then_some(())
-                .ok_or(format!("{url:?}"))
-        },
-    )
-    .await;
-    // A full rebalance and sweeps later, nothing was written to the sharded objects.
-    w.wait_for_rebalances(0, 3).await;
-    let four_rebalances = w.reconciler_log(0);
-    assert!(
-        four_rebalances.contains("\"listed\":120") || four_rebalances.contains("\"listed\": 120"),
-        "a full list of the 60 objects and 60 children: {four_rebalances}"
-    );
-    let by_reconciler = w.writes_by_since(&w.reconciler_user(), mark);
-    let sharded: Vec<_> = by_reconciler
-        .keys()
-        .filter(|(resource, _)| resource == "secrets" || resource == "configmaps")
-        .collect();
-    assert!(
-        sharded.is_empty(),
-        "the reconciler wrote objects the reference placed: {sharded:?}"
-    );
-    w.settled(&Ring::new(shards))
-        .await
-        .expect("as the reference placed them");
 }

@@ -3,7 +3,7 @@
 //! plane), one module per topic: lease states and takeover, one webhook configuration per ring,
 //! rebalancing (drains on scale-out that touch exactly the objects that move, direct moves off
 //! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), hostile rings
-//! and owner references, and leader election.
+//! and owner references, leader election, and switching from the reference.
 
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
@@ -23,6 +23,7 @@ mod hostile_rings;
 mod leader_election;
 mod lease_states;
 mod rebalancing;
+mod switching;
 mod webhook_configuration;
 
 /// How long waits for the reconciler to act may take.

@@ -1633,8 +1633,7 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
     }
 }
 
-/// The lists of Secrets the apiserver has sent to etcd so far (its own metric).
-/// How the apiserver answered the lists of Secrets so far.
+/// How the apiserver answered the lists of Secrets so far (its own metrics).
 async fn secret_lists(w: &Test) -> ListReads {
     list_reads(&w.client, "", "secrets")
         .await

@@ -1,0 +1,229 @@
+//! Switching from the reference sharder, against its own objects (`sharder_harness::reference`):
+//! its released ControllerRing CRD instead of Sharder's, the webhook configuration its controller
+//! applies, its shards' Leases renewed as client-go renews them, and objects its ring placed.
+//! Sharder then moves nothing placed right, takes the configuration over whole and keeps the
+//! ring's status under the reference's schema.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use sharder_common::{Ring, RingKind};
+use sharder_harness::control_plane::{ControlPlane, RING_NAMESPACE_LABEL};
+use sharder_harness::crd::{RING_CRDS, install_chart_crd};
+use sharder_harness::reference;
+use sharder_harness::wait::eventually;
+use sharder_harness::world::World;
+
+use crate::{Test, WAIT};
+
+/// The shard the reference's ring picks for `key` among `shards`, computed here from the ring
+/// rule alone (XXH64 seed 0, 100 tokens `xxh64(shard + i)` per shard, the first token at or
+/// after the key's hash, wrapping), not with Sharder's `Ring`.
+fn reference_shard<'a>(shards: &[&'a str], key: &str) -> &'a str {
+    use xxhash_rust::xxh64::xxh64;
+    let mut tokens: Vec<(u64, &str)> = shards
+        .iter()
+        .flat_map(|s| (0..100).map(move |i| (xxh64(format!("{s}{i}").as_bytes(), 0), *s)))
+        .collect();
+    tokens.sort_unstable();
+    let hash = xxh64(key.as_bytes(), 0);
+    tokens
+        .iter()
+        .find(|(t, _)| *t >= hash)
+        .unwrap_or(&tokens[0])
+        .1
+}
+
+/// What of the reference is left in the ring's webhook configuration, or where it points if
+/// not at `ours`.
+fn not_taken_over(mwc: &MutatingWebhookConfiguration, ours: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for (key, value) in mwc.annotations() {
+        left.push(format!("annotation {key}={value}"));
+    }
+    for webhook in mwc.webhooks.iter().flatten() {
+        if let Some(service) = &webhook.client_config.service {
+            left.push(format!(
+                "webhook {} calls Service {}/{}",
+                webhook.name, service.namespace, service.name
+            ));
+        }
+        if webhook.client_config.url.as_deref() != Some(ours) {
+            left.push(format!(
+                "webhook {} calls {:?}",
+                webhook.name, webhook.client_config.url
+            ));
+        }
+    }
+    left
+}
+
+#[tokio::test]
+async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_its_configuration_over()
+ {
+    let cp = ControlPlane::dedicated(Default::default())
+        .await
+        .expect("a control plane of its own");
+    let client = cp.client().await.expect("client");
+    reference::install_controller_ring_crd(&client)
+        .await
+        .expect("the reference's ControllerRing CRD");
+    // Sharder's chart brings the ClusterRing CRD; Helm skips the ControllerRing CRD that exists.
+    install_chart_crd(&client, RING_CRDS[0])
+        .await
+        .expect("Sharder's ClusterRing CRD");
+    let ns = cp.namespace("switch").await.expect("namespace");
+    let world = World::under_installed_crds(cp, ns.clone(), ns.clone()).await;
+    let mut w = Test::in_world(world.with_kind(RingKind::ControllerRing)).await;
+
+    // The ring as the reference's users write it (the label only selects it for this test's
+    // reconciler).
+    let ring: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "sharding.timebertt.dev/v1alpha1",
+        "kind": "ControllerRing",
+        "metadata": { "name": w.ring, "labels": { RING_NAMESPACE_LABEL: w.ns } },
+        "spec": {
+            "resources": [{
+                "group": "",
+                "resource": "secrets",
+                "controlledResources": [{ "group": "", "resource": "configmaps" }],
+            }],
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": w.ns } },
+        },
+    }))
+    .expect("a ControllerRing");
+    let pp = PostParams::default();
+    let ring = w.rings().create(&pp, &ring).await.expect("the ring");
+    let uid = ring.uid().expect("the ring's uid");
+    let shards = ["ref-a", "ref-b", "ref-c"];
+    let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.ring, &shards)
+        .await
+        .expect("the reference's shard Leases");
+    reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns)
+        .await
+        .expect("the reference's webhook configuration");
+    // Objects and children labelled by the reference's ring.
+    for i in 0..60 {
+        let name = format!("object-{i}");
+        let shard = reference_shard(&shards, &w.key(&name));
+        let mut owner = sharder_harness::fixtures::secret(&name);
+        owner.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
+        let owner = w.secrets().create(&pp, &owner).await.expect("secret");
+        let mut child = sharder_harness::fixtures::child_of(&owner, &format!("child-{i}"));
+        child.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
+        w.configmaps().create(&pp, &child).await.expect("configmap");
+    }
+    let leases = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
+    let of_ring = ListParams::default().labels(&format!("{}={}", w.kind.lease_label(), w.ring));
+    // Each shard Lease's holder and state.
+    let holders = |all: Vec<Lease>| -> BTreeMap<String, (Option<String>, Option<String>)> {
+        all.into_iter()
+            .map(|l| {
+                let state = l
+                    .labels()
+                    .get("alpha.sharding.timebertt.dev/state")
+                    .cloned();
+                (
+                    l.name_any(),
+                    (l.spec.and_then(|s| s.holder_identity), state),
+                )
+            })
+            .collect()
+    };
+    let before = holders(leases.list(&of_ring).await.expect("Leases").items);
+    assert_eq!(before.len(), shards.len());
+
+    let mark = w.audit_mark();
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    let ours = w.webhook_url() + &w.id().webhook_path();
+    let name = w.id().configuration_name();
+    assert_eq!(
+        name,
+        format!("controllerring-{}", w.ring),
+        "the reference's name"
+    );
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    eventually("the reference's configuration taken over", WAIT, || async {
+        let mwc = mwcs.get(&name).await.map_err(|e| vec![e.to_string()])?;
+        let left = not_taken_over(&mwc, &ours);
+        left.is_empty().then_some(()).ok_or(left)
+    })
+    .await;
+
+    // A full rebalance and sweeps later, nothing was written to the sharded objects.
+    w.wait_for_rebalances(0, 3).await;
+    let reconciler = w.reconciler_user();
+    let by_reconciler = w.writes_by_since(&reconciler, mark);
+    let sharded: Vec<_> = by_reconciler
+        .keys()
+        .filter(|(resource, _)| resource == "secrets" || resource == "configmaps")
+        .collect();
+    assert!(
+        sharded.is_empty(),
+        "the reconciler wrote objects the reference placed: {sharded:?}"
+    );
+    w.settled(&Ring::new(shards))
+        .await
+        .expect("as the reference placed them");
+
+    // The ring's status under the reference's schema, and the shards keep their Leases.
+    eventually("the ring's status", WAIT, || async {
+        let ring = w.rings().get(&w.ring).await.map_err(|e| e.to_string())?;
+        let status = &ring.data["status"];
+        let ready = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        (status["availableShards"] == 3 && status["shards"] == 3 && ready)
+            .then_some(())
+            .ok_or(status.to_string())
+    })
+    .await;
+    let after = holders(leases.list(&of_ring).await.expect("Leases").items);
+    assert_eq!(
+        after, before,
+        "the shards' Leases keep their holders and states"
+    );
+
+    // The reconciler read the objects it left alone: a fourth shard of the reference's drains
+    // exactly those the reference's ring moves to it.
+    let four = ["ref-a", "ref-b", "ref-c", "ref-d"];
+    let _fourth = reference::hold_shard_leases(&w.client, &w.ns, &w.ring, &four[3..])
+        .await
+        .expect("a fourth shard Lease");
+    let moving: BTreeSet<String> = (0..60)
+        .map(|i| format!("object-{i}"))
+        .filter(|n| reference_shard(&shards, &w.key(n)) != reference_shard(&four, &w.key(n)))
+        .collect();
+    assert!(!moving.is_empty());
+    eventually("the movers drained", WAIT, || async {
+        let draining: BTreeSet<String> = w
+            .list_secrets()
+            .await
+            .into_iter()
+            .filter(|(_, s)| w.draining(s))
+            .map(|(n, _)| n)
+            .collect();
+        (draining == moving)
+            .then_some(())
+            .ok_or(format!("draining {draining:?}, moving {moving:?}"))
+    })
+    .await;
+
+    // The taken-over configuration places a new object by the reference's ring.
+    let created = w
+        .secrets()
+        .create(&pp, &sharder_harness::fixtures::secret("object-new"))
+        .await
+        .expect("a new Secret");
+    assert_eq!(
+        w.shard_of(&created).as_deref(),
+        Some(reference_shard(&shards, &w.key("object-new")))
+    );
+}
