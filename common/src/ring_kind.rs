@@ -244,6 +244,17 @@ impl RingId {
             RingKind::ControllerRing => format!("controllerring-{}", self.name),
         }
     }
+
+    /// The name the reference's v0.8 gave a ClusterRing's configuration when its name differs
+    /// from Sharder's: `sharding-` + the label name. A switch from v0.8 leaves it calling the
+    /// reference's removed Service; the reconciler deletes it. None for a ControllerRing (the
+    /// reference names it as Sharder does, and Sharder takes it over).
+    pub fn reference_configuration_name(&self) -> Option<String> {
+        match self.kind {
+            RingKind::ClusterRing => Some(format!("sharding-{}", self.label_name())),
+            RingKind::ControllerRing => None,
+        }
+    }
 }
 
 /// A ring object of either kind as read from the apiserver: its identity and its fields. The two
@@ -452,6 +463,11 @@ mod tests {
             "sharder-clusterring-50d858e0-example"
         );
         assert_eq!(controller.configuration_name(), "controllerring-example");
+        assert_eq!(
+            cluster.reference_configuration_name().as_deref(),
+            Some("sharding-clusterring-50d858e0-example")
+        );
+        assert_eq!(controller.reference_configuration_name(), None);
         assert_eq!(cluster.to_string(), "ClusterRing example");
         assert_eq!(controller.to_string(), "ControllerRing example");
     }

@@ -14,6 +14,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
+use sharder_common::{RingId, RingKind};
+
 use crate::Error;
 use crate::crd::install_crd;
 
@@ -90,11 +92,87 @@ pub async fn apply_webhook_configuration(
         .map_err(Error::Kube)
 }
 
-/// Shard `shard`'s Lease in `namespace` for ControllerRing `ring` as the reference's shard
-/// library holds it (held by the shard, 15 s, ready), acquired and renewed now.
-pub fn shard_lease(shard: &str, namespace: &str, ring: &str) -> Result<Lease, Error> {
-    let text = SHARD_LEASE.replace(EXAMPLE_RING, ring);
+/// The configuration v0.8 applied for ClusterRing `ring` (uid `uid`) selecting namespace
+/// `namespace` by name, as its field manager `clusterring-controller` applied it
+/// (`pkg/controller/clusterring/reconciler.go` at v0.8.0): named `sharding-<label name>`, labelled
+/// with its app and ring, owned by the ring, calling its Service `sharding-system/sharder` on the
+/// ring's path, for unassigned objects, failing open after 5 s.
+pub fn v0_8_webhook_configuration(
+    ring: &RingId,
+    uid: &str,
+    namespace: &str,
+) -> Result<MutatingWebhookConfiguration, Error> {
+    let name = ring
+        .reference_configuration_name()
+        .ok_or_else(|| Error::Data(format!("{ring} is no ClusterRing")))?;
+    let rule = |resource: &str| {
+        serde_json::json!({
+            "operations": ["CREATE", "UPDATE"],
+            "apiGroups": [""],
+            "apiVersions": ["*"],
+            "resources": [resource],
+            "scope": "*",
+        })
+    };
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/name": "controller-sharding",
+                ring.kind.lease_label(): ring.name,
+            },
+            "ownerReferences": [{
+                "apiVersion": "sharding.timebertt.dev/v1alpha1",
+                "kind": "ClusterRing",
+                "name": ring.name,
+                "uid": uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "webhooks": [{
+            "name": "sharder.sharding.timebertt.dev",
+            "clientConfig": {
+                "service": {
+                    "namespace": "sharding-system",
+                    "name": "sharder",
+                    "path": ring.webhook_path(),
+                    "port": 443,
+                },
+            },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
+            "objectSelector": { "matchExpressions": [{
+                "key": ring.labels().shard,
+                "operator": "DoesNotExist",
+            }] },
+            "rules": [rule("secrets"), rule("configmaps")],
+            "failurePolicy": "Ignore",
+            "timeoutSeconds": 5,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+        }],
+    }))
+    .map_err(|e| Error::Data(format!("v0.8's webhook configuration: {e}")))
+}
+
+/// Installs the reference's v0.8 ClusterRing CRD and waits until it is served.
+pub async fn install_v0_8_cluster_ring_crd(client: &Client) -> Result<(), Error> {
+    let crd: CustomResourceDefinition = parse("v0.8 ClusterRing CRD", CLUSTER_RING_CRD)?;
+    install_crd(client, &crd).await.map(drop)
+}
+
+/// Shard `shard`'s Lease in `namespace` for `ring` as the reference's shard library holds it
+/// (held by the shard, 15 s, ready), acquired and renewed now; for a ClusterRing (v0.8) labelled
+/// with that kind's ring label instead.
+pub fn shard_lease(shard: &str, namespace: &str, ring: &RingId) -> Result<Lease, Error> {
+    let text = SHARD_LEASE.replace(EXAMPLE_RING, &ring.name);
     let mut lease: Lease = parse("shard Lease", &text)?;
+    let labels = lease.metadata.labels.get_or_insert_default();
+    if let Some(name) = labels.remove(RingKind::ControllerRing.lease_label()) {
+        labels.insert(ring.kind.lease_label().to_owned(), name);
+    }
     lease.metadata.name = Some(shard.to_owned());
     lease.metadata.namespace = Some(namespace.to_owned());
     let spec = lease.spec.get_or_insert_default();
@@ -120,7 +198,7 @@ impl Drop for Renewals {
 pub async fn hold_shard_leases(
     client: &Client,
     namespace: &str,
-    ring: &str,
+    ring: &RingId,
     shards: &[&str],
 ) -> Result<Renewals, Error> {
     let leases = Api::<Lease>::namespaced(client.clone(), namespace);
@@ -167,14 +245,28 @@ mod tests {
             service.path.as_deref(),
             Some("/webhooks/sharder/controllerring/my-ring")
         );
-        let lease = shard_lease("s-0", "my-ns", "my-ring").expect("parses");
+        let lease =
+            shard_lease("s-0", "my-ns", &RingId::controller_ring("my-ring")).expect("parses");
         assert_eq!(
             lease.metadata.labels.expect("labels")["alpha.sharding.timebertt.dev/controllerring"],
             "my-ring"
         );
+        let v0_8 = shard_lease("s-0", "my-ns", &RingId::cluster_ring("my-ring")).expect("parses");
+        let labels = v0_8.metadata.labels.expect("labels");
+        assert_eq!(
+            labels["alpha.sharding.timebertt.dev/clusterring"],
+            "my-ring"
+        );
+        assert!(!labels.contains_key("alpha.sharding.timebertt.dev/controllerring"));
         assert_eq!(
             lease.spec.expect("spec").holder_identity.as_deref(),
             Some("s-0")
+        );
+        let ring = RingId::cluster_ring("my-ring");
+        let old = v0_8_webhook_configuration(&ring, "u-2", "my-ns").expect("builds");
+        assert_eq!(
+            old.metadata.name,
+            Some(format!("sharding-{}", ring.label_name()))
         );
     }
 }

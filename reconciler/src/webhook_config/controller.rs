@@ -4,13 +4,14 @@
 //! removed), when the CA bundle changes, and every resync interval; it reads the configuration
 //! and writes (server-side apply) only when [`drift`] finds a difference, so an unchanged
 //! configuration is never written again. A configuration the reference sharder applied is taken
-//! over whole: its fields are released first ([`previous_managers`]).
+//! over whole: its fields are released first ([`previous_managers`]); one it named otherwise
+//! (v0.8's ClusterRing configuration) is deleted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -100,6 +101,9 @@ pub(crate) async fn reconcile(
             "the reference's fields of the webhook configuration released"
         );
     }
+    if let Some(leftover) = ring.id.reference_configuration_name() {
+        delete_reference_configuration(&api, &ring, &leftover).await?;
+    }
     if let Some(drift) = drift(existing.as_ref(), &desired) {
         api.patch(
             &name,
@@ -124,6 +128,49 @@ pub(crate) async fn reconcile(
         );
     }
     Ok(Action::requeue(ctx.resync))
+}
+
+/// Deletes the reference's configuration `name` of `ring` (v0.8's name for a ClusterRing's), if
+/// it exists and is the reference's: a field of it applied by one of its managers, and not
+/// another ring's (its controller reference, if any, is `ring`). Deleted with its uid as a
+/// precondition, so nothing else of that name is.
+async fn delete_reference_configuration(
+    api: &Api<MutatingWebhookConfiguration>,
+    ring: &RingObject,
+    name: &str,
+) -> Result<(), Error> {
+    let Some(leftover) = api.get_opt(name).await.map_err(Error::Kube)? else {
+        return Ok(());
+    };
+    let ring_uid = ring.object.meta().uid.as_deref();
+    let owner = leftover
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    if previous_managers(&leftover).is_empty()
+        || owner.is_some_and(|o| Some(o.uid.as_str()) != ring_uid)
+    {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: leftover.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {}
+        // Gone already, or replaced by another of that name: nothing of the reference's left.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+        Err(e) => return Err(Error::Kube(e)),
+    }
+    info!(
+        ring = %ring.id,
+        webhook_configuration = %name,
+        "the reference's webhook configuration deleted"
+    );
+    Ok(())
 }
 
 /// What to do after a failed reconcile (for `crate::run_controller`).

@@ -2,13 +2,14 @@
 //! its released ControllerRing CRD instead of Sharder's, the webhook configuration its controller
 //! applies, its shards' Leases renewed as client-go renews them, and objects its ring placed.
 //! Sharder then moves nothing placed right, takes the configuration over whole and keeps the
-//! ring's status under the reference's schema.
+//! ring's status under the reference's schema. From v0.8 (ClusterRing, the apiVersion in its
+//! keys) the objects its key placed elsewhere move, and its differently named configuration goes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{Ring, RingKind};
@@ -100,7 +101,7 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
     let ring = w.rings().create(&pp, &ring).await.expect("the ring");
     let uid = ring.uid().expect("the ring's uid");
     let shards = ["ref-a", "ref-b", "ref-c"];
-    let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.ring, &shards)
+    let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &shards)
         .await
         .expect("the reference's shard Leases");
     reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns)
@@ -194,7 +195,7 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
     // The reconciler read the objects it left alone: a fourth shard of the reference's drains
     // exactly those the reference's ring moves to it.
     let four = ["ref-a", "ref-b", "ref-c", "ref-d"];
-    let _fourth = reference::hold_shard_leases(&w.client, &w.ns, &w.ring, &four[3..])
+    let _fourth = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &four[3..])
         .await
         .expect("a fourth shard Lease");
     let moving: BTreeSet<String> = (0..60)
@@ -226,4 +227,114 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
         w.shard_of(&created).as_deref(),
         Some(reference_shard(&shards, &w.key("object-new")))
     );
+}
+
+#[tokio::test]
+async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_and_deletes_its_configuration()
+ {
+    let cp = ControlPlane::dedicated(Default::default())
+        .await
+        .expect("a control plane of its own");
+    let client = cp.client().await.expect("client");
+    reference::install_v0_8_cluster_ring_crd(&client)
+        .await
+        .expect("the reference's v0.8 ClusterRing CRD");
+    install_chart_crd(&client, RING_CRDS[1])
+        .await
+        .expect("Sharder's ControllerRing CRD");
+    let ns = cp.namespace("switch-v08").await.expect("namespace");
+    let world = World::under_installed_crds(cp, ns.clone(), ns.clone()).await;
+    let mut w = Test::in_world(world).await;
+    let ring: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "sharding.timebertt.dev/v1alpha1",
+        "kind": "ClusterRing",
+        "metadata": { "name": w.ring, "labels": { RING_NAMESPACE_LABEL: w.ns } },
+        "spec": {
+            "resources": [{
+                "group": "",
+                "resource": "secrets",
+                "controlledResources": [{ "group": "", "resource": "configmaps" }],
+            }],
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": w.ns } },
+        },
+    }))
+    .expect("a ClusterRing");
+    let pp = PostParams::default();
+    let ring = w.rings().create(&pp, &ring).await.expect("the ring");
+    let uid = ring.uid().expect("the ring's uid");
+    let shards = ["ref-a", "ref-b", "ref-c"];
+    let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &shards)
+        .await
+        .expect("the reference's shard Leases");
+    let old = reference::v0_8_webhook_configuration(&w.id(), &uid, &w.ns).expect("v0.8's");
+    let old_name = old.metadata.name.clone().expect("named");
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    mwcs.patch(
+        &old_name,
+        &PatchParams::apply("clusterring-controller"),
+        &Patch::Apply(&old),
+    )
+    .await
+    .expect("v0.8's webhook configuration");
+    // Objects placed by v0.8's key, which holds the apiVersion.
+    let v0_8_key = |name: &str| format!("v1/Secret/{}/{name}", w.ns);
+    for i in 0..60 {
+        let name = format!("object-{i}");
+        let shard = reference_shard(&shards, &v0_8_key(&name));
+        let mut owner = sharder_harness::fixtures::secret(&name);
+        owner.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
+        let owner = w.secrets().create(&pp, &owner).await.expect("secret");
+        let mut child = sharder_harness::fixtures::child_of(&owner, &format!("child-{i}"));
+        child.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
+        w.configmaps().create(&pp, &child).await.expect("configmap");
+    }
+    let moving: BTreeSet<String> = (0..60)
+        .map(|i| format!("object-{i}"))
+        .filter(|n| reference_shard(&shards, &v0_8_key(n)) != reference_shard(&shards, &w.key(n)))
+        .collect();
+    // About (n-1)/n of them.
+    assert!(moving.len() > 20, "{} of 60 move", moving.len());
+
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    eventually(
+        "v0.8's configuration deleted, Sharder's in place",
+        WAIT,
+        || async {
+            let old = mwcs.get_opt(&old_name).await.map_err(|e| e.to_string())?;
+            let ours = mwcs
+                .get_opt(&w.id().configuration_name())
+                .await
+                .map_err(|e| e.to_string())?;
+            match (old, ours) {
+                (None, Some(_)) => Ok(()),
+                (old, ours) => Err(format!(
+                    "v0.8's there: {}, Sharder's there: {}",
+                    old.is_some(),
+                    ours.is_some()
+                )),
+            }
+        },
+    )
+    .await;
+    // The objects v0.8's key placed elsewhere are drained off their live shards, and only they.
+    eventually(
+        "the objects v0.8 placed elsewhere drained",
+        WAIT,
+        || async {
+            let draining: BTreeSet<String> = w
+                .list_secrets()
+                .await
+                .into_iter()
+                .filter(|(_, s)| w.draining(s))
+                .map(|(n, _)| n)
+                .collect();
+            (draining == moving).then_some(()).ok_or(format!(
+                "{} draining, {} moving: {draining:?}",
+                draining.len(),
+                moving.len()
+            ))
+        },
+    )
+    .await;
 }
