@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::{Client, ResourceExt};
-use sharder_common::Ring;
+use sharder_common::{Ring, RingKind};
 use sharder_harness::node::Node;
 use sharder_harness::node::chart::{
     self, ContainerMemory, RELEASE, RELEASE_NAMESPACE, RING, SHARDS_NAMESPACE, STATEFULSET,
@@ -133,7 +133,8 @@ pub(crate) async fn run(objects: usize) -> Result<String, Error> {
         TIMEOUT,
     )
     .await?;
-    let setup = RingSetup(World::with_ring(cp, SHARDS_NAMESPACE.into(), RING.into()).await);
+    let world = World::with_ring(cp, SHARDS_NAMESPACE.into(), RING.into()).await;
+    let setup = RingSetup(world.with_kind(RingKind::ControllerRing));
     until("the ring holds the 3 shards", || async {
         let ring = setup.desired_ring().await;
         (ring.shards() == ring_of(3).shards())

@@ -5,7 +5,7 @@
 //! "rv": "<the owner's resourceVersion as reconciled>"}`, `"end"` (written when the reconcile
 //! returns or is abandoned, its future dropped, e.g. when the Lease is lost; a killed process
 //! leaves its last starts open), or `"write"` with `"child": "ns/name"` (the child the reconcile
-//! created or updated).
+//! created or updated). Every line names the run of the shard that wrote it (`"incarnation"`).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -44,6 +44,10 @@ pub struct Line {
     /// The child written (write lines).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<String>,
+    /// Which run of the shard wrote the line (`<pid>-<start nanoseconds>`): a restarted shard
+    /// keeps its name, and only this tells it from its predecessor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
 }
 
 /// Appends lines to the record file.
@@ -51,6 +55,7 @@ pub struct Line {
 pub struct Recorder {
     file: Arc<Mutex<File>>,
     shard: String,
+    incarnation: String,
 }
 
 /// An open reconcile; its end is written when dropped.
@@ -82,6 +87,7 @@ impl Recorder {
         Ok(Self {
             file: Arc::new(Mutex::new(file)),
             shard: shard.to_owned(),
+            incarnation: format!("{}-{}", std::process::id(), now()),
         })
     }
 
@@ -93,6 +99,7 @@ impl Recorder {
             event,
             rv: rv.map(str::to_owned),
             child: child.map(str::to_owned),
+            incarnation: Some(self.incarnation.clone()),
         };
         let Ok(mut text) = serde_json::to_string(&line) else {
             return;
@@ -160,6 +167,23 @@ mod tests {
                 .iter()
                 .all(|l| l.shard == "shard-0" && l.object == "ns/a")
         );
+        assert!(lines[0].incarnation.is_some());
+        assert!(lines.iter().all(|l| l.incarnation == lines[0].incarnation));
+    }
+
+    #[test]
+    fn a_second_run_of_a_shard_is_told_from_the_first() {
+        let path = std::env::temp_dir().join(format!("record-runs-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        for _ in 0..2 {
+            let recorder = Recorder::open(&path, "shard-0").expect("open");
+            drop(recorder.reconcile("ns/a", None));
+        }
+        let lines = parse(&std::fs::read_to_string(&path).expect("read"));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[0].incarnation, lines[1].incarnation);
+        assert_ne!(lines[1].incarnation, lines[2].incarnation);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
-use sharder_common::RingId;
+use sharder_common::{RingId, RingKind};
 
 use crate::binaries::binary;
 use crate::wait::http_get;
@@ -367,8 +367,8 @@ impl Reconciler {
 /// The flags of an example shard (`checksum-controller`) started by tests.
 #[derive(Clone, Debug)]
 pub struct ShardFlags {
-    /// `--clusterring`.
-    pub ring: String,
+    /// `--controllerring` or `--clusterring`, by the ring's kind.
+    pub ring: RingId,
     /// `--shard-name`.
     pub name: String,
     /// `--lease-namespace` and `--namespace` (the watched namespace).
@@ -399,9 +399,13 @@ impl Shard {
     /// Lease yet).
     pub async fn start(env: &Env, flags: &ShardFlags) -> Result<Self, Error> {
         let millis = |d: Duration| format!("{}ms", d.as_millis());
+        let ring_flag = match flags.ring.kind {
+            RingKind::ControllerRing => "--controllerring",
+            RingKind::ClusterRing => "--clusterring",
+        };
         let mut args = strings(&[
-            "--clusterring",
-            &flags.ring,
+            ring_flag,
+            &flags.ring.name,
             "--shard-name",
             &flags.name,
             "--lease-namespace",

@@ -29,7 +29,7 @@ impl Drop for DropFlag {
 async fn a_lost_lease_stops_the_controllers_at_once() {
     let world = World::new("shard-lost").await;
     let (client, ns) = (world.client.clone(), world.ns.clone());
-    let shard = Shard::new(client.clone(), RingId::cluster_ring("ring-a"), "shard-a");
+    let shard = Shard::new(client.clone(), RingId::controller_ring("ring-a"), "shard-a");
     let lease = shard.lease(&ns, Duration::from_secs(2), Duration::from_millis(200));
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let dropped = Arc::new(AtomicBool::new(false));
@@ -50,7 +50,7 @@ async fn a_lost_lease_stops_the_controllers_at_once() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         assert_eq!(
-            held.metadata.labels.as_ref().expect("labels")[RingKind::ClusterRing.lease_label()],
+            held.metadata.labels.as_ref().expect("labels")[RingKind::ControllerRing.lease_label()],
             "ring-a"
         );
         let spec = held.spec.clone().expect("spec");
@@ -78,7 +78,7 @@ async fn a_lost_lease_stops_the_controllers_at_once() {
 async fn a_graceful_stop_releases_the_lease_after_the_controllers_finished() {
     let world = World::new("shard-stop").await;
     let (client, ns) = (world.client.clone(), world.ns.clone());
-    let shard = Shard::new(client.clone(), RingId::cluster_ring("ring-b"), "shard-b");
+    let shard = Shard::new(client.clone(), RingId::controller_ring("ring-b"), "shard-b");
     let lease = shard.lease(&ns, Duration::from_secs(10), Duration::from_millis(200));
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let shutdown = CancellationToken::new();
@@ -119,7 +119,7 @@ struct Never;
 async fn a_drain_is_acknowledged_under_an_optimistic_lock_instead_of_reconciled() {
     let world = World::new("shard-drain").await;
     let (client, ns) = (world.client.clone(), world.ns.clone());
-    let shard = Shard::new(client.clone(), RingId::cluster_ring("ring-c"), "shard-c");
+    let shard = Shard::new(client.clone(), RingId::controller_ring("ring-c"), "shard-c");
     let labels = shard.labels().clone();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let create = |name: &str, drain: bool| {

@@ -12,13 +12,15 @@ use sharder_example::record::{Event, Line};
 pub struct Interval {
     /// The shard.
     pub shard: String,
+    /// The run of the shard (see [`Line::incarnation`]).
+    pub incarnation: Option<String>,
     /// Start.
     pub start: u128,
     /// End (for a reconcile cut short by a kill: the kill time).
     pub end: u128,
 }
 
-/// Two shards reconciling one object at the same time.
+/// Two shards, or two runs of one, reconciling one object at the same time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Overlap {
     /// The object.
@@ -53,15 +55,21 @@ impl Report {
     }
 }
 
-/// Builds intervals from `lines` and finds overlaps. A start with no end is closed at
-/// `ended[shard]` (the time the shard was killed), or at `now` if the shard is still running.
-pub fn check(lines: &[Line], ended: &BTreeMap<String, u128>, now: u128) -> Report {
-    let mut open: BTreeMap<(String, String), u128> = BTreeMap::new();
+/// Builds intervals from `lines` and finds overlaps. A start with no end is closed at the end
+/// of its shard's run that it falls in by `lives` (the time the shard was killed), or at `now`
+/// if the shard still runs. Two runs of one shard count as two shards.
+pub fn check(lines: &[Line], lives: &Lives, now: u128) -> Report {
+    type Key = (String, Option<String>, String);
+    let mut open: BTreeMap<Key, u128> = BTreeMap::new();
     let mut report = Report::default();
     let mut sorted: Vec<&Line> = lines.iter().collect();
     sorted.sort_by_key(|l| l.t);
     for line in sorted {
-        let key = (line.shard.clone(), line.object.clone());
+        let key = (
+            line.shard.clone(),
+            line.incarnation.clone(),
+            line.object.clone(),
+        );
         match line.event {
             Event::Start => {
                 open.insert(key, line.t);
@@ -74,6 +82,7 @@ pub fn check(lines: &[Line], ended: &BTreeMap<String, u128>, now: u128) -> Repor
                         .or_default()
                         .push(Interval {
                             shard: line.shard.clone(),
+                            incarnation: line.incarnation.clone(),
                             start,
                             end: line.t,
                         });
@@ -82,13 +91,21 @@ pub fn check(lines: &[Line], ended: &BTreeMap<String, u128>, now: u128) -> Repor
             Event::Write => {}
         }
     }
-    for ((shard, object), start) in open {
-        let end = ended.get(&shard).copied().unwrap_or(now).max(start);
-        report
-            .reconciles
-            .entry(object)
-            .or_default()
-            .push(Interval { shard, start, end });
+    for ((shard, incarnation, object), start) in open {
+        let end = lives
+            .get(&shard)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, end)| *end)
+            .filter(|end| *end >= start)
+            .min()
+            .unwrap_or(now);
+        report.reconciles.entry(object).or_default().push(Interval {
+            shard,
+            incarnation,
+            start,
+            end,
+        });
     }
     for (object, intervals) in &mut report.reconciles {
         intervals.sort_by_key(|i| i.start);
@@ -97,7 +114,7 @@ pub fn check(lines: &[Line], ended: &BTreeMap<String, u128>, now: u128) -> Repor
                 if second.start >= first.end {
                     break;
                 }
-                if second.shard != first.shard {
+                if (&second.shard, &second.incarnation) != (&first.shard, &first.incarnation) {
                     report.overlaps.push(Overlap {
                         object: object.clone(),
                         first: first.clone(),
@@ -122,6 +139,7 @@ mod tests {
             event,
             rv: None,
             child: None,
+            incarnation: None,
         }
     }
 
@@ -133,7 +151,7 @@ mod tests {
             line(3, "b", "o", Event::Start),
             line(4, "b", "o", Event::End),
         ];
-        let report = check(&lines, &BTreeMap::new(), 10);
+        let report = check(&lines, &Lives::new(), 10);
         assert!(report.overlaps.is_empty());
         assert_eq!(report.total(), 2);
         assert_eq!(report.objects_with_several_shards(), 1);
@@ -149,7 +167,7 @@ mod tests {
             line(6, "a", "p", Event::Start),
             line(7, "a", "p", Event::End),
         ];
-        let report = check(&lines, &BTreeMap::new(), 10);
+        let report = check(&lines, &Lives::new(), 10);
         assert_eq!(report.overlaps.len(), 1);
         assert_eq!(report.overlaps[0].object, "o");
     }
@@ -161,27 +179,67 @@ mod tests {
             line(5, "b", "o", Event::Start),
             line(6, "b", "o", Event::End),
         ];
-        let killed_before = BTreeMap::from([("a".to_owned(), 4)]);
+        let killed_before = Lives::from([("a".to_owned(), vec![(0, Some(4))])]);
         assert!(check(&lines, &killed_before, 10).overlaps.is_empty());
-        let killed_after = BTreeMap::from([("a".to_owned(), 6)]);
+        let killed_after = Lives::from([("a".to_owned(), vec![(0, Some(6))])]);
         assert_eq!(check(&lines, &killed_after, 10).overlaps.len(), 1);
         assert_eq!(
-            check(&lines, &BTreeMap::new(), 10).overlaps.len(),
+            check(&lines, &Lives::new(), 10).overlaps.len(),
             1,
             "a still-running shard's open reconcile lasts until now"
+        );
+    }
+
+    #[test]
+    fn a_restarted_shard_overlapping_its_predecessor_is_found() {
+        let run = |t, event, incarnation: &str| Line {
+            incarnation: Some(incarnation.into()),
+            ..line(t, "a", "o", event)
+        };
+        // The first run's reconcile is left open; it was killed at 4 or at 8.
+        let lines = [
+            run(1, Event::Start, "1"),
+            run(5, Event::Start, "2"),
+            run(6, Event::End, "2"),
+        ];
+        let lives = |killed| Lives::from([("a".to_owned(), vec![(0, Some(killed)), (5, None)])]);
+        assert!(check(&lines, &lives(4), 10).overlaps.is_empty());
+        let report = check(&lines, &lives(8), 10);
+        assert_eq!(report.overlaps.len(), 1, "the runs of a at 5 to 6");
+        let unnamed = lines.map(|l| Line {
+            incarnation: None,
+            ..l
+        });
+        assert!(
+            check(&unnamed, &lives(8), 10).overlaps.is_empty(),
+            "without the runs' names one shard cannot overlap itself"
         );
     }
 }
 
 /// Asserts that `report` shows no overlapping reconciles and `handover` no breach of the handover
-/// rules; returns a one-line summary of both.
-pub fn assert_holds(report: &Report, handover: &Handover) -> String {
+/// rules, and that every record it could not place falls in one of the windows `blind` declares
+/// (Unix nanoseconds, from and to: a control plane restart, when the history's watches missed
+/// versions); returns a one-line summary of both.
+pub fn assert_holds(report: &Report, handover: &Handover, blind: &[(u128, u128)]) -> String {
     assert!(
         handover.records_checked > 0,
         "no record was checked against the owners' versions ({} reconciles recorded, {} records \
          unplaced): the check saw nothing",
         report.total(),
-        handover.records_unplaced
+        handover.unplaced.len()
+    );
+    let outside: Vec<&(String, u128)> = handover
+        .unplaced
+        .iter()
+        .filter(|(_, t)| !blind.iter().any(|(from, to)| from <= t && t <= to))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "{} records name an owner version the history never saw, outside the windows declared \
+         blind ({blind:?}), first: {:?}",
+        outside.len(),
+        outside.first()
     );
     assert!(
         report.overlaps.is_empty(),
@@ -204,7 +262,7 @@ pub fn assert_holds(report: &Report, handover: &Handover) -> String {
         handover.child_moves,
         std::time::Duration::from_nanos(u64::try_from(handover.longest_behind).unwrap_or(u64::MAX)),
         handover.records_checked,
-        handover.records_unplaced,
+        handover.unplaced.len(),
     )
 }
 
@@ -252,8 +310,24 @@ pub struct Handover {
     /// Reconcile starts and child writes checked against the owner's observed versions.
     pub records_checked: usize,
     /// Records of an owner that name a version its observed history lacks (a watch that
-    /// reconnected past it): not checked.
-    pub records_unplaced: usize,
+    /// reconnected past it), by object and record time: not checked.
+    pub unplaced: Vec<(String, u128)>,
+}
+
+/// When each shard ran, by name: the start and end (Unix nanoseconds) of each of its runs, the
+/// end `None` while it runs. A restarted shard keeps its name and adds a run.
+pub type Lives = BTreeMap<String, Vec<(u128, Option<u128>)>>;
+
+/// Whether `shard` was dead at `t`: one of its runs had ended by then and none was running.
+fn dead_at(lives: &Lives, shard: &str, t: u128) -> bool {
+    let Some(runs) = lives.get(shard) else {
+        return false;
+    };
+    let ended = runs.iter().any(|(_, end)| end.is_some_and(|e| e <= t));
+    let running = runs
+        .iter()
+        .any(|(start, end)| *start <= t && end.is_none_or(|e| t < e));
+    ended && !running
 }
 
 /// How long after an owner moved on a shard may still act on its old copy (watch delivery).
@@ -279,8 +353,8 @@ impl Held {
 /// `versions` of owners and children and the shards' records `lines`:
 ///
 /// - a child is never labelled with a shard other than the one holding its owner at that
-///   moment (in resourceVersion order), unless the owner's shard is in `dead` (owners and
-///   children of a dead shard move together);
+///   moment (in resourceVersion order), unless the owner's shard was dead then by `lives`
+///   (owners and children of a dead shard move together);
 /// - after an owner settles on a new shard, its children follow within `bound` nanoseconds
 ///   (a child still behind at `now` counts too);
 /// - a shard reconciles an owner, or writes its child, only at a version labelled with that
@@ -289,7 +363,7 @@ impl Held {
 pub fn check_handover(
     versions: &[Version],
     lines: &[Line],
-    dead: &BTreeSet<String>,
+    lives: &Lives,
     bound: u128,
     now: u128,
 ) -> Handover {
@@ -322,7 +396,10 @@ pub fn check_handover(
                     let owner_held = owners.get(owner.as_str()).cloned().unwrap_or_default();
                     let allowed = owner_held.present
                         && (owner_held.shard == held.shard
-                            || owner_held.shard.as_ref().is_some_and(|s| dead.contains(s)));
+                            || owner_held
+                                .shard
+                                .as_ref()
+                                .is_some_and(|s| dead_at(lives, s, v.t)));
                     if owner_held.present && !allowed {
                         report.violations.push(Violation {
                             object: v.object.clone(),
@@ -405,7 +482,7 @@ fn check_records(sorted: &[&Version], lines: &[Line], report: &mut Handover) {
             continue;
         };
         let Some(seen) = versions.iter().find(|v| v.rv == rv) else {
-            report.records_unplaced += 1;
+            report.unplaced.push((line.object.clone(), line.t));
             continue;
         };
         report.records_checked += 1;
@@ -469,7 +546,7 @@ mod handover_tests {
     }
 
     fn check(versions: &[Version], lines: &[Line]) -> Handover {
-        check_handover(versions, lines, &BTreeSet::new(), 5_000 * MS, 100_000 * MS)
+        check_handover(versions, lines, &Lives::new(), 5_000 * MS, 100_000 * MS)
     }
 
     #[test]
@@ -511,7 +588,8 @@ mod handover_tests {
             child(3, Some("b")),
             owner(4, Some("b"), false),
         ];
-        let dead = BTreeSet::from(["x".to_owned()]);
+        // x ran until 250 ms: dead when the child moved at rv 3 (300 ms).
+        let dead = Lives::from([("x".to_owned(), vec![(0, Some(250 * MS))])]);
         let report = check_handover(&versions, &[], &dead, 5_000 * MS, 100_000 * MS);
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         let alive = check(&versions, &[]);
@@ -524,6 +602,24 @@ mod handover_tests {
     }
 
     #[test]
+    fn a_shard_is_dead_from_its_end_on_and_not_before() {
+        let versions = [
+            owner(1, Some("x"), false),
+            child(2, Some("x")),
+            child(3, Some("b")),
+            owner(40, Some("b"), false),
+        ];
+        // x ended at 3.5 s, after its owner's child moved ahead (300 ms): a violation still.
+        let later = Lives::from([("x".to_owned(), vec![(0, Some(3_500 * MS))])]);
+        let report = check_handover(&versions, &[], &later, 5_000 * MS, 100_000 * MS);
+        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+        // x ended at 250 ms and ran again from 280 ms: alive at 300 ms.
+        let again = Lives::from([("x".to_owned(), vec![(0, Some(250 * MS)), (280 * MS, None)])]);
+        let report = check_handover(&versions, &[], &again, 5_000 * MS, 100_000 * MS);
+        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+    }
+
+    #[test]
     fn a_child_left_behind_too_long_is_a_violation() {
         let versions = [
             owner(1, Some("a"), false),
@@ -533,7 +629,7 @@ mod handover_tests {
         let report = check_handover(
             &versions,
             &[],
-            &BTreeSet::new(),
+            &Lives::new(),
             5_000 * MS,
             300 * MS + 6_000 * MS,
         );
@@ -549,6 +645,7 @@ mod handover_tests {
             event: Event::Start,
             rv: Some(rv.to_string()),
             child: None,
+            incarnation: None,
         }
     }
 
@@ -577,10 +674,21 @@ mod handover_tests {
         assert_eq!(stale.violations.len(), 1, "long after it moved to b");
         let unseen = check(&versions, &[start("a", 3, 300 * MS)]);
         assert_eq!(
-            (unseen.records_checked, unseen.records_unplaced),
+            (unseen.records_checked, unseen.unplaced.len()),
             (0, 1),
             "rv 3 was never observed"
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the windows declared blind")]
+    fn a_record_the_history_could_not_place_fails_outside_a_declared_window() {
+        let versions = [owner(1, Some("a"), false)];
+        let records = [start("a", 1, 150 * MS), start("a", 3, 300 * MS)];
+        let report = check(&versions, &records);
+        // Inside the window: passes.
+        assert_holds(&Report::default(), &report, &[(200 * MS, 400 * MS)]);
+        assert_holds(&Report::default(), &report, &[(0, 200 * MS)]);
     }
 
     #[test]
@@ -588,6 +696,6 @@ mod handover_tests {
     fn a_run_whose_records_were_none_checked_fails() {
         let versions = [owner(1, Some("a"), false)];
         let nothing = check(&versions, &[]);
-        assert_holds(&Report::default(), &nothing);
+        assert_holds(&Report::default(), &nothing, &[]);
     }
 }

@@ -28,7 +28,7 @@ pub const RELEASE_NAMESPACE: &str = "sharding-system";
 pub const SHARDS_NAMESPACE: &str = "my-namespace";
 /// The example's StatefulSet (and the prefix of its shard names).
 pub const STATEFULSET: &str = "checksum-controller";
-/// The ClusterRing the example's shards join.
+/// The ControllerRing the example's shards join.
 pub const RING: &str = "checksums";
 /// The reconciler pod of the chart holding the leader election Lease (its identity starts
 /// with its pod's host name), or why there is none.
@@ -52,11 +52,11 @@ pub async fn leader(client: &Client) -> Result<String, String> {
         .ok_or(format!("holder {holder} is no pod"))
 }
 
-/// The chart values of the README's install: one ClusterRing [`RING`] sharding Secrets and the
+/// The chart values of the README's install: one ControllerRing [`RING`] sharding Secrets and the
 /// ConfigMaps they control, in every namespace but `kube-system` and the release's (the
 /// default namespace selector).
 pub fn ring_values() -> Value {
-    json!({ "clusterRings": [{
+    json!({ "controllerRings": [{
         "name": RING,
         "resources": [{
             "group": "",
@@ -416,7 +416,7 @@ pub async fn pod_memory(client: &Client, ns: &str) -> Result<Vec<ContainerMemory
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = "spec:\n  replicas: 3\n          args:\n            - --clusterring=checksums\n            - --lease-duration=15s\n            - --log-format=json\n          env:\n";
+    const EXAMPLE: &str = "spec:\n  replicas: 3\n          args:\n            - --controllerring=checksums\n            - --lease-duration=15s\n            - --log-format=json\n          env:\n";
 
     #[test]
     fn extra_flags_replace_the_examples_own_and_others_are_added() {
@@ -432,7 +432,7 @@ mod tests {
         .expect("manifest");
         assert_eq!(
             manifest,
-            "spec:\n  replicas: 4\n          args:\n            - --clusterring=checksums\n            - --lease-duration=45s\n            - --log-format=json\n            - --record-file=/dev/stdout\n            - --stable-name\n          env:\n"
+            "spec:\n  replicas: 4\n          args:\n            - --controllerring=checksums\n            - --lease-duration=45s\n            - --log-format=json\n            - --record-file=/dev/stdout\n            - --stable-name\n          env:\n"
         );
     }
 

@@ -1,5 +1,5 @@
 //! `make demo`: the whole system on a local control plane. Starts the webhook, the reconciler and
-//! three example shards as processes, creates a ClusterRing and 100 Secrets, shows how many each
+//! three example shards as processes, creates a ControllerRing and 100 Secrets, shows how many each
 //! shard holds, adds a fourth shard and shows the drains and moves as the logs report them,
 //! crashes a shard and shows its objects reassigned once its Lease runs out, then prints the
 //! final table. Every process is stopped on exit or Ctrl-C.
@@ -130,8 +130,8 @@ async fn demo() {
     )
     .await;
     println!(
-        "    ClusterRing {:?} shards Secrets (and the ConfigMaps they control) of namespace {:?}",
-        system.ring, system.ns
+        "    {:?} {:?} shards Secrets (and the ConfigMaps they control) of namespace {:?}",
+        system.kind, system.ring, system.ns
     );
     println!("    shard label: {}", system.labels.shard);
 

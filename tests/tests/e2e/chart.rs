@@ -563,6 +563,7 @@ async fn installed_chart_rbac_is_enough_for_assignment_scale_out_a_crash_and_a_c
         "chart",
         Options {
             namespace: Some(ns.clone()),
+            kind: RingKind::ClusterRing,
             create_ring: false,
             webhook_kubeconfig: Some(kubeconfigs[0].clone()),
             reconciler_kubeconfig: Some(kubeconfigs[1].clone()),

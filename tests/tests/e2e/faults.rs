@@ -22,7 +22,9 @@ use sharder_harness::fixtures::rule;
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
-use sharder_tests::system::{Objects, Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
+use sharder_tests::system::{
+    Objects, Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT, unix_nanos,
+};
 
 /// The lost shard's Lease: its duration and renew interval are the SDK's defaults scaled down
 /// (15 s / 2 s), keeping the default margin of one renew interval between the renewal deadline
@@ -486,10 +488,12 @@ async fn an_etcd_restart_mid_rebalance_needs_no_component_restart_and_the_rebala
 }
 
 /// 1,000 objects on two shards, a third joins, and `part` of the control plane is stopped for
-/// 10 s once the rebalance has begun: it completes without any component restarting.
+/// 10 s once the rebalance has begun: it completes without any component restarting, within
+/// [`restart_recovery`] of the return.
 async fn restart_mid_rebalance(part: Part) {
     const OBJECTS: usize = 1000;
-    const RECOVERY: Duration = Duration::from_secs(180);
+    const PLACED: Duration = Duration::from_secs(180);
+    const SWEEP: Duration = Duration::from_secs(90);
     // The reconciler's drains, at most this many a second, take several seconds for the third
     // shard's share: the stop comes while most of them are still to be written, or unseen by
     // the shards whose watches it breaks.
@@ -514,7 +518,7 @@ async fn restart_mid_rebalance(part: Part) {
             // and the watches are then refused once or twice more (410 Gone) through
             // kube-runtime's backoff: the bound on how long a child may stay behind its owner
             // (the sweep interval + 10 s) must cover that.
-            sweep_seconds: 90,
+            sweep_seconds: SWEEP.as_secs(),
             control_plane: Some(cp),
             reconciler_extra: vec![
                 (
@@ -534,7 +538,7 @@ async fn restart_mid_rebalance(part: Part) {
     create_at_once(&system, OBJECTS, 16).await;
     // The first reconciles may take more than `WAIT` beside the rest of the suite on a busy
     // machine.
-    eventually("objects on two shards", RECOVERY, || system.converged()).await;
+    eventually("objects on two shards", PLACED, || system.converged()).await;
     let leader = system.leader().await;
 
     system.start_shard("shard-2").await;
@@ -545,7 +549,7 @@ async fn restart_mid_rebalance(part: Part) {
         }
     })
     .await;
-    let cut = Instant::now();
+    let (cut, blind_from) = (Instant::now(), unix_nanos());
     cp.restart(part, Duration::from_secs(10))
         .await
         .expect("the control plane starts again");
@@ -553,8 +557,11 @@ async fn restart_mid_rebalance(part: Part) {
     // Each component's watches connect again every second while the apiserver is away, and are
     // refused (410 Gone, with kube-runtime's backoff) when they resume from a version the new
     // apiserver's watch cache does not have: recovery takes one or two of those steps.
-    eventually("the rebalance completes", RECOVERY, || system.converged()).await;
+    let recovery = restart_recovery(SWEEP, OBJECTS, WRITES_PER_SECOND);
+    eventually("the rebalance completes", recovery, || system.converged()).await;
     let completed = back.elapsed();
+    // The history's watches resumed somewhere in between.
+    system.history_blind(blind_from, unix_nanos());
     let exited = system.exited();
     assert!(
         exited.is_empty(),
@@ -572,11 +579,22 @@ async fn restart_mid_rebalance(part: Part) {
     let leader_after = system.leader().await;
     eprintln!(
         "{part:?} restart: {moved} of {OBJECTS} objects on the new shard at the stop; down \
-         {:.1} s (killed, 10 s, start); rebalance complete {:.1} s after its return; holdings \
-         {holdings:?}; leader replica-{leader} before, replica-{leader_after} after",
+         {:.1} s (killed, 10 s, start); rebalance complete {:.1} s after its return (bound {:.0} s); \
+         holdings {holdings:?}; leader replica-{leader} before, replica-{leader_after} after",
         back.duration_since(cut).as_secs_f64(),
         completed.as_secs_f64(),
+        recovery.as_secs_f64(),
     );
+}
+
+/// How long a rebalance cut by a control plane restart may take to complete after the return:
+/// the later of the shards' watches resuming ([`SHARDS_RESUME`]; their acknowledgements end the
+/// drains) and the reconciler's next try (its retry delay grows while the apiserver is away, to at
+/// most the sweep interval), then every one of the `objects` drained again at the reconciler's
+/// write limit.
+fn restart_recovery(sweep: Duration, objects: usize, writes_per_second: u32) -> Duration {
+    let writes = Duration::from_secs_f64(objects as f64 / f64::from(writes_per_second));
+    SHARDS_RESUME.max(sweep) + writes
 }
 
 /// How many answered-429 reads of Leases [`watches_wait_out_a_restarted_apiserver_s_retry_after`]
@@ -699,6 +717,7 @@ async fn watches_wait_out_a_restarted_apiserver_s_retry_after() {
         }
         link.throttle(None);
     };
+    let blind_from = unix_nanos();
     let (restarted, ()) = tokio::join!(cp.restart(Part::Apiserver, Duration::from_secs(1)), opened);
     restarted.expect("the apiserver is ready again, its Lease cache initialised");
 
@@ -709,6 +728,7 @@ async fn watches_wait_out_a_restarted_apiserver_s_retry_after() {
         system.converged()
     })
     .await;
+    system.history_blind(blind_from, unix_nanos());
     let created = system
         .create_secret("after-the-restart", "1")
         .await
