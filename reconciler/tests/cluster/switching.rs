@@ -39,6 +39,47 @@ fn reference_shard<'a>(shards: &[&'a str], key: &str) -> &'a str {
         .1
 }
 
+/// Creates the world's ring of its kind as the reference's users write it (the label only
+/// selects it for the test's reconciler); returns its uid.
+async fn create_ring_as_its_users_write_it(w: &Test) -> String {
+    let ring: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "sharding.timebertt.dev/v1alpha1",
+        "kind": w.kind.kind(),
+        "metadata": { "name": w.ring, "labels": { RING_NAMESPACE_LABEL: w.ns } },
+        "spec": {
+            "resources": [{
+                "group": "",
+                "resource": "secrets",
+                "controlledResources": [{ "group": "", "resource": "configmaps" }],
+            }],
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": w.ns } },
+        },
+    }))
+    .expect("a ring");
+    let ring = w
+        .rings()
+        .create(&PostParams::default(), &ring)
+        .await
+        .expect("the ring");
+    ring.uid().expect("the ring's uid")
+}
+
+/// Creates `object-0` to `object-59` and a child of each, labelled with the shard the
+/// reference's ring picks among `shards` for the key `key` gives an object's name.
+async fn place_as_the_reference(w: &Test, shards: &[&str], key: impl Fn(&str) -> String) {
+    let pp = PostParams::default();
+    for i in 0..60 {
+        let name = format!("object-{i}");
+        let shard = reference_shard(shards, &key(&name));
+        let mut owner = sharder_harness::fixtures::secret(&name);
+        owner.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
+        let owner = w.secrets().create(&pp, &owner).await.expect("secret");
+        let mut child = sharder_harness::fixtures::child_of(&owner, &format!("child-{i}"));
+        child.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
+        w.configmaps().create(&pp, &child).await.expect("configmap");
+    }
+}
+
 /// What of the reference is left in the ring's webhook configuration, or where it points if
 /// not at `ours`.
 fn not_taken_over(mwc: &MutatingWebhookConfiguration, ours: &str) -> Vec<String> {
@@ -81,25 +122,8 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
     let world = World::under_installed_crds(cp, ns.clone(), ns.clone()).await;
     let mut w = Test::in_world(world.with_kind(RingKind::ControllerRing)).await;
 
-    // The ring as the reference's users write it (the label only selects it for this test's
-    // reconciler).
-    let ring: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "sharding.timebertt.dev/v1alpha1",
-        "kind": "ControllerRing",
-        "metadata": { "name": w.ring, "labels": { RING_NAMESPACE_LABEL: w.ns } },
-        "spec": {
-            "resources": [{
-                "group": "",
-                "resource": "secrets",
-                "controlledResources": [{ "group": "", "resource": "configmaps" }],
-            }],
-            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": w.ns } },
-        },
-    }))
-    .expect("a ControllerRing");
+    let uid = create_ring_as_its_users_write_it(&w).await;
     let pp = PostParams::default();
-    let ring = w.rings().create(&pp, &ring).await.expect("the ring");
-    let uid = ring.uid().expect("the ring's uid");
     let shards = ["ref-a", "ref-b", "ref-c"];
     let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &shards)
         .await
@@ -107,17 +131,7 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
     reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns)
         .await
         .expect("the reference's webhook configuration");
-    // Objects and children labelled by the reference's ring.
-    for i in 0..60 {
-        let name = format!("object-{i}");
-        let shard = reference_shard(&shards, &w.key(&name));
-        let mut owner = sharder_harness::fixtures::secret(&name);
-        owner.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
-        let owner = w.secrets().create(&pp, &owner).await.expect("secret");
-        let mut child = sharder_harness::fixtures::child_of(&owner, &format!("child-{i}"));
-        child.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
-        w.configmaps().create(&pp, &child).await.expect("configmap");
-    }
+    place_as_the_reference(&w, &shards, |n| w.key(n)).await;
     let leases = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
     let of_ring = ListParams::default().labels(&format!("{}={}", w.kind.lease_label(), w.ring));
     // Each shard Lease's holder and state.
@@ -245,23 +259,7 @@ async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_
     let ns = cp.namespace("switch-v08").await.expect("namespace");
     let world = World::under_installed_crds(cp, ns.clone(), ns.clone()).await;
     let mut w = Test::in_world(world).await;
-    let ring: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "sharding.timebertt.dev/v1alpha1",
-        "kind": "ClusterRing",
-        "metadata": { "name": w.ring, "labels": { RING_NAMESPACE_LABEL: w.ns } },
-        "spec": {
-            "resources": [{
-                "group": "",
-                "resource": "secrets",
-                "controlledResources": [{ "group": "", "resource": "configmaps" }],
-            }],
-            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": w.ns } },
-        },
-    }))
-    .expect("a ClusterRing");
-    let pp = PostParams::default();
-    let ring = w.rings().create(&pp, &ring).await.expect("the ring");
-    let uid = ring.uid().expect("the ring's uid");
+    let uid = create_ring_as_its_users_write_it(&w).await;
     let shards = ["ref-a", "ref-b", "ref-c"];
     let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &shards)
         .await
@@ -276,18 +274,9 @@ async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_
     )
     .await
     .expect("v0.8's webhook configuration");
-    // Objects placed by v0.8's key, which holds the apiVersion.
+    // v0.8's key holds the apiVersion.
     let v0_8_key = |name: &str| format!("v1/Secret/{}/{name}", w.ns);
-    for i in 0..60 {
-        let name = format!("object-{i}");
-        let shard = reference_shard(&shards, &v0_8_key(&name));
-        let mut owner = sharder_harness::fixtures::secret(&name);
-        owner.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
-        let owner = w.secrets().create(&pp, &owner).await.expect("secret");
-        let mut child = sharder_harness::fixtures::child_of(&owner, &format!("child-{i}"));
-        child.metadata.labels = Some([(w.labels.shard.clone(), shard.to_owned())].into());
-        w.configmaps().create(&pp, &child).await.expect("configmap");
-    }
+    place_as_the_reference(&w, &shards, v0_8_key).await;
     let moving: BTreeSet<String> = (0..60)
         .map(|i| format!("object-{i}"))
         .filter(|n| reference_shard(&shards, &v0_8_key(n)) != reference_shard(&shards, &w.key(n)))
