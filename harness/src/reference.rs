@@ -17,7 +17,6 @@ use tokio::task::JoinHandle;
 use sharder_common::{RingId, RingKind};
 
 use crate::Error;
-use crate::crd::install_crd;
 
 /// The reference's ControllerRing CRD, v0.13.0 as released.
 pub const CONTROLLER_RING_CRD: &str =
@@ -50,10 +49,11 @@ fn parse<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> Result<T, Er
         .map_err(|e| Error::Data(format!("the reference's {file} does not parse: {e}")))
 }
 
-/// Installs the reference's ControllerRing CRD (v0.13.0) and waits until it is served.
-pub async fn install_controller_ring_crd(client: &Client) -> Result<(), Error> {
-    let crd: CustomResourceDefinition = parse("ControllerRing CRD", CONTROLLER_RING_CRD)?;
-    install_crd(client, &crd).await.map(drop)
+/// Installs one of the reference's CRDs ([`CONTROLLER_RING_CRD`], [`CLUSTER_RING_CRD`]) and
+/// waits until it is served.
+pub async fn install_crd(client: &Client, file: &str) -> Result<(), Error> {
+    let crd: CustomResourceDefinition = parse("CRD", file)?;
+    crate::crd::install_crd(client, &crd).await.map(drop)
 }
 
 /// The webhook configuration the reference applies for ControllerRing `ring` (uid `uid`) whose
@@ -155,12 +155,6 @@ pub fn v0_8_webhook_configuration(
         }],
     }))
     .map_err(|e| Error::Data(format!("v0.8's webhook configuration: {e}")))
-}
-
-/// Installs the reference's v0.8 ClusterRing CRD and waits until it is served.
-pub async fn install_v0_8_cluster_ring_crd(client: &Client) -> Result<(), Error> {
-    let crd: CustomResourceDefinition = parse("v0.8 ClusterRing CRD", CLUSTER_RING_CRD)?;
-    install_crd(client, &crd).await.map(drop)
 }
 
 /// Shard `shard`'s Lease in `namespace` for `ring` as the reference's shard library holds it

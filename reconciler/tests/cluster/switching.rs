@@ -39,6 +39,29 @@ fn reference_shard<'a>(shards: &[&'a str], key: &str) -> &'a str {
         .1
 }
 
+/// A control plane of its own serving the reference's CRD of `kind` (v0.13.0's ControllerRing,
+/// v0.8.0's ClusterRing) and, beside it, Sharder's chart's CRD of the other kind (Helm skips the
+/// one that exists): a test of a ring of `kind` on it.
+async fn under_the_reference_s_crd(prefix: &str, kind: RingKind) -> Test {
+    let cp = ControlPlane::dedicated(Default::default())
+        .await
+        .expect("a control plane of its own");
+    let client = cp.client().await.expect("client");
+    let (theirs, ours) = match kind {
+        RingKind::ControllerRing => (reference::CONTROLLER_RING_CRD, RING_CRDS[0]),
+        RingKind::ClusterRing => (reference::CLUSTER_RING_CRD, RING_CRDS[1]),
+    };
+    reference::install_crd(&client, theirs)
+        .await
+        .expect("the reference's CRD");
+    install_chart_crd(&client, ours)
+        .await
+        .expect("Sharder's CRD of the other kind");
+    let ns = cp.namespace(prefix).await.expect("namespace");
+    let world = World::under_installed_crds(cp, ns.clone(), ns).await;
+    Test::in_world(world.with_kind(kind)).await
+}
+
 /// Creates the world's ring of its kind as the reference's users write it (the label only
 /// selects it for the test's reconciler); returns its uid.
 async fn create_ring_as_its_users_write_it(w: &Test) -> String {
@@ -107,20 +130,7 @@ fn not_taken_over(mwc: &MutatingWebhookConfiguration, ours: &str) -> Vec<String>
 #[tokio::test]
 async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_its_configuration_over()
  {
-    let cp = ControlPlane::dedicated(Default::default())
-        .await
-        .expect("a control plane of its own");
-    let client = cp.client().await.expect("client");
-    reference::install_controller_ring_crd(&client)
-        .await
-        .expect("the reference's ControllerRing CRD");
-    // Sharder's chart brings the ClusterRing CRD; Helm skips the ControllerRing CRD that exists.
-    install_chart_crd(&client, RING_CRDS[0])
-        .await
-        .expect("Sharder's ClusterRing CRD");
-    let ns = cp.namespace("switch").await.expect("namespace");
-    let world = World::under_installed_crds(cp, ns.clone(), ns.clone()).await;
-    let mut w = Test::in_world(world.with_kind(RingKind::ControllerRing)).await;
+    let mut w = under_the_reference_s_crd("switch", RingKind::ControllerRing).await;
 
     let uid = create_ring_as_its_users_write_it(&w).await;
     let pp = PostParams::default();
@@ -217,19 +227,7 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
         .filter(|n| reference_shard(&shards, &w.key(n)) != reference_shard(&four, &w.key(n)))
         .collect();
     assert!(!moving.is_empty());
-    eventually("the movers drained", WAIT, || async {
-        let draining: BTreeSet<String> = w
-            .list_secrets()
-            .await
-            .into_iter()
-            .filter(|(_, s)| w.draining(s))
-            .map(|(n, _)| n)
-            .collect();
-        (draining == moving)
-            .then_some(())
-            .ok_or(format!("draining {draining:?}, moving {moving:?}"))
-    })
-    .await;
+    w.wait_until_drained(&moving).await;
 
     // The taken-over configuration places a new object by the reference's ring.
     let created = w
@@ -246,19 +244,7 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
 #[tokio::test]
 async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_and_deletes_its_configuration()
  {
-    let cp = ControlPlane::dedicated(Default::default())
-        .await
-        .expect("a control plane of its own");
-    let client = cp.client().await.expect("client");
-    reference::install_v0_8_cluster_ring_crd(&client)
-        .await
-        .expect("the reference's v0.8 ClusterRing CRD");
-    install_chart_crd(&client, RING_CRDS[1])
-        .await
-        .expect("Sharder's ControllerRing CRD");
-    let ns = cp.namespace("switch-v08").await.expect("namespace");
-    let world = World::under_installed_crds(cp, ns.clone(), ns.clone()).await;
-    let mut w = Test::in_world(world).await;
+    let mut w = under_the_reference_s_crd("switch-v08", RingKind::ClusterRing).await;
     let uid = create_ring_as_its_users_write_it(&w).await;
     let shards = ["ref-a", "ref-b", "ref-c"];
     let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &shards)
@@ -307,23 +293,5 @@ async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_
     )
     .await;
     // The objects v0.8's key placed elsewhere are drained off their live shards, and only they.
-    eventually(
-        "the objects v0.8 placed elsewhere drained",
-        WAIT,
-        || async {
-            let draining: BTreeSet<String> = w
-                .list_secrets()
-                .await
-                .into_iter()
-                .filter(|(_, s)| w.draining(s))
-                .map(|(n, _)| n)
-                .collect();
-            (draining == moving).then_some(()).ok_or(format!(
-                "{} draining, {} moving: {draining:?}",
-                draining.len(),
-                moving.len()
-            ))
-        },
-    )
-    .await;
+    w.wait_until_drained(&moving).await;
 }
