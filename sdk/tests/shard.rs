@@ -30,7 +30,9 @@ async fn a_lost_lease_stops_the_controllers_at_once() {
     let world = World::new("shard-lost").await;
     let (client, ns) = (world.client.clone(), world.ns.clone());
     let shard = Shard::new(client.clone(), RingId::controller_ring("ring-a"), "shard-a");
-    let lease = shard.lease(&ns, Duration::from_secs(2), Duration::from_millis(200));
+    // A Lease long enough that a slow apiserver cannot lose it before the thief takes it; the
+    // shard sees the theft at its next renewal, 200 ms later.
+    let lease = shard.lease(&ns, Duration::from_secs(15), Duration::from_millis(200));
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let dropped = Arc::new(AtomicBool::new(false));
     let flag = DropFlag(Arc::clone(&dropped));

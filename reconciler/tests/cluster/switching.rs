@@ -216,19 +216,6 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
         "the shards' Leases keep their holders and states"
     );
 
-    // The reconciler read the objects it left alone: a fourth shard of the reference's drains
-    // exactly those the reference's ring moves to it.
-    let four = ["ref-a", "ref-b", "ref-c", "ref-d"];
-    let _fourth = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &four[3..])
-        .await
-        .expect("a fourth shard Lease");
-    let moving: BTreeSet<String> = (0..60)
-        .map(|i| format!("object-{i}"))
-        .filter(|n| reference_shard(&shards, &w.key(n)) != reference_shard(&four, &w.key(n)))
-        .collect();
-    assert!(!moving.is_empty());
-    w.wait_until_drained(&moving).await;
-
     // The taken-over configuration places a new object by the reference's ring.
     let created = w
         .secrets()
@@ -239,6 +226,20 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
         w.shard_of(&created).as_deref(),
         Some(reference_shard(&shards, &w.key("object-new")))
     );
+
+    // The reconciler read the objects it left alone: a fourth shard of the reference's drains
+    // exactly those the reference's ring moves to it.
+    let four = ["ref-a", "ref-b", "ref-c", "ref-d"];
+    let _fourth = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &four[3..])
+        .await
+        .expect("a fourth shard Lease");
+    let moving: BTreeSet<String> = (0..60)
+        .map(|i| format!("object-{i}"))
+        .chain(["object-new".to_string()])
+        .filter(|n| reference_shard(&shards, &w.key(n)) != reference_shard(&four, &w.key(n)))
+        .collect();
+    assert!(!moving.is_empty());
+    w.wait_until_drained(&moving).await;
 }
 
 #[tokio::test]
