@@ -76,13 +76,22 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, hook: Hook) -> Result<
 /// Creates the objects of the rounds: Secrets, or ConfigMaps each controlled by one of the
 /// owners (Secrets already on their shards).
 #[derive(Clone)]
-struct Creator {
+pub(crate) struct Creator {
     secrets: Api<Secret>,
     configmaps: Api<ConfigMap>,
     owners: Arc<[Secret]>,
 }
 
 impl Creator {
+    /// Creates Secrets (main objects only) in namespace `ns`.
+    pub(crate) fn of_secrets(client: &kube::Client, ns: &str) -> Self {
+        Self {
+            secrets: Api::namespaced(client.clone(), ns),
+            configmaps: Api::namespaced(client.clone(), ns),
+            owners: Arc::from([]),
+        }
+    }
+
     /// Creates object `name`, a child of the owner `i` picks if `child`; the labels it came
     /// back with.
     async fn create(&self, child: bool, name: &str, i: usize) -> Result<Vec<String>, kube::Error> {
@@ -127,7 +136,7 @@ impl Creator {
 
     /// One round of `n` creates at `rate`: p50, p90, p99 (ms), creates per second achieved and
     /// failed creates.
-    async fn round(&self, child: bool, prefix: &str, n: usize, rate: f64) -> [f64; 5] {
+    pub(crate) async fn round(&self, child: bool, prefix: &str, n: usize, rate: f64) -> [f64; 5] {
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let started = Instant::now();

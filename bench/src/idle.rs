@@ -13,6 +13,7 @@
 //! Each design is reported as the apiserver's and etcd's CPU above the control's, and the lists
 //! the apiserver sent to etcd, per hour at the real schedule.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -21,10 +22,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
-use sharder_common::Ring;
+use sharder_common::{Ring, RingKind};
 use sharder_harness::ControlPlane;
+use sharder_harness::launch::dump_logs;
 use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
+use crate::beside::{REFERENCE_LOG, ReferenceRun, start_reference};
 use crate::report::{goals, table};
 use crate::stats::cpu_seconds;
 use crate::webhooks::{Webhooks, metadata_cache};
@@ -58,6 +61,9 @@ const SHARDER_LEADER: &str = "sharder reconciler: leader election and watches";
 const REFERENCE: &str = "reference: resync lists (every 5 min)";
 const REFERENCE_LEADER: &str = "reference: leader election (renewed every 2 s)";
 const REFLECTOR: &str = "metadata reflector (after its first list)";
+/// The reference's own binary (`--reference`), in two windows as the sharder's.
+const REFERENCE_BINARY: &str = "reference binary: resync lists";
+const REFERENCE_BINARY_LEADER: &str = "reference binary: leader election and watches";
 
 /// How many times faster than real `done` runs of a schedule of `period` ran in `window`.
 fn speedup(done: usize, period: Duration, window: Duration) -> f64 {
@@ -126,9 +132,18 @@ impl IdleRow {
         Some(self.cpu_per_hour(SHARDER)? + self.cpu_per_hour(SHARDER_LEADER).unwrap_or(0.0))
     }
 
-    /// The reference's CPU seconds per hour: its lists' and its leader election's.
+    /// The reference's CPU seconds per hour as the bench replays it: its lists' and its leader
+    /// election's.
     fn reference(&self) -> Option<f64> {
         Some(self.cpu_per_hour(REFERENCE)? + self.cpu_per_hour(REFERENCE_LEADER).unwrap_or(0.0))
+    }
+
+    /// The reference's own binary's CPU seconds per hour, when it ran: both its windows.
+    fn reference_binary(&self) -> Option<f64> {
+        Some(
+            self.cpu_per_hour(REFERENCE_BINARY)?
+                + self.cpu_per_hour(REFERENCE_BINARY_LEADER).unwrap_or(0.0),
+        )
     }
 }
 
@@ -203,6 +218,60 @@ impl Meter {
     }
 }
 
+impl Meter {
+    /// Two windows of the reference's own `binary` over `setup`'s ring, each from its first list
+    /// of Secrets on: with its resync pushed past the window (its leader election and watches),
+    /// then every [`LISTS_PER_WINDOW`]th of a window; each window's usage and the lists of
+    /// Secrets the apiserver answered in it.
+    async fn reference_binary(
+        &self,
+        setup: &RingSetup,
+        webhooks: &Webhooks,
+        binary: &Path,
+    ) -> Result<[(Usage, usize); 2], Error> {
+        let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
+        let run = ReferenceRun {
+            binary,
+            dir: dir.path(),
+            kubeconfig: self.cp.kubeconfig(),
+            namespace: &setup.ns,
+        };
+        let mut windows = [(Usage::default(), 0); 2];
+        for (window, sync) in windows
+            .iter_mut()
+            .zip([Duration::from_secs(3600), self.window / LISTS_PER_WINDOW])
+        {
+            let before = self.secret_lists().await?;
+            let mut process = start_reference(&run, webhooks, Some(sync))?;
+            let started = Instant::now();
+            while self.secret_lists().await? <= before {
+                if process.try_wait().is_some() || started.elapsed() > Duration::from_secs(120) {
+                    process.stop(Duration::from_secs(5));
+                    dump_logs(dir.path(), [REFERENCE_LOG.to_owned()], 40);
+                    return Err(Error::Setup(
+                        "the reference's binary did not list the ring's Secrets within 2 minutes"
+                            .into(),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let from = self.secret_lists().await?;
+            let used = self.measure(async {}).await?;
+            let lists = self.secret_lists().await? - from;
+            process.stop(Duration::from_secs(20));
+            *window = (used, lists as usize);
+        }
+        Ok(windows)
+    }
+
+    /// The lists of Secrets the apiserver answered so far (`apiserver_request_total`).
+    async fn secret_lists(&self) -> Result<f64, Error> {
+        let metrics = apiserver_metrics(&self.client).await?;
+        let labels = [("resource", "secrets"), ("verb", "LIST")];
+        Ok(metric_sum(&metrics, "apiserver_request_total", &labels))
+    }
+}
+
 /// Measures every size of `args.idle_sizes`; the section's text.
 pub(crate) async fn run(
     cp: &'static ControlPlane,
@@ -224,7 +293,7 @@ pub(crate) async fn run(
         .await?;
     let mut rows = Vec::new();
     for &n in &args.idle_sizes {
-        rows.push(size(&meter, webhooks, n).await?);
+        rows.push(size(&meter, webhooks, n, args.reference.as_deref()).await?);
     }
     // The sections after this one measure too (the node section's cluster shares this
     // machine's CPU with this control plane): every deletion ends first.
@@ -233,9 +302,16 @@ pub(crate) async fn run(
     Ok(markdown(&rows, args.idle_others))
 }
 
-/// The windows of a ring of `n` objects.
-async fn size(meter: &Meter, webhooks: &Webhooks, n: usize) -> Result<IdleRow, Error> {
-    let setup = RingSetup::new(meter.cp, &format!("bench-idle-{n}"), false, 3).await?;
+/// The windows of a ring of `n` objects; those of the reference's own binary too when given.
+async fn size(
+    meter: &Meter,
+    webhooks: &Webhooks,
+    n: usize,
+    reference_binary: Option<&Path>,
+) -> Result<IdleRow, Error> {
+    // A ControllerRing: the kind the reference's binary serves.
+    let kind = RingKind::ControllerRing;
+    let setup = RingSetup::of_kind(meter.cp, &format!("bench-idle-{n}"), false, 3, kind).await?;
     setup
         .create_assigned(0..n, &Ring::new((0..3).map(|i| format!("shard-{i}"))))
         .await?;
@@ -290,6 +366,10 @@ async fn size(meter: &Meter, webhooks: &Webhooks, n: usize) -> Result<IdleRow, E
             }
         })
         .await?;
+    let binary = match reference_binary {
+        Some(binary) => Some(meter.reference_binary(&setup, webhooks, binary).await?),
+        None => None,
+    };
     let mut cache = metadata_cache(meter.cp, &setup.ns, n).await?;
     let reflector = meter.measure(async {}).await?;
     cache.kill();
@@ -310,7 +390,7 @@ async fn size(meter: &Meter, webhooks: &Webhooks, n: usize) -> Result<IdleRow, E
         resyncs * f / f64::from(RESYNC_LISTS)
     });
     let window = meter.window;
-    let row = IdleRow {
+    let mut row = IdleRow {
         objects: n,
         window,
         control: [first_control, last_control],
@@ -354,6 +434,29 @@ async fn size(meter: &Meter, webhooks: &Webhooks, n: usize) -> Result<IdleRow, E
             ),
         ],
     };
+    if let Some([(leader, quiet_lists), (lists, listed)]) = binary {
+        // Its lists' window holds its leader election too: what it used above the other.
+        let above = lists
+            .with(leader, |l, q| l - q)
+            .with(row.control(), |a, c| a + c);
+        row.designs.push(Design(
+            REFERENCE_BINARY,
+            above,
+            speedup(listed, REFERENCE_RESYNC, window),
+            Usage::default(),
+            format!(
+                "{listed} lists of Secrets with `syncPeriod` {}ms, less its other window",
+                (window / LISTS_PER_WINDOW).as_millis()
+            ),
+        ));
+        row.designs.push(Design(
+            REFERENCE_BINARY_LEADER,
+            leader,
+            1.0,
+            Usage::default(),
+            format!("`syncPeriod` 1h ({quiet_lists} lists of Secrets in the window)"),
+        ));
+    }
     for design in &row.designs {
         eprintln!(
             "[bench]   {n}: {}: {:.1} CPU-s/h",
@@ -389,7 +492,7 @@ fn leader_lease(name: &str) -> Lease {
 fn markdown(rows: &[IdleRow], others: usize) -> String {
     let window = rows.first().map_or(0, |r| r.window.as_secs());
     let mut out = format!(
-        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
+        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows from its first list of the Secrets on: its `syncPeriod` at 1h (its leader election and watches, at its defaults), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
         RENEW_IN_WINDOW.as_millis(),
         RENEW.as_secs(),
         SWEEP_IN_WINDOW.as_secs_f64(),
@@ -432,6 +535,12 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
                 versus(cpu)
             ));
         }
+        if let Some(cpu) = row.reference_binary() {
+            cells.push(format!(
+                "{n} | reference binary (both) | - | - | - | - | {cpu:.1} | - | {}",
+                versus(cpu)
+            ));
+        }
     }
     out += &table(
         "objects | design | CPU-s in the window (control) | etcd lists in the window (control) | what ran | compressed | apiserver + etcd CPU-s per hour | etcd lists per hour | vs the reference",
@@ -468,6 +577,22 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
             ),
         };
         all.push((what, figure, "<= 1.0x", ratio <= 1.0));
+    }
+    if let (Some(sharder), Some(r)) = (large.sharder(), large.reference_binary()) {
+        let what = format!(
+            "the sharder's idle apiserver + etcd CPU at {} objects vs the reference's own binary's",
+            large.objects
+        );
+        let figure = match r > 0.0 {
+            true => format!(
+                "{sharder:.2} vs {r:.2} CPU-s per hour = {:.3}x",
+                sharder / r
+            ),
+            false => format!(
+                "{sharder:.1} CPU-s per hour; the reference binary's windows were within the control's noise"
+            ),
+        };
+        all.push((what, figure, "<= 1.0x", r > 0.0 && sharder <= r));
     }
     if let (true, Some(a), Some(b)) = (
         large.objects > small.objects,
@@ -622,6 +747,36 @@ mod tests {
             ..row
         };
         assert_eq!(lists_only.reference(), Some(2.0));
+    }
+
+    #[test]
+    fn the_reference_s_own_binary_is_held_against_the_sharder_when_it_ran() {
+        let at = |binary: f64| {
+            let designs = vec![
+                design(SHARDER, 1.0, 40.0),
+                design(SHARDER_LEADER, 5.0, 40.0),
+                design(REFERENCE_BINARY, binary, 40.0),
+                design(REFERENCE_BINARY_LEADER, 0.1, 1.0),
+            ];
+            row(100, [0.0, 0.0], designs)
+        };
+        // Its lists 40x compressed, its leader election at its real schedule: 0.1 CPU-s in
+        // 90 s is 4 an hour.
+        assert_eq!(at(2.0).reference_binary(), Some(6.0));
+        let met = markdown(&[at(2.0)], 0);
+        assert!(
+            met.contains("| 100 | reference binary (both) | - | - | - | - | 6.0 | - | - |"),
+            "{met}"
+        );
+        assert!(met.contains("| the sharder's idle apiserver + etcd CPU at 100 objects vs the reference's own binary's | 6.00 vs 6.00 CPU-s per hour = 1.000x | <= 1.0x | met |"), "{met}");
+        let missed = markdown(&[at(1.0)], 0);
+        assert!(
+            missed.contains("| 6.00 vs 5.00 CPU-s per hour = 1.200x | <= 1.0x | **missed** |"),
+            "{missed}"
+        );
+        let without = row(100, [0.0, 0.0], vec![design(SHARDER, 1.0, 40.0)]);
+        assert_eq!(without.reference_binary(), None);
+        assert!(!markdown(&[without], 0).contains("vs the reference's own binary's"));
     }
 
     #[test]

@@ -17,13 +17,14 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
 use serde_json::Value;
-use sharder_common::{ClusterRing, Ring};
+use sharder_common::{Ring, RingKind};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::RING_NAMESPACE_LABEL;
-use sharder_harness::fixtures::secrets_ring;
+use sharder_harness::fixtures::{ring_object, secrets_ring};
 use sharder_harness::launch::{Env, Reconciler, ReconcilerFlags};
 use sharder_harness::world::World;
 
+mod beside;
 mod create_latency;
 pub mod floor;
 mod idle;
@@ -133,13 +134,27 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub load_rounds: u64,
 
+    /// The reference sharder's `sharder` binary (built by you from its release; the bench never
+    /// builds it): section 9 runs it beside Sharder. Without it, section 9 says it was not run.
+    #[arg(long, env = "SHARDER_BENCH_REFERENCE")]
+    pub reference: Option<PathBuf>,
+
+    /// Object counts of section 9 (Sharder beside the reference), comma-separated.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_REFERENCE_SIZES",
+        value_delimiter = ',',
+        default_value = "10000,100000,300000"
+    )]
+    pub reference_sizes: Vec<usize>,
+
     /// The sections to run, comma-separated (the others are reported as not run).
     #[arg(
         long,
         env = "SHARDER_BENCH_SECTIONS",
         value_enum,
         value_delimiter = ',',
-        default_value = "latency,load,memory,rebalance,rolling,ring,node,idle"
+        default_value = "latency,load,memory,rebalance,rolling,ring,node,idle,reference"
     )]
     pub sections: Vec<Section>,
 }
@@ -163,6 +178,8 @@ pub enum Section {
     Node,
     /// 8. What a quiet ring costs the apiserver and etcd.
     Idle,
+    /// 9. Sharder beside the reference sharder's own binary (`--reference`).
+    Reference,
 }
 
 impl Section {
@@ -177,6 +194,7 @@ impl Section {
             Self::Ring => "6. Ring",
             Self::Node => "7. The chart's pods on a real node",
             Self::Idle => "8. What a quiet ring costs the control plane",
+            Self::Reference => "9. Beside the reference sharder",
         }
     }
 }
@@ -251,7 +269,7 @@ impl std::ops::Deref for RingSetup {
 }
 
 impl RingSetup {
-    /// A new namespace and ring; `controlled` keeps ConfigMaps as controlled resources;
+    /// A new namespace and ClusterRing; `controlled` keeps ConfigMaps as controlled resources;
     /// `leases` shard Leases `shard-<i>` held for an hour.
     async fn new(
         cp: &'static ControlPlane,
@@ -259,13 +277,27 @@ impl RingSetup {
         controlled: bool,
         leases: usize,
     ) -> Result<Self, Error> {
-        let world = World::in_namespace(cp, cp.namespace(prefix).await?).await;
+        Self::of_kind(cp, prefix, controlled, leases, RingKind::ClusterRing).await
+    }
+
+    /// [`Self::new`] with a ring of `kind`.
+    async fn of_kind(
+        cp: &'static ControlPlane,
+        prefix: &str,
+        controlled: bool,
+        leases: usize,
+        kind: RingKind,
+    ) -> Result<Self, Error> {
+        let world = World::in_namespace(cp, cp.namespace(prefix).await?)
+            .await
+            .with_kind(kind);
         let mut ring = secrets_ring(&world.ring, Some(&world.ns));
         if !controlled {
             ring.spec.resources[0].controlled_resources.clear();
         }
-        Api::<ClusterRing>::all(world.client.clone())
-            .create(&PostParams::default(), &ring)
+        world
+            .rings()
+            .create(&PostParams::default(), &ring_object(&world.id(), &ring))
             .await?;
         for i in 0..leases {
             world.add_shard_lease(&format!("shard-{i}"), 3600).await;
@@ -278,7 +310,8 @@ impl RingSetup {
     /// measurement must not share the apiserver with the deletion of a big one.
     async fn remove(self, wait: bool) -> Result<(), Error> {
         let namespaces = Api::<Namespace>::all(self.client.clone());
-        let _ = Api::<ClusterRing>::all(self.client.clone())
+        let _ = self
+            .rings()
             .delete(&self.ring, &DeleteParams::default())
             .await;
         namespaces
@@ -456,6 +489,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
         Section::Rolling,
         Section::Ring,
         Section::Idle,
+        Section::Reference,
         Section::Node,
         Section::Memory,
     ];
@@ -472,6 +506,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
                 .await
                 .unwrap_or_else(|e| format!("Could not run: {e}\n\n")),
             Section::Idle => idle::run(cp, &webhooks, &args).await?,
+            Section::Reference => beside::run(cp, &webhooks, &args).await?,
         };
         texts.insert(section, text);
         // What is measured so far is on disk: an interrupted run keeps its finished sections.

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::lease::shard_state;
-use sharder_common::{Ring, RingId, ShardState};
+use sharder_common::{Ring, RingKind, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::{Reconciler, dump_logs};
@@ -74,6 +75,8 @@ pub(crate) struct Movers {
     lease: Duration,
     /// The audit users and clients of the reconciler, the shards and the raw PATCHes.
     users: [String; 3],
+    /// The reconciler's kubeconfig (the first of `users`).
+    kubeconfig: PathBuf,
     shard_client: Client,
     raw_client: Client,
     /// The reconciler's logs.
@@ -94,7 +97,31 @@ impl Movers {
         names: &[String],
         on_stop: OnStop,
     ) -> Result<(Self, Reconciler), Error> {
-        let setup = RingSetup::new(cp, prefix, false, 0).await?;
+        let n = args.rebalance_objects;
+        let m = Self::prepare(cp, args, prefix, names, on_stop, RingKind::ClusterRing, n).await?;
+        // Leader election as the harness's tests run it: on a loaded machine (the smoke test in
+        // `make test`) a renewal may go unanswered for longer than the default's 10 s deadline,
+        // and a reconciler that lost its Lease exits, which would leave every later move
+        // undone. Lease writes are not audited, so no count of writes sees them.
+        let flags = format!(
+            "--max-writes-per-second 0 --max-concurrent-writes {REBALANCE_CONCURRENCY} --drain-check-interval 500ms --sweep-interval 1h --leader-election-duration 20s --leader-election-renew 1s"
+        );
+        let reconciler = m.start_reconciler(webhooks, &flags, n).await?;
+        Ok((m, reconciler))
+    }
+
+    /// A namespace (`prefix`) and a ring of `kind` with `n` Secrets on shards `names` (started
+    /// with `on_stop`), every object on its shard; nothing moves them yet.
+    pub(crate) async fn prepare(
+        cp: &'static ControlPlane,
+        args: &Args,
+        prefix: &str,
+        names: &[String],
+        on_stop: OnStop,
+        kind: RingKind,
+        n: usize,
+    ) -> Result<Self, Error> {
+        let setup = RingSetup::of_kind(cp, prefix, false, 0, kind).await?;
         let accounts = ["bench-reconciler", "bench-shard", "bench-raw"];
         let mut tokens = Vec::new();
         for account in accounts {
@@ -105,13 +132,6 @@ impl Movers {
         let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
         let kubeconfig =
             cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &tokens[0])?;
-        // Leader election as the harness's tests run it: on a loaded machine (the smoke test in
-        // `make test`) a renewal may go unanswered for longer than the default's 10 s deadline,
-        // and a reconciler that lost its Lease exits, which would leave every later move
-        // undone. Lease writes are not audited, so no count of writes sees them.
-        let flags = format!(
-            "--max-writes-per-second 0 --max-concurrent-writes {REBALANCE_CONCURRENCY} --drain-check-interval 500ms --sweep-interval 1h --leader-election-duration 20s --leader-election-renew 1s"
-        );
         let mut m = Self {
             cp,
             users: accounts.map(|a| format!("system:serviceaccount:{}:{a}", setup.ns)),
@@ -122,6 +142,7 @@ impl Movers {
             alarm,
             shards: BTreeMap::new(),
             lease: Duration::from_secs(args.lease_seconds),
+            kubeconfig,
             dir,
         };
         for name in names {
@@ -129,24 +150,41 @@ impl Movers {
             m.wait_ready(name).await?;
         }
         m.setup
-            .create_assigned(0..args.rebalance_objects, &Ring::new(names.iter().cloned()))
+            .create_assigned(0..n, &Ring::new(names.iter().cloned()))
             .await?;
         m.converge(names).await?;
-        let dir = m.dir.path();
-        let n = args.rebalance_objects;
-        let reconciler = m
-            .setup
-            .start_reconciler(dir, &kubeconfig, webhooks, &flags, n)
-            .await?;
-        Ok((m, reconciler))
+        Ok(m)
+    }
+
+    /// Starts the reconciler of the ring as the first of [`Self::users`] with `flags`; returns
+    /// once its first full rebalance of the ring's `n` objects is done.
+    pub(crate) async fn start_reconciler(
+        &self,
+        webhooks: &Webhooks,
+        flags: &str,
+        n: usize,
+    ) -> Result<Reconciler, Error> {
+        let dir = self.dir.path();
+        self.setup
+            .start_reconciler(dir, &self.kubeconfig, webhooks, flags, n)
+            .await
+    }
+
+    /// The kubeconfig of the first of [`Self::users`], the one that moves the objects.
+    pub(crate) fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The folder of the logs of what moves the objects.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// Starts shard `name` of the ring in this process (its Lease renewed every second),
     /// handling its Lease as `on_stop` says when stopped.
     pub(crate) fn start_shard(&mut self, name: &str, on_stop: OnStop) {
         let (client, ns) = (self.shard_client.clone(), &self.setup.ns);
-        let shard =
-            Shard::new(client.clone(), RingId::cluster_ring(ns), name).with_on_stop(on_stop);
+        let shard = Shard::new(client.clone(), self.setup.id(), name).with_on_stop(on_stop);
         let keeper = shard.lease(ns, self.lease, Duration::from_secs(1));
         let api: Api<Secret> = Api::namespaced(client, ns);
         let shutdown = CancellationToken::new();

@@ -24,6 +24,9 @@ pub(crate) struct Webhooks {
     pub(crate) ca_pem: String,
     /// A file holding `ca_pem` (the reconciler's `--webhook-ca-file`).
     pub(crate) ca_file: PathBuf,
+    /// The folder of the sharder webhook's certificate, `tls.crt` and `tls.key` (signed by
+    /// `ca_pem`, for `127.0.0.1`): another webhook on loopback may serve it too.
+    pub(crate) cert_dir: PathBuf,
     _floor_process: Supervised,
     _dir: tempfile::TempDir,
 }
@@ -120,6 +123,7 @@ pub(crate) async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {
         sharder,
         ca_pem: ca.pem(),
         ca_file,
+        cert_dir: dir.path().to_path_buf(),
         _floor_process: floor_process,
         _dir: dir,
     })

@@ -8,7 +8,7 @@ use clap::Parser as _;
 /// while the others run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
-    let report = small_run("latency,load,memory,rebalance,rolling,ring,idle").await;
+    let report = small_run("latency,load,memory,rebalance,rolling,ring,idle,reference").await;
     assert_holds(
         &report,
         &[
@@ -21,6 +21,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "## 5b. A rolling update of the shards",
             "## 6. Ring",
             "## 8. What a quiet ring costs the control plane",
+            "## 9. Beside the reference sharder",
         ],
     );
     assert_holds(
@@ -55,6 +56,8 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| 200 | metadata reflector (after its first list) | ",
             "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference's | ",
             "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
+            "| 100 | Sharder | ",
+            "The reference was not run: its `sharder` binary was not given",
         ],
     );
 }
@@ -139,5 +142,7 @@ fn args(output: &std::path::Path, sections: &str) -> sharder_bench::Args {
         "2",
         "--idle-others",
         "50",
+        "--reference-sizes",
+        "100",
     ])
 }

@@ -128,7 +128,7 @@ fn not_taken_over(mwc: &MutatingWebhookConfiguration, ours: &str) -> Vec<String>
 }
 
 #[tokio::test]
-async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_its_configuration_over()
+async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_its_configuration_over_and_back()
  {
     let mut w = under_the_reference_s_crd("switch", RingKind::ControllerRing).await;
 
@@ -240,6 +240,32 @@ async fn switching_from_the_reference_under_its_own_crd_moves_nothing_and_takes_
         .collect();
     assert!(!moving.is_empty());
     w.wait_until_drained(&moving).await;
+
+    // Switching back: the reference applies its configuration without forcing, so while
+    // Sharder's fields are in it every apply conflicts; deleted, the apply creates it anew.
+    for mut reconciler in std::mem::take(&mut w.reconcilers) {
+        reconciler.process.stop(std::time::Duration::from_secs(20));
+    }
+    let refused = reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns).await;
+    assert!(
+        matches!(&refused, Err(sharder_harness::Error::Kube(kube::Error::Api(s))) if s.code == 409),
+        "the reference's apply over Sharder's fields: {refused:?}"
+    );
+    mwcs.delete(&name, &Default::default())
+        .await
+        .expect("Sharder's configuration deleted");
+    let theirs = reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns)
+        .await
+        .expect("the reference's apply once it is gone");
+    assert_eq!(
+        theirs.webhooks.unwrap_or_default()[0]
+            .client_config
+            .service
+            .as_ref()
+            .map(|s| s.name.as_str()),
+        Some("sharder"),
+        "the reference's Service"
+    );
 }
 
 #[tokio::test]
