@@ -216,9 +216,7 @@ impl Meter {
         let (count, what) = rebalances(&reconciler.process.lines()[skip..]);
         Ok((used, count, what))
     }
-}
 
-impl Meter {
     /// Two windows of the reference's own `binary` over `setup`'s ring, each from its first list
     /// of Secrets on: with its resync pushed past the window (its leader election and watches),
     /// then every [`LISTS_PER_WINDOW`]th of a window; each window's usage and the lists of
