@@ -333,6 +333,12 @@ fn dead_at(lives: &Lives, shard: &str, t: u128) -> bool {
 /// How long after an owner moved on a shard may still act on its old copy (watch delivery).
 pub const STALE_TOLERANCE: u128 = 2_000_000_000;
 
+/// How long after an owner left a shard a child may still be admitted onto that shard: the
+/// webhook read the owner before it moved (its owner read may take up to 2 s), and the child's
+/// CREATE committed after the move (docs/design.md §5, a child created while its owner drains).
+/// Such a child is behind its owner, not ahead of it, and must follow within the bound.
+pub const ADMITTED_BEHIND: u128 = 2_000_000_000 + STALE_TOLERANCE;
+
 #[derive(Clone, Debug, Default)]
 struct Held {
     shard: Option<String>,
@@ -354,7 +360,8 @@ impl Held {
 ///
 /// - a child is never labelled with a shard other than the one holding its owner at that
 ///   moment (in resourceVersion order), unless the owner's shard was dead then by `lives`
-///   (owners and children of a dead shard move together);
+///   (owners and children of a dead shard move together), or the child lands on the shard its
+///   owner left at most [`ADMITTED_BEHIND`] earlier (behind it, not ahead);
 /// - after an owner settles on a new shard, its children follow within `bound` nanoseconds
 ///   (a child still behind at `now` counts too);
 /// - a shard reconciles an owner, or writes its child, only at a version labelled with that
@@ -374,6 +381,8 @@ pub fn check_handover(
     let mut children: BTreeMap<&str, (Held, &str)> = BTreeMap::new();
     let mut behind: BTreeMap<&str, u128> = BTreeMap::new();
     let mut by_owner: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    // The shard each owner last left, and when.
+    let mut left: BTreeMap<&str, (String, u128)> = BTreeMap::new();
     for v in &sorted {
         let held = Held {
             shard: v.shard.clone(),
@@ -394,8 +403,13 @@ pub fn check_handover(
                 if moved {
                     report.child_moves += 1;
                     let owner_held = owners.get(owner.as_str()).cloned().unwrap_or_default();
+                    let just_left = left.get(owner.as_str()).is_some_and(|(s, t)| {
+                        held.shard.as_ref() == Some(s)
+                            && v.t.saturating_sub(*t) <= ADMITTED_BEHIND
+                    });
                     let allowed = owner_held.present
                         && (owner_held.shard == held.shard
+                            || just_left
                             || owner_held
                                 .shard
                                 .as_ref()
@@ -413,6 +427,13 @@ pub fn check_handover(
                 children.insert(&v.object, (held, owner));
             }
             None => {
+                if let Some(before) = owners.get(v.object.as_str())
+                    && let Some(shard) = &before.shard
+                    && before.present
+                    && held.shard.as_ref() != Some(shard)
+                {
+                    left.insert(&v.object, (shard.clone(), v.t));
+                }
                 owners.insert(&v.object, held);
             }
         }
@@ -578,6 +599,32 @@ mod handover_tests {
         assert!(report.violations.is_empty(), "{:?}", report.violations);
         assert_eq!(report.child_moves, 2);
         assert_eq!(report.longest_behind, 100 * MS, "rv 12 -> rv 13");
+    }
+
+    #[test]
+    fn a_child_admitted_on_the_shard_its_owner_just_left_is_behind_not_ahead() {
+        // The webhook read the draining owner on a; the owner's acknowledgement (rv 12, b)
+        // committed before the child's CREATE (rv 13, a).
+        let versions = [
+            owner(1, Some("a"), false),
+            owner(10, Some("a"), true),
+            owner(12, Some("b"), false),
+            child(13, Some("a")),
+            child(20, Some("b")),
+        ];
+        let report = check(&versions, &[]);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.longest_behind, 700 * MS, "rv 13 -> rv 20");
+        // Long after the owner left a, a child landing there is a violation.
+        let late = [
+            owner(1, Some("a"), false),
+            owner(12, Some("b"), false),
+            child(12 + 1 + 41, Some("a")),
+            child(60, Some("b")),
+        ];
+        let report = check(&late, &[]);
+        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+        assert!(report.violations[0].what.contains("child moved to"));
     }
 
     #[test]
