@@ -4,7 +4,7 @@
 //! (its reconciler as a process, the bench's sharder webhook) and then the reference (its one
 //! process) take the same ring and the same objects in turn, never both at once (each reconciles
 //! every ControllerRing it sees). Each, from the same placement: the CREATE latency its webhook
-//! adds (first size), its memory, a 3 -> 4 scale-out and a shard crash. Writes come from the
+//! adds (first size), its memory, a 3 -> 4 scale-out and a shard crash (first size). Writes come from the
 //! apiserver's audit log, times from the bench's metadata watch of the objects, memory from
 //! `/proc`.
 
@@ -100,8 +100,8 @@ struct Figures {
     moved: usize,
     scale_out: f64,
     writes: usize,
-    /// Seconds from a shard's crash to every object on a live shard.
-    crash: f64,
+    /// Seconds from a shard's crash to every object on a live shard (first size).
+    crash: Option<f64>,
 }
 
 /// Runs Sharder, and the reference when its binary is given, at every size of
@@ -156,14 +156,14 @@ pub(crate) async fn run(
 const NOT_RUN: &str = "The reference was not run: its `sharder` binary was not given (`make bench BENCH_ARGS=\"--reference <path>\"`, the binary built by you from the reference's release; the bench never builds it). Sharder's figures stand alone.\n\n";
 
 /// `contender` takes the ring of `m` (its `n` objects each on its shard, three shards), adds
-/// the CREATE latency rounds when `latency`, a fourth shard and then its crash; it is stopped
-/// after, the objects back on the first three shards.
+/// a fourth shard, and when `first` the CREATE latency rounds before it and its crash after it;
+/// it is stopped after, the objects back on the first three shards.
 async fn contend(
     m: &mut Movers,
     webhooks: &Webhooks,
     args: &Args,
     contender: Contender<'_>,
-    (n, latency): (usize, bool),
+    (n, first): (usize, bool),
 ) -> Result<Figures, Error> {
     let names: Vec<String> = m.shards.keys().cloned().collect();
     let mut running = match contender {
@@ -187,7 +187,7 @@ async fn contend(
             Running::Reference(start_reference(&run, webhooks, None)?)
         }
     };
-    let outcome = measure(m, webhooks, args, &running, &names, latency).await;
+    let outcome = measure(m, webhooks, args, &running, &names, first).await;
     running.stop();
     outcome
 }
@@ -199,10 +199,10 @@ async fn measure(
     args: &Args,
     running: &Running,
     names: &[String],
-    latency: bool,
+    first: bool,
 ) -> Result<Figures, Error> {
     wait_until_assigning(m, running).await?;
-    let added = if latency {
+    let added = if first {
         Some(latency_added(m, args).await?)
     } else {
         None
@@ -218,10 +218,14 @@ async fn measure(
     let memory = running.memory(webhooks)?;
     let moved = placed.values().filter(|s| *s == "shard-3").count();
 
-    // It crashes: no release, its Lease expires.
+    // It crashes (no release, its Lease expires), or leaves.
     let crashed = Instant::now();
     if let Some(shard) = m.shards.remove("shard-3") {
-        shard.crash();
+        if first {
+            shard.crash();
+        } else {
+            shard.stop().await;
+        }
     }
     let (back, _) = m.converge(names).await?;
     Ok(Figures {
@@ -230,7 +234,7 @@ async fn measure(
         moved,
         scale_out: (at - joined).as_secs_f64(),
         writes,
-        crash: (back - crashed).as_secs_f64(),
+        crash: first.then(|| (back - crashed).as_secs_f64()),
     })
 }
 
@@ -389,7 +393,7 @@ async fn latency_added(m: &Movers, args: &Args) -> Result<[f64; 2], Error> {
 /// The section's text: how it was measured, the figures per size and contender, the goals.
 fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
     let mut out = format!(
-        "The reference's `sharder` binary ({}) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: its webhook's added CREATE latency (first size only: {} rounds of {} creates at {}/s, each against a round in a namespace no webhook selects right before it; medians of the rounds), then a fourth shard joins (wall time from its start to every object on its shard of the 4-shard ring, seen by the bench's watch; the contender's writes from the audit log), then it crashes (its Lease not released, {} s; time to every object on a live shard). Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
+        "The reference's `sharder` binary ({}) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: its webhook's added CREATE latency (first size only: {} rounds of {} creates at {}/s, each against a round in a namespace no webhook selects right before it; medians of the rounds), then a fourth shard joins (wall time from its start to every object on its shard of the 4-shard ring, seen by the bench's watch; the contender's writes from the audit log), then at the first size it crashes (its Lease not released, {} s; time to every object on a live shard; at the other sizes it leaves). Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
         args.reference
             .as_deref()
             .map(|p| p.display().to_string())
@@ -407,14 +411,14 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
             both.chain(reference.iter().map(|r| ("reference", r)))
                 .map(move |(who, f)| {
                     format!(
-                        "{n} | {who} | {} | {} | {:.1} | {} | {:.2} | {} | {:.2}",
+                        "{n} | {who} | {} | {} | {:.1} | {} | {:.2} | {} | {}",
                         cell(f.added.map(|a| a[0])),
                         cell(f.added.map(|a| a[1])),
                         f.memory,
                         f.moved,
                         f.scale_out,
                         f.writes,
-                        f.crash
+                        cell(f.crash)
                     )
                 })
         }),
@@ -452,11 +456,9 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
             s.scale_out,
             r.scale_out,
         ));
-        goal_rows.push(speed(
-            format!("crash to reassigned ({n} objects)"),
-            s.crash,
-            r.crash,
-        ));
+        if let (Some(sc), Some(rc)) = (s.crash, r.crash) {
+            goal_rows.push(speed(format!("crash to reassigned ({n} objects)"), sc, rc));
+        }
     }
     if !goal_rows.is_empty() {
         out += &goals(&goal_rows);
@@ -522,7 +524,7 @@ mod tests {
             moved: 2500,
             scale_out: 10.0,
             writes: 2500,
-            crash: 14.0,
+            crash: Some(14.0),
         };
         let reference = Figures {
             added: Some([2.0, 3.0]),
@@ -530,9 +532,26 @@ mod tests {
             moved: 2500,
             scale_out: 5.0,
             writes: 2500,
-            crash: 16.0,
+            crash: Some(16.0),
         };
-        let text = markdown(&args, &[(10_000, sharder, Some(reference))]);
+        let later = |f: &Figures| Figures {
+            added: None,
+            crash: None,
+            ..f.clone()
+        };
+        let text = markdown(
+            &args,
+            &[
+                (10_000, sharder.clone(), Some(reference.clone())),
+                (100_000, later(&sharder), Some(later(&reference))),
+            ],
+        );
+        assert!(
+            text.contains("| 100000 | Sharder | - | - | 20.0 | 2500 | 10.00 | 2500 | - |")
+                && text.contains("| memory (100000 objects) |")
+                && !text.contains("crash to reassigned (100000 objects)"),
+            "a crash only at the first size: {text}"
+        );
         for row in [
             "| 10000 | Sharder | 1.00 | 4.00 | 20.0 | 2500 | 10.00 | 2500 | 14.00 |",
             "| CREATE latency added, p50 (10000 objects) | 1.00ms vs 2.00ms = 0.50x | <= 1.0x | met |",

@@ -404,8 +404,7 @@ pub fn check_handover(
                     report.child_moves += 1;
                     let owner_held = owners.get(owner.as_str()).cloned().unwrap_or_default();
                     let just_left = left.get(owner.as_str()).is_some_and(|(s, t)| {
-                        held.shard.as_ref() == Some(s)
-                            && v.t.saturating_sub(*t) <= ADMITTED_BEHIND
+                        held.shard.as_ref() == Some(s) && v.t.saturating_sub(*t) <= ADMITTED_BEHIND
                     });
                     let allowed = owner_held.present
                         && (owner_held.shard == held.shard
