@@ -6,20 +6,36 @@
 //! It also stands for the network between a component and the apiserver: [`Proxy::blackhole`]
 //! stops every byte in both directions (connections stay open, new ones are accepted and hang,
 //! as behind a partition) until it is lifted; what was sent meanwhile is delivered then, as TCP
-//! retransmission would once a partition heals. [`Proxy::throttle`] slows what the backend
-//! sends (a congested link), so that a large answer takes as long as a test needs.
+//! retransmission would once a partition heals; a client's end of stream held that way reaches
+//! the backend only after the backend answered (or [`LINGER`] passed), so a request its client
+//! gave up on is still processed, and [`Proxy::late_answers`] counts such exchanges.
+//! [`Proxy::throttle`] slows what the backend sends (a congested link), so that a large answer
+//! takes as long as a test needs.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 type Backends = Arc<RwLock<Vec<Option<SocketAddr>>>>;
+
+/// How long a client's end of stream, held by a blackhole, waits for the backend's answer
+/// before it is passed on.
+pub const LINGER: Duration = Duration::from_secs(10);
+
+/// One connection's exchange across a blackhole.
+#[derive(Debug, Default)]
+struct Exchange {
+    /// Some of the client's bytes (or its connection) waited for a blackhole to lift.
+    held: AtomicBool,
+    /// The backend's side of the connection ended, or its answer could not be passed on.
+    answered: Notify,
+}
 
 /// A running proxy; stops when dropped.
 #[derive(Debug)]
@@ -27,6 +43,7 @@ pub struct Proxy {
     addr: SocketAddr,
     backends: Backends,
     connections: Arc<AtomicUsize>,
+    late: Arc<AtomicUsize>,
     open: watch::Sender<bool>,
     rate: watch::Sender<Option<u64>>,
     task: JoinHandle<()>,
@@ -46,6 +63,8 @@ impl Proxy {
         let (rate, limit) = watch::channel(None);
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&connections);
+        let late = Arc::new(AtomicUsize::new(0));
+        let late_counted = Arc::clone(&late);
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let candidates: Vec<SocketAddr> = shared
@@ -59,18 +78,27 @@ impl Proxy {
                 let mut passing = passing.clone();
                 let limit = limit.clone();
                 let counted = Arc::clone(&counted);
+                let late = Arc::clone(&late_counted);
                 counted.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
+                    let exchange = Exchange::default();
+                    exchange.held.store(!*passing.borrow(), Ordering::Relaxed);
                     if passing.wait_for(|open| *open).await.is_ok() {
                         for i in 0..candidates.len() {
                             let backend = candidates[(start + i) % candidates.len()];
                             if let Ok(outbound) = TcpStream::connect(backend).await {
                                 let (in_read, in_write) = inbound.into_split();
                                 let (out_read, out_write) = outbound.into_split();
-                                tokio::join!(
-                                    pipe(in_read, out_write, passing.clone(), None),
-                                    pipe(out_read, in_write, passing, Some(limit)),
+                                let (to_backend, from_backend) = tokio::join!(
+                                    pipe(in_read, out_write, passing.clone(), None, &exchange),
+                                    pipe(out_read, in_write, passing, Some(limit), &exchange),
                                 );
+                                if exchange.held.load(Ordering::Relaxed)
+                                    && to_backend.after_hold > 0
+                                    && from_backend.after_hold > 0
+                                {
+                                    late.fetch_add(1, Ordering::Relaxed);
+                                }
                                 break;
                             }
                         }
@@ -83,6 +111,7 @@ impl Proxy {
             addr,
             backends,
             connections,
+            late,
             open,
             rate,
             task,
@@ -125,6 +154,12 @@ impl Proxy {
         self.connections.load(Ordering::Relaxed)
     }
 
+    /// Connections ended so far on which the client's bytes waited for a blackhole to lift, then
+    /// reached the backend, and the backend answered them: requests that arrived late.
+    pub fn late_answers(&self) -> usize {
+        self.late.load(Ordering::Relaxed)
+    }
+
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -137,14 +172,27 @@ impl Drop for Proxy {
     }
 }
 
+/// What a [`pipe`] passed on after bytes of its connection were held.
+#[derive(Debug, Default)]
+struct Piped {
+    /// Bytes written after the exchange was held (all of them, for a connection accepted
+    /// during a blackhole).
+    after_hold: usize,
+}
+
 /// Copies `from` to `to` while the proxy lets bytes pass (holding them, and the end of the
-/// stream, while it is blackholed), at most at the rate `limit` names, if any.
+/// stream, while it is blackholed), at most at the rate `limit` names, if any. The client's side
+/// (`limit` `None`) marks `exchange` held when it read bytes during a blackhole and, once held,
+/// passes its end of stream on only after the backend's side ended or [`LINGER`].
 async fn pipe(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     mut passing: watch::Receiver<bool>,
     limit: Option<watch::Receiver<Option<u64>>>,
-) {
+    exchange: &Exchange,
+) -> Piped {
+    let client = limit.is_none();
+    let mut piped = Piped::default();
     let mut buffer = vec![0; 16 * 1024];
     loop {
         // A throttled link reads little at a time, so a lifted throttle takes effect at once.
@@ -153,24 +201,37 @@ async fn pipe(
             (r / 10).clamp(1, buffer.len() as u64) as usize
         });
         let read = from.read(&mut buffer[..size]).await;
+        if client && !*passing.borrow() && matches!(read, Ok(n) if n > 0) {
+            exchange.held.store(true, Ordering::Relaxed);
+        }
         if passing.wait_for(|open| *open).await.is_err() {
-            return;
+            break;
         }
         match read {
             Ok(n) if n > 0 => {
                 if let Some(rate) = limit.as_ref().and_then(|l| *l.borrow()) {
                     tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
                 }
+                if exchange.held.load(Ordering::Relaxed) {
+                    piped.after_hold += n;
+                }
                 if to.write_all(&buffer[..n]).await.is_err() {
-                    return;
+                    break;
                 }
             }
             _ => {
+                if client && exchange.held.load(Ordering::Relaxed) {
+                    let _ = tokio::time::timeout(LINGER, exchange.answered.notified()).await;
+                }
                 let _ = to.shutdown().await;
-                return;
+                break;
             }
         }
     }
+    if !client {
+        exchange.answered.notify_one();
+    }
+    piped
 }
 
 #[cfg(test)]
@@ -255,5 +316,62 @@ mod tests {
             .await
             .expect("held connection");
         assert_eq!(&answer, b"three");
+    }
+
+    /// A backend that, as Go's HTTP server does, drops a request whose client's end of stream
+    /// arrives before the answer (after 200 ms): the requests it answered.
+    async fn abandoning() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let answered = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&answered);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let counted = Arc::clone(&counted);
+                tokio::spawn(async move {
+                    let mut request = [0; 4];
+                    if stream.read_exact(&mut request).await.is_err() {
+                        return;
+                    }
+                    let mut more = [0; 1];
+                    let abandoned =
+                        tokio::time::timeout(Duration::from_millis(200), stream.read(&mut more))
+                            .await;
+                    if abandoned.is_err() && stream.write_all(&request).await.is_ok() {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        (addr, answered)
+    }
+
+    #[tokio::test]
+    async fn a_request_its_client_gave_up_on_during_a_blackhole_is_answered_after_the_heal() {
+        let (backend, answered) = abandoning().await;
+        let proxy = Proxy::to(backend).await.expect("proxy");
+        let mut before = TcpStream::connect(proxy.addr()).await.expect("connect");
+        proxy.blackhole(true);
+        before.write_all(b"late").await.expect("write");
+        before.shutdown().await.expect("end of stream");
+        // Let the proxy read the request and the end of stream while blackholed.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(before);
+        assert_eq!(proxy.late_answers(), 0);
+
+        proxy.blackhole(false);
+        let deadline = tokio::time::Instant::now() + LINGER;
+        while proxy.late_answers() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no late answer; the backend answered {}",
+                answered.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(answered.load(Ordering::Relaxed), 1);
+        assert_eq!(proxy.late_answers(), 1);
     }
 }

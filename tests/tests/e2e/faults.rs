@@ -374,7 +374,9 @@ async fn a_partitioned_shard_stops_in_time_and_nothing_it_sent_lands_stale_after
     .await;
 
     // Whatever arrives after the heal came from a process whose Lease expired: optimistic
-    // locking must refuse every write of it.
+    // locking must refuse every write of it. Its Lease renewals at least were sent into the
+    // partition: the proxy delivers them, and holds the exited process's end of stream until
+    // the apiserver answered them.
     eventually("the cut-off shard's connections end", WAIT, || async {
         match network.connections() {
             0 => Ok(()),
@@ -382,6 +384,18 @@ async fn a_partitioned_shard_stops_in_time_and_nothing_it_sent_lands_stale_after
         }
     })
     .await;
+    let arrived = network.late_answers();
+    assert!(
+        arrived > 0,
+        "no request of the cut-off shard arrived after the heal: nothing below was put to the test"
+    );
+    let lease = system.leases().get_opt(CUT_OFF).await.expect("its Lease");
+    let holder = lease.and_then(|l| l.spec?.holder_identity);
+    assert_ne!(
+        holder.as_deref(),
+        Some(CUT_OFF),
+        "a renewal sent into the partition took the Lease back after the heal"
+    );
     let late: Vec<Request> = requests_of(&system, &user, mark)
         .into_iter()
         .filter(|r| r.at >= expired)
@@ -394,7 +408,10 @@ async fn a_partitioned_shard_stops_in_time_and_nothing_it_sent_lands_stale_after
         late.iter().all(|r| r.code >= 400),
         "a write sent before the partition landed after the Lease expired: {described:?}"
     );
-    eprintln!("{CUT_OFF}: writes that arrived after its Lease expired (refused): {described:?}");
+    eprintln!(
+        "{CUT_OFF}: {arrived} requests answered after the heal; audited writes that arrived after \
+         its Lease expired (refused): {described:?}"
+    );
     rejoin(&mut system, CUT_OFF, &env).await;
 }
 
