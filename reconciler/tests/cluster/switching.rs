@@ -3,7 +3,9 @@
 //! applies, its shards' Leases renewed as client-go renews them, and objects its ring placed.
 //! Sharder then moves nothing placed right, takes the configuration over whole and keeps the
 //! ring's status under the reference's schema. From v0.8 (ClusterRing, the apiVersion in its
-//! keys) the objects its key placed elsewhere move, and its differently named configuration goes.
+//! keys) the objects its key placed elsewhere move, and its differently named configuration goes;
+//! from v0.9.x (ControllerRing, the same keys) the same objects move and its configuration is
+//! taken over.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -320,5 +322,44 @@ async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_
     )
     .await;
     // The objects v0.8's key placed elsewhere are drained off their live shards, and only they.
+    w.wait_until_drained(&moving).await;
+}
+
+/// v0.9.x: a ControllerRing under the reference's CRD and the configuration its controller
+/// applies (named as Sharder names it), with v0.8's keys (the apiVersion in them).
+#[tokio::test]
+async fn switching_from_the_reference_v0_9_takes_its_configuration_over_and_moves_what_its_keys_placed_elsewhere()
+ {
+    let mut w = under_the_reference_s_crd("switch-v09", RingKind::ControllerRing).await;
+    let uid = create_ring_as_its_users_write_it(&w).await;
+    let shards = ["ref-a", "ref-b", "ref-c"];
+    let _renewals = reference::hold_shard_leases(&w.client, &w.ns, &w.id(), &shards)
+        .await
+        .expect("the reference's shard Leases");
+    reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns)
+        .await
+        .expect("the reference's webhook configuration");
+    let v0_9_key = |name: &str| format!("v1/Secret/{}/{name}", w.ns);
+    place_as_the_reference(&w, &shards, v0_9_key).await;
+    let moving: BTreeSet<String> = (0..60)
+        .map(|i| format!("object-{i}"))
+        .filter(|n| reference_shard(&shards, &v0_9_key(n)) != reference_shard(&shards, &w.key(n)))
+        .collect();
+    assert!(moving.len() > 20, "{} of 60 move", moving.len());
+
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    let ours = w.webhook_url() + &w.id().webhook_path();
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(w.client.clone());
+    eventually("the reference's configuration taken over", WAIT, || async {
+        let mwc = mwcs
+            .get(&w.id().configuration_name())
+            .await
+            .map_err(|e| vec![e.to_string()])?;
+        let left = not_taken_over(&mwc, &ours);
+        left.is_empty().then_some(()).ok_or(left)
+    })
+    .await;
+    // The objects v0.9's key placed elsewhere are drained off their live shards, and only they.
     w.wait_until_drained(&moving).await;
 }
