@@ -19,7 +19,7 @@
 //! as they arrive, but the store takes the new list only at its end, so those reconciles read
 //! the objects as they were before the watch broke (or miss them: "not found in local store"),
 //! and nothing triggers them again once the store is current. Objects drained while the watch
-//! was down were never acknowledged (found by the apiserver-restart fault test). So relisted
+//! was down would never be acknowledged. So relisted
 //! objects trigger nothing as they arrive; every object of the store is reconciled once the
 //! relist is complete (`after_a_relist_every_object_is_reconciled_as_relisted` below).
 //!

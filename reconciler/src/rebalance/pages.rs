@@ -5,9 +5,8 @@
 //!
 //! A page is read whole, kept as the chunks it arrived in ([`Chunks`]) and parsed with one
 //! `serde_json::from_reader` that frees each chunk once it is read: kube's `request_text` would
-//! copy the chunks into one piece and that piece into a `String` first. A streaming scanner that
-//! handed objects over as their text arrived went: its memory win did not pay for its code. The
-//! A/B runs of both choices: `docs/performance-notes.md`, list pages.
+//! copy the chunks into one piece and that piece into a `String` first (the choice against a
+//! streaming scanner: `docs/performance-notes.md`, list pages).
 
 use std::collections::VecDeque;
 use std::fmt;
