@@ -217,8 +217,8 @@ impl Meter {
         Ok((used, count, what))
     }
 
-    /// Two windows of the reference's own `binary` over `setup`'s ring, each from its first list
-    /// of Secrets on: with its resync pushed past the window (its leader election and watches),
+    /// Two windows of the reference's own `binary` over `setup`'s ring, each from the end of its
+    /// startup on ([`startup_over`]): with its resync pushed past the window (its leader election and watches),
     /// then every [`LISTS_PER_WINDOW`]th of a window; each window's usage and the lists of
     /// Secrets the apiserver answered in it.
     async fn reference_binary(
@@ -235,6 +235,7 @@ impl Meter {
             namespace: &setup.ns,
         };
         let mut windows = [(Usage::default(), 0); 2];
+        let mut startup = None;
         for (window, sync) in windows
             .iter_mut()
             .zip([Duration::from_secs(3600), self.window / LISTS_PER_WINDOW])
@@ -242,14 +243,23 @@ impl Meter {
             let before = self.secret_lists().await?;
             let mut process = start_reference(&run, webhooks, Some(sync))?;
             let started = Instant::now();
-            while self.secret_lists().await? <= before {
+            let mut last = (before, Instant::now());
+            loop {
                 if process.try_wait().is_some() || started.elapsed() > Duration::from_secs(120) {
                     process.stop(Duration::from_secs(5));
                     dump_logs(dir.path(), [REFERENCE_LOG.to_owned()], 40);
                     return Err(Error::Setup(
-                        "the reference's binary did not list the ring's Secrets within 2 minutes"
+                        "the reference's binary did not list the ring's Secrets and end its \
+                         startup within 2 minutes"
                             .into(),
                     ));
+                }
+                let now = self.secret_lists().await?;
+                if now != last.0 {
+                    last = (now, Instant::now());
+                }
+                if startup_over(&mut startup, now - before, last.1.elapsed()) {
+                    break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -267,6 +277,25 @@ impl Meter {
         let metrics = apiserver_metrics(&self.client).await?;
         let labels = [("resource", "secrets"), ("verb", "LIST")];
         Ok(metric_sum(&metrics, "apiserver_request_total", &labels))
+    }
+}
+
+/// How long the reference's binary must have listed no Secrets before its first window starts:
+/// its startup (its caches' lists, its first reconcile of the ring) is over then.
+const STARTUP_QUIET: Duration = Duration::from_secs(10);
+
+/// Whether the reference's binary ended its startup, having answered `listed` lists of Secrets
+/// since it started, the last `quiet` ago: in its first run once it listed and went quiet for
+/// [`STARTUP_QUIET`] (`startup` then holds how many lists that took), in the next once it
+/// listed as many (its resyncs would never leave it quiet that long).
+fn startup_over(startup: &mut Option<f64>, listed: f64, quiet: Duration) -> bool {
+    match *startup {
+        Some(lists) => listed >= lists,
+        None if listed >= 1.0 && quiet >= STARTUP_QUIET => {
+            *startup = Some(listed);
+            true
+        }
+        None => false,
     }
 }
 
@@ -490,7 +519,7 @@ fn leader_lease(name: &str) -> Lease {
 fn markdown(rows: &[IdleRow], others: usize) -> String {
     let window = rows.first().map_or(0, |r| r.window.as_secs());
     let mut out = format!(
-        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows from its first list of the Secrets on: its `syncPeriod` at 1h (its leader election and watches, at its defaults), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
+        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): its `syncPeriod` at 1h (its leader election and watches, at its defaults), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
         RENEW_IN_WINDOW.as_millis(),
         RENEW.as_secs(),
         SWEEP_IN_WINDOW.as_secs_f64(),
@@ -499,6 +528,7 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
         REFERENCE_RESYNC.as_secs(),
         REFERENCE_RENEW.as_secs(),
         RENEW_IN_WINDOW.as_millis(),
+        STARTUP_QUIET.as_secs(),
     );
     let mut cells = Vec::new();
     for row in rows {
@@ -821,5 +851,21 @@ mod tests {
             (3, "1 x [\"All\"], 2 x [\"Unassigned\"]".to_owned())
         );
         assert_eq!(rebalances(&[]), (0, "no rebalance".to_owned()));
+    }
+
+    #[test]
+    fn the_reference_s_startup_is_over_once_it_went_quiet_then_after_as_many_lists() {
+        let quiet = STARTUP_QUIET;
+        let mut startup = None;
+        assert!(
+            !startup_over(&mut startup, 0.0, quiet),
+            "nothing listed yet"
+        );
+        assert!(!startup_over(&mut startup, 1.0, quiet / 2), "still listing");
+        assert!(startup_over(&mut startup, 2.0, quiet));
+        assert_eq!(startup, Some(2.0));
+        // Its second run resyncs too often to go quiet: as many lists end its startup.
+        assert!(!startup_over(&mut startup, 1.0, Duration::ZERO));
+        assert!(startup_over(&mut startup, 2.0, Duration::ZERO));
     }
 }
