@@ -105,11 +105,13 @@ struct Figures {
 }
 
 /// Runs Sharder, and the reference when its binary is given, at every size of
-/// `args.reference_sizes`; the section's text.
+/// `args.reference_sizes`; the section's text. After each size but the last, `partial` gets the
+/// text of the sizes measured so far (a run stopped in a long size keeps them).
 pub(crate) async fn run(
     cp: &'static ControlPlane,
     webhooks: &Webhooks,
     args: &Args,
+    partial: &mut dyn FnMut(String) -> Result<(), Error>,
 ) -> Result<String, Error> {
     let contenders: Vec<Contender<'_>> = std::iter::once(Contender::Sharder)
         .chain(args.reference.as_deref().map(Contender::Reference))
@@ -148,6 +150,13 @@ pub(crate) async fn run(
         m.setup.remove(!last).await?;
         let sharder = figures.remove(0);
         rows.push((n, sharder, figures.pop()));
+        if !last {
+            let left = &args.reference_sizes[i + 1..];
+            partial(format!(
+                "{}Sizes still being measured when this was written: {left:?}.\n\n",
+                markdown(args, &rows)
+            ))?;
+        }
     }
     Ok(markdown(args, &rows))
 }

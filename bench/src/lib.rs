@@ -506,7 +506,13 @@ pub async fn run(args: Args) -> Result<(), Error> {
                 .await
                 .unwrap_or_else(|e| format!("Could not run: {e}\n\n")),
             Section::Idle => idle::run(cp, &webhooks, &args).await?,
-            Section::Reference => beside::run(cp, &webhooks, &args).await?,
+            Section::Reference => {
+                let mut partial = |text: String| {
+                    texts.insert(Section::Reference, text);
+                    save_report(&args, Some(cp), started.elapsed(), &texts).map(drop)
+                };
+                beside::run(cp, &webhooks, &args, &mut partial).await?
+            }
         };
         texts.insert(section, text);
         // What is measured so far is on disk: an interrupted run keeps its finished sections.
