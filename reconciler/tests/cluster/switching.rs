@@ -105,6 +105,20 @@ async fn place_as_the_reference(w: &Test, shards: &[&str], key: impl Fn(&str) ->
     }
 }
 
+/// Places the objects as v0.8 and v0.9.x did, by keys holding the apiVersion
+/// (`v1/Secret/<namespace>/<name>`), among `shards`; returns those Sharder's key places elsewhere
+/// (about (n-1)/n of them).
+async fn place_by_api_version_keys(w: &Test, shards: &[&str]) -> BTreeSet<String> {
+    let old_key = |name: &str| format!("v1/Secret/{}/{name}", w.ns);
+    place_as_the_reference(w, shards, old_key).await;
+    let moving: BTreeSet<String> = (0..60)
+        .map(|i| format!("object-{i}"))
+        .filter(|n| reference_shard(shards, &old_key(n)) != reference_shard(shards, &w.key(n)))
+        .collect();
+    assert!(moving.len() > 20, "{} of 60 move", moving.len());
+    moving
+}
+
 /// What of the reference is left in the ring's webhook configuration, or where it points if
 /// not at `ours`.
 fn not_taken_over(mwc: &MutatingWebhookConfiguration, ours: &str) -> Vec<String> {
@@ -289,15 +303,7 @@ async fn switching_from_the_reference_v0_8_moves_what_its_keys_placed_elsewhere_
     )
     .await
     .expect("v0.8's webhook configuration");
-    // v0.8's key holds the apiVersion.
-    let v0_8_key = |name: &str| format!("v1/Secret/{}/{name}", w.ns);
-    place_as_the_reference(&w, &shards, v0_8_key).await;
-    let moving: BTreeSet<String> = (0..60)
-        .map(|i| format!("object-{i}"))
-        .filter(|n| reference_shard(&shards, &v0_8_key(n)) != reference_shard(&shards, &w.key(n)))
-        .collect();
-    // About (n-1)/n of them.
-    assert!(moving.len() > 20, "{} of 60 move", moving.len());
+    let moving = place_by_api_version_keys(&w, &shards).await;
 
     w.start_webhook().await;
     w.start_reconciler().await;
@@ -339,13 +345,7 @@ async fn switching_from_the_reference_v0_9_takes_its_configuration_over_and_move
     reference::apply_webhook_configuration(&w.client, &w.ring, &uid, &w.ns)
         .await
         .expect("the reference's webhook configuration");
-    let v0_9_key = |name: &str| format!("v1/Secret/{}/{name}", w.ns);
-    place_as_the_reference(&w, &shards, v0_9_key).await;
-    let moving: BTreeSet<String> = (0..60)
-        .map(|i| format!("object-{i}"))
-        .filter(|n| reference_shard(&shards, &v0_9_key(n)) != reference_shard(&shards, &w.key(n)))
-        .collect();
-    assert!(moving.len() > 20, "{} of 60 move", moving.len());
+    let moving = place_by_api_version_keys(&w, &shards).await;
 
     w.start_webhook().await;
     w.start_reconciler().await;
