@@ -94,8 +94,8 @@ impl Proxy {
                                     pipe(out_read, in_write, passing, Some(limit), &exchange),
                                 );
                                 if exchange.held.load(Ordering::Relaxed)
-                                    && to_backend.after_hold > 0
-                                    && from_backend.after_hold > 0
+                                    && to_backend > 0
+                                    && from_backend > 0
                                 {
                                     late.fetch_add(1, Ordering::Relaxed);
                                 }
@@ -172,27 +172,21 @@ impl Drop for Proxy {
     }
 }
 
-/// What a [`pipe`] passed on after bytes of its connection were held.
-#[derive(Debug, Default)]
-struct Piped {
-    /// Bytes written after the exchange was held (all of them, for a connection accepted
-    /// during a blackhole).
-    after_hold: usize,
-}
-
 /// Copies `from` to `to` while the proxy lets bytes pass (holding them, and the end of the
 /// stream, while it is blackholed), at most at the rate `limit` names, if any. The client's side
 /// (`limit` `None`) marks `exchange` held when it read bytes during a blackhole and, once held,
-/// passes its end of stream on only after the backend's side ended or [`LINGER`].
+/// passes its end of stream on only after the backend's side ended or [`LINGER`]. Returns the
+/// bytes it read once the exchange was held (all of them, for a connection accepted during a
+/// blackhole).
 async fn pipe(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     mut passing: watch::Receiver<bool>,
     limit: Option<watch::Receiver<Option<u64>>>,
     exchange: &Exchange,
-) -> Piped {
+) -> usize {
     let client = limit.is_none();
-    let mut piped = Piped::default();
+    let mut after_hold = 0;
     let mut buffer = vec![0; 16 * 1024];
     loop {
         // A throttled link reads little at a time, so a lifted throttle takes effect at once.
@@ -213,7 +207,7 @@ async fn pipe(
                     tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
                 }
                 if exchange.held.load(Ordering::Relaxed) {
-                    piped.after_hold += n;
+                    after_hold += n;
                 }
                 if to.write_all(&buffer[..n]).await.is_err() {
                     break;
@@ -231,7 +225,7 @@ async fn pipe(
     if !client {
         exchange.answered.notify_one();
     }
-    piped
+    after_hold
 }
 
 #[cfg(test)]
