@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: demo demo-cluster test bench lint crd control-plane helm image
+.PHONY: demo demo-cluster test bench bench-scale lint crd control-plane helm image
 
 ## The demo: a local control plane, the webhook, the reconciler and three example shards as
 ## processes; 100 objects assigned, a fourth shard added (drains and moves shown from the logs),
@@ -35,14 +35,29 @@ image: control-plane
 test: control-plane helm
 	CARGO=$(CARGO) bash harness/run-tests.sh
 
-## The benchmarks (release build): webhook latency through the apiserver and under load,
-## reconciler memory against object count, rebalancing, a shard crash, the ring, the chart's
-## pods on a real node (root: a bridge, iptables, cgroups; --sections leaves it out); writes
-## docs/benchmarks.md. Smaller runs: make bench BENCH_ARGS="--sizes 1000,10000 --rounds 3".
+## The benchmarks (release build), every section in one run of about half an hour on 2 cores:
+## webhook latency through the apiserver and under load, reconciler memory against object
+## count, rebalancing, shard crashes, rolling updates, the ring, the chart's pods on a real node
+## (root: a bridge, iptables, cgroups; --sections leaves it out), the idle cost, and Sharder
+## beside the reference's own binary (BENCH_ARGS="--reference <its sharder binary>
+## --reference-version <its release>", built by you; without it Sharder's figures stand
+## alone). Progress on stderr; each section is in docs/benchmarks.md as soon as it ends. One
+## row again: make bench BENCH_ARGS="--sections memory --sizes 10000 --output /tmp/b.md".
 BENCH_ARGS ?=
+# The bench and every binary it runs, built before it starts (its clock measures no build).
+BENCH_PACKAGES = -p sharder-bench -p sharder-webhook -p sharder-reconciler -p sharder-example -p sharder-harness
 bench: control-plane helm
-	$(CARGO) build --release --locked --quiet -p sharder-bench --bins
-	$(CARGO) run --release --locked --quiet -p sharder-bench --bin sharder-bench -- $(BENCH_ARGS)
+	$(CARGO) build --release --locked --quiet --bins $(BENCH_PACKAGES)
+	SHARDER_BINARIES=$(CURDIR)/target/release $(CARGO) run --release --locked --quiet -p sharder-bench --bin sharder-bench -- $(BENCH_ARGS)
+
+## The larger sizes (100,000 and 300,000 objects; about 35 to 45 minutes on 2 cores): section 9,
+## both contenders' memory and scale-out, into docs/benchmarks-scale.md (the default report never
+## mixes runs). BENCH_ARGS as for bench.
+bench-scale: control-plane helm
+	$(CARGO) build --release --locked --quiet --bins $(BENCH_PACKAGES)
+	SHARDER_BINARIES=$(CURDIR)/target/release $(CARGO) run --release --locked --quiet -p sharder-bench --bin sharder-bench -- \
+		--sections reference --reference-sizes 100000,300000 \
+		--output docs/benchmarks-scale.md $(BENCH_ARGS)
 
 ## Formatting and lints, as CI runs them.
 lint:

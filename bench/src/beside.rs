@@ -18,18 +18,20 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::ResourceExt as _;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use sharder_common::RingKind;
+use sharder_common::{Ring, RingKind};
 use sharder_harness::launch::{Reconciler, dump_logs};
 use sharder_harness::procfs::rss_kib;
 use sharder_harness::{ControlPlane, Supervised};
 use sharder_sdk::lease::OnStop;
 
 use crate::create_latency::Creator;
+use crate::progress::progress;
 use crate::rebalance::Movers;
 use crate::report::{goals, table};
-use crate::stats::{median, mib};
+use crate::stats::{mib, ms, percentile};
 use crate::webhooks::Webhooks;
 use crate::{Args, Error};
 
@@ -89,11 +91,33 @@ impl Running {
     }
 }
 
+/// CREATE latency with a contender's webhook and without a webhook, every round's creates
+/// pooled: percentiles of one pool of durations each (a percentile of the difference of two
+/// rounds' p99s, each the fifth slowest of 500, is noise that can fall below zero).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Latency {
+    /// p50 and p99 (ms) of the creates its webhook assigned.
+    with: [f64; 2],
+    /// p50 and p99 (ms) of the creates no webhook saw, each round right before its webhook's.
+    without: [f64; 2],
+    /// Creates in each pool.
+    creates: usize,
+}
+
+impl Latency {
+    /// What the webhook added at percentile `i` (0: p50, 1: p99): the difference of the two
+    /// pools' percentiles, or `None` where the webhook's is not above (nothing measurable).
+    fn added(&self, i: usize) -> Option<f64> {
+        let added = self.with[i] - self.without[i];
+        (added > 0.0).then_some(added)
+    }
+}
+
 /// One contender's figures at one size.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Figures {
-    /// CREATE latency it adds, p50 and p99 (ms), when measured.
-    added: Option<[f64; 2]>,
+    /// CREATE latency with its webhook and without, when measured.
+    latency: Option<Latency>,
     /// Peak memory (MiB).
     memory: f64,
     /// Scale-out: objects moved, wall seconds, writes by the contender.
@@ -132,7 +156,7 @@ pub(crate) async fn run(
         .await?;
         let mut figures = Vec::new();
         for &contender in &contenders {
-            eprintln!("[bench]   {n} objects: {}", contender.name());
+            progress!("  {n} objects: {}", contender.name());
             let measured = contend(&mut m, webhooks, args, contender, (n, i == 0)).await;
             if measured.is_err() {
                 let log = match contender {
@@ -198,7 +222,57 @@ async fn contend(
     };
     let outcome = measure(m, webhooks, args, &running, &names, first).await;
     running.stop();
-    outcome
+    let figures = outcome?;
+    if !first {
+        put_back(m, &names).await?;
+    }
+    Ok(figures)
+}
+
+/// Puts the objects back on the shards `names` with no contender running (at sizes after the
+/// first, where nothing is measured after the scale-out): shard `shard-3` stops and its Lease
+/// is deleted, and the bench relabels its objects to their shards on the ring of `names`
+/// (64 writes in flight, much faster than a contender's scale-in at its defaults).
+async fn put_back(m: &mut Movers, names: &[String]) -> Result<(), Error> {
+    if let Some(shard) = m.shards.remove("shard-3") {
+        shard.stop().await;
+    }
+    match m
+        .setup
+        .leases()
+        .delete("shard-3", &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let ring = Ring::new(names.iter().cloned());
+    let label = m.setup.labels.shard.clone();
+    let mut moving = Vec::new();
+    crate::each_metadata(&m.setup.secrets(), Some(&format!("{label}=shard-3")), |o| {
+        moving.push(o.name_any())
+    })
+    .await?;
+    progress!(
+        "  putting {} objects back on {} shards",
+        moving.len(),
+        names.len()
+    );
+    let (api, params) = (m.setup.secrets(), PatchParams::default());
+    let setup = &m.setup;
+    futures::stream::iter(&moving)
+        .map(|name| {
+            let shard = ring.shard_for(&setup.key(name)).unwrap_or_default();
+            let patch = Patch::Merge(json!({"metadata": {"labels": {label.as_str(): shard}}}));
+            let (api, params) = (&api, &params);
+            async move { api.patch_metadata(name, params, &patch).await }
+        })
+        .buffer_unordered(64)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    m.converge(names).await?;
+    Ok(())
 }
 
 /// The measurements of one contender while it runs.
@@ -211,8 +285,8 @@ async fn measure(
     first: bool,
 ) -> Result<Figures, Error> {
     wait_until_assigning(m, running).await?;
-    let added = if first {
-        Some(latency_added(m, args).await?)
+    let latency = if first {
+        Some(latency(m, args).await?)
     } else {
         None
     };
@@ -227,23 +301,21 @@ async fn measure(
     let memory = running.memory(webhooks)?;
     let moved = placed.values().filter(|s| *s == "shard-3").count();
 
-    // It crashes (no release, its Lease expires), or leaves.
-    let crashed = Instant::now();
-    if let Some(shard) = m.shards.remove("shard-3") {
-        if first {
-            shard.crash();
-        } else {
-            shard.stop().await;
-        }
+    // At the first size it crashes (no release, its Lease expires).
+    let mut crash = None;
+    if first && let Some(shard) = m.shards.remove("shard-3") {
+        let crashed = Instant::now();
+        shard.crash();
+        let (back, _) = m.converge(names).await?;
+        crash = Some((back - crashed).as_secs_f64());
     }
-    let (back, _) = m.converge(names).await?;
     Ok(Figures {
-        added,
+        latency,
         memory,
         moved,
         scale_out: (at - joined).as_secs_f64(),
         writes,
-        crash: first.then(|| (back - crashed).as_secs_f64()),
+        crash,
     })
 }
 
@@ -361,68 +433,81 @@ async fn delete_all(api: &Api<Secret>, names: Vec<String>) -> Result<(), Error> 
     Ok(())
 }
 
-/// `args.rounds` rounds of `args.creates` Secrets at `args.rate`, alternately in a namespace no
-/// webhook selects and in the ring's (the webhook registered now assigns them; they are deleted
-/// after); the added latency at p50 and p99 (ms), medians over the rounds.
-async fn latency_added(m: &Movers, args: &Args) -> Result<[f64; 2], Error> {
+/// A warm-up round and `args.rounds` rounds of `args.creates` Secrets at `args.rate`,
+/// alternately in a namespace no webhook selects and in the ring's (the webhook registered now
+/// assigns them; they are deleted after); the latency of each pool of creates.
+async fn latency(m: &Movers, args: &Args) -> Result<Latency, Error> {
     let client = &m.setup.client;
     let plain_ns = m.cp.namespace("bench-beside-plain").await?;
     let (plain, ringed) = (
         Creator::of_secrets(client, &plain_ns),
         Creator::of_secrets(client, &m.setup.ns),
     );
-    let (mut p50, mut p99, mut created) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut without, mut with, mut created) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..=args.rounds {
         let base = plain
-            .round(false, &format!("plain-{r}"), args.creates, args.rate)
+            .samples(false, &format!("plain-{r}"), args.creates, args.rate)
             .await;
         let hooked = ringed
-            .round(false, &format!("lat-{r}"), args.creates, args.rate)
+            .samples(false, &format!("lat-{r}"), args.creates, args.rate)
             .await;
         created.extend((0..args.creates).map(|i| format!("lat-{r}-{i}")));
-        if base[4] + hooked[4] > 0.0 {
+        if base.2 + hooked.2 > 0 {
             return Err(Error::Setup(format!(
                 "{} of the latency round's creates failed",
-                base[4] + hooked[4]
+                base.2 + hooked.2
             )));
         }
         // Round 0 warms both up.
         if r > 0 {
-            p50.push(hooked[0] - base[0]);
-            p99.push(hooked[2] - base[2]);
+            without.extend(base.0);
+            with.extend(hooked.0);
         }
     }
     delete_all(&m.setup.secrets(), created).await?;
     Api::<Namespace>::all(client.clone())
         .delete(&plain_ns, &DeleteParams::default())
         .await?;
-    Ok([median(p50), median(p99)])
+    Ok(pooled(with, without))
+}
+
+/// The percentiles of the two pools of create latencies.
+fn pooled(mut with: Vec<Duration>, mut without: Vec<Duration>) -> Latency {
+    with.sort();
+    without.sort();
+    let p = |pool: &[Duration], q| ms(percentile(pool, q));
+    Latency {
+        with: [p(&with, 50.0), p(&with, 99.0)],
+        without: [p(&without, 50.0), p(&without, 99.0)],
+        creates: with.len().min(without.len()),
+    }
 }
 
 /// The section's text: how it was measured, the figures per size and contender, the goals.
 fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
     let mut out = format!(
-        "The reference's `sharder` binary ({}) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: its webhook's added CREATE latency (first size only: {} rounds of {} creates at {}/s, each against a round in a namespace no webhook selects right before it; medians of the rounds), then a fourth shard joins (wall time from its start to every object on its shard of the 4-shard ring, seen by the bench's watch; the contender's writes from the audit log), then at the first size it crashes (its Lease not released, {} s; time to every object on a live shard; at the other sizes it leaves). Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
-        args.reference
-            .as_deref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        args.rounds,
-        args.creates,
-        args.rate,
-        args.lease_seconds
+        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: CREATE latency with its webhook (first size only: {} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects; each pool's creates together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added), then a fourth shard joins (wall time from its start to every object on its shard of the 4-shard ring, seen by the bench's watch; the contender's writes from the audit log), then at the first size it crashes (its Lease not released, {} s; time to every object on a live shard; at the other sizes the bench puts the objects back itself, with no contender running). Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
+        args.reference_version, args.rounds, args.creates, args.rate, args.lease_seconds
     );
     let cell = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     out += &table(
-        "objects | contender | added p50 ms | added p99 ms | memory MiB | moved | scale-out s | writes | crash to reassigned s",
+        "objects | contender | CREATE p50 / p99 ms | without a webhook p50 / p99 ms | added p50 / p99 ms | memory MiB | moved | scale-out s | writes | crash to reassigned s",
         rows.iter().flat_map(|(n, sharder, reference)| {
             let both = std::iter::once(("Sharder", sharder));
             both.chain(reference.iter().map(|r| ("reference", r)))
                 .map(move |(who, f)| {
+                    let pair = |p: fn(&Latency) -> [String; 2]| {
+                        f.latency
+                            .as_ref()
+                            .map_or("-".to_owned(), |l| p(l).join(" / "))
+                    };
                     format!(
-                        "{n} | {who} | {} | {} | {:.1} | {} | {:.2} | {} | {}",
-                        cell(f.added.map(|a| a[0])),
-                        cell(f.added.map(|a| a[1])),
+                        "{n} | {who} | {} | {} | {} | {:.1} | {} | {:.2} | {} | {}",
+                        pair(|l| l.with.map(|v| format!("{v:.2}"))),
+                        pair(|l| l.without.map(|v| format!("{v:.2}"))),
+                        pair(|l| [0, 1].map(|i| l
+                            .added(i)
+                            .map_or("none measurable".to_owned(), |v| format!("{v:.2}")))),
                         f.memory,
                         f.moved,
                         f.scale_out,
@@ -438,12 +523,15 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
     let mut goal_rows = Vec::new();
     for (n, s, r) in rows {
         let Some(r) = r else { continue };
-        if let (Some(sa), Some(ra)) = (s.added, r.added) {
+        if let (Some(sl), Some(rl)) = (s.latency, r.latency) {
             for (i, p) in [(0, "p50"), (1, "p99")] {
                 goal_rows.push(cost(
-                    format!("CREATE latency added, {p} ({n} objects)"),
-                    sa[i],
-                    ra[i],
+                    format!(
+                        "CREATE latency with the webhook, {p} ({} creates each, {n} objects)",
+                        sl.creates.min(rl.creates)
+                    ),
+                    sl.with[i],
+                    rl.with[i],
                     "ms",
                 ));
             }
@@ -472,7 +560,10 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
     if !goal_rows.is_empty() {
         out += &goals(&goal_rows);
     }
-    out + "The reference's own binary's idle cost is in section 8.\n\n"
+    if args.reference.is_some() && args.sections.contains(&crate::Section::Idle) {
+        out += "The reference's own binary's idle cost is in section 8.\n\n";
+    }
+    out
 }
 
 /// A cost row: Sharder's figure against the reference's, met at or below it.
@@ -516,7 +607,10 @@ mod tests {
             ..Figures::default()
         };
         let text = markdown(&args, &[(100, sharder, None)]);
-        assert!(text.contains("| 100 | Sharder | - | - | 20.0 |"), "{text}");
+        assert!(
+            text.contains("| 100 | Sharder | - | - | - | 20.0 |"),
+            "{text}"
+        );
         assert!(text.contains(NOT_RUN), "{text}");
         assert!(
             !text.contains("| reference |") && !text.contains("| goal |"),
@@ -528,7 +622,11 @@ mod tests {
     fn each_row_holds_sharder_against_the_reference_as_a_cost_or_a_speed() {
         let args = <Args as clap::Parser>::parse_from(["sharder-bench", "--reference", "/ref"]);
         let sharder = Figures {
-            added: Some([1.0, 4.0]),
+            latency: Some(Latency {
+                with: [3.0, 9.0],
+                without: [2.0, 9.5],
+                creates: 2000,
+            }),
             memory: 20.0,
             moved: 2500,
             scale_out: 10.0,
@@ -536,7 +634,11 @@ mod tests {
             crash: Some(14.0),
         };
         let reference = Figures {
-            added: Some([2.0, 3.0]),
+            latency: Some(Latency {
+                with: [4.0, 8.0],
+                without: [2.5, 6.0],
+                creates: 2000,
+            }),
             memory: 80.0,
             moved: 2500,
             scale_out: 5.0,
@@ -544,7 +646,7 @@ mod tests {
             crash: Some(16.0),
         };
         let later = |f: &Figures| Figures {
-            added: None,
+            latency: None,
             crash: None,
             ..f.clone()
         };
@@ -556,15 +658,16 @@ mod tests {
             ],
         );
         assert!(
-            text.contains("| 100000 | Sharder | - | - | 20.0 | 2500 | 10.00 | 2500 | - |")
+            text.contains("| 100000 | Sharder | - | - | - | 20.0 | 2500 | 10.00 | 2500 | - |")
                 && text.contains("| memory (100000 objects) |")
                 && !text.contains("crash to reassigned (100000 objects)"),
             "a crash only at the first size: {text}"
         );
         for row in [
-            "| 10000 | Sharder | 1.00 | 4.00 | 20.0 | 2500 | 10.00 | 2500 | 14.00 |",
-            "| CREATE latency added, p50 (10000 objects) | 1.00ms vs 2.00ms = 0.50x | <= 1.0x | met |",
-            "| CREATE latency added, p99 (10000 objects) | 4.00ms vs 3.00ms = 1.33x | <= 1.0x | **missed** |",
+            "| 10000 | Sharder | 3.00 / 9.00 | 2.00 / 9.50 | 1.00 / none measurable | 20.0 | 2500 | 10.00 | 2500 | 14.00 |",
+            "| 10000 | reference | 4.00 / 8.00 | 2.50 / 6.00 | 1.50 / 2.00 | 80.0 |",
+            "| CREATE latency with the webhook, p50 (2000 creates each, 10000 objects) | 3.00ms vs 4.00ms = 0.75x | <= 1.0x | met |",
+            "| CREATE latency with the webhook, p99 (2000 creates each, 10000 objects) | 9.00ms vs 8.00ms = 1.12x | <= 1.0x | **missed** |",
             "| memory (10000 objects) | 20.00MiB vs 80.00MiB = 0.25x | <= 1.0x | met |",
             "| scale-out writes (10000 objects) | 2500.00 vs 2500.00 = 1.00x | <= 1.0x | met |",
             "| scale-out wall time (10000 objects) | 10.00 s vs 5.00 s = 0.50x as fast | >= 1.0x | **missed** |",
@@ -572,6 +675,21 @@ mod tests {
         ] {
             assert!(text.contains(row), "{row}\n{text}");
         }
+    }
+
+    #[test]
+    fn a_pool_s_percentiles_are_durations_and_no_gain_is_not_an_added_figure() {
+        let pool = |v: &[u64]| v.iter().map(|&m| Duration::from_millis(m)).collect();
+        let latency = pooled(pool(&[60, 3, 6, 5]), pool(&[4, 90, 3, 5]));
+        assert_eq!(latency.with, [5.0, 60.0]);
+        assert_eq!(latency.without, [4.0, 90.0]);
+        assert_eq!(latency.creates, 4);
+        assert_eq!(latency.added(0), Some(1.0));
+        assert_eq!(
+            latency.added(1),
+            None,
+            "p99 60 ms against 90 ms adds nothing"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use sharder_common::{ClusterRing, Ring, RingObject};
 use sharder_harness::ControlPlane;
 use sharder_harness::fixtures::{child_of, secret};
 
+use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::{median_at, ms, percentile};
 use crate::webhooks::Webhooks;
@@ -137,6 +138,20 @@ impl Creator {
     /// One round of `n` creates at `rate`: p50, p90, p99 (ms), creates per second achieved and
     /// failed creates.
     pub(crate) async fn round(&self, child: bool, prefix: &str, n: usize, rate: f64) -> [f64; 5] {
+        let (latencies, achieved, errors) = self.samples(child, prefix, n, rate).await;
+        let p = |q| ms(percentile(&latencies, q));
+        [p(50.0), p(90.0), p(99.0), achieved, errors as f64]
+    }
+
+    /// One round of `n` creates at `rate`: every successful create's latency (sorted), creates
+    /// per second achieved and failed creates.
+    pub(crate) async fn samples(
+        &self,
+        child: bool,
+        prefix: &str,
+        n: usize,
+        rate: f64,
+    ) -> (Vec<Duration>, f64, usize) {
         let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let started = Instant::now();
@@ -156,10 +171,9 @@ impl Creator {
             }
         }
         let achieved = n as f64 / started.elapsed().as_secs_f64();
-        let errors = (n - latencies.len()) as f64;
+        let errors = n - latencies.len();
         latencies.sort();
-        let p = |q| ms(percentile(&latencies, q));
-        [p(50.0), p(90.0), p(99.0), achieved, errors]
+        (latencies, achieved, errors)
     }
 }
 
@@ -196,7 +210,7 @@ pub(crate) async fn run(
             let figures = creator
                 .round(mode.2, &format!("r{r}-{i}"), args.creates, args.rate)
                 .await;
-            eprintln!("[bench]   round {r} {}: p50 {:.2} ms", mode.0, figures[0]);
+            progress!("  round {r} {}: p50 {:.2} ms", mode.0, figures[0]);
             rounds.push((mode.0, figures));
         }
     }

@@ -22,12 +22,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
-use sharder_common::{Ring, RingKind};
+use sharder_common::Ring;
 use sharder_harness::ControlPlane;
 use sharder_harness::launch::dump_logs;
 use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
 use crate::beside::{REFERENCE_LOG, ReferenceRun, start_reference};
+use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::cpu_seconds;
 use crate::webhooks::{Webhooks, metadata_cache};
@@ -299,102 +300,95 @@ fn startup_over(startup: &mut Option<f64>, listed: f64, quiet: Duration) -> bool
     }
 }
 
-/// Measures every size of `args.idle_sizes`; the section's text.
-pub(crate) async fn run(
-    cp: &'static ControlPlane,
-    webhooks: &Webhooks,
-    args: &Args,
-) -> Result<String, Error> {
-    let meter = Meter {
-        cp,
-        client: cp.client().await?,
-        window: Duration::from_secs(args.idle_window_seconds),
-    };
-    // Another ring's Secrets, labelled with its shards: never this ring's.
-    let others = RingSetup::new(cp, "bench-idle-others", false, 0).await?;
-    others
-        .create_assigned(
-            0..args.idle_others,
-            &Ring::new((0..3).map(|i| format!("other-{i}"))),
-        )
-        .await?;
-    let mut rows = Vec::new();
-    for &n in &args.idle_sizes {
-        rows.push(size(&meter, webhooks, n, args.reference.as_deref()).await?);
-    }
-    // The sections after this one measure too (the node section's cluster shares this
-    // machine's CPU with this control plane): every deletion ends first.
-    others.remove(false).await?;
-    quiet(&meter.client).await?;
-    Ok(markdown(&rows, args.idle_others))
+/// Section 8, size by size: the other ring's Secrets are in the cluster from [`Idle::start`]
+/// to [`Idle::finish`].
+pub(crate) struct Idle {
+    meter: Meter,
+    others: RingSetup,
+    rows: Vec<IdleRow>,
 }
 
-/// The windows of a ring of `n` objects; those of the reference's own binary too when given.
+impl Idle {
+    /// Creates the other ring's Secrets (`args.idle_others`, labelled with its shards: never
+    /// this ring's).
+    pub(crate) async fn start(cp: &'static ControlPlane, args: &Args) -> Result<Self, Error> {
+        let meter = Meter {
+            cp,
+            client: cp.client().await?,
+            window: Duration::from_secs(args.idle_window_seconds),
+        };
+        let others = RingSetup::new(cp, "bench-idle-others", false, 0).await?;
+        others
+            .create_assigned(
+                0..args.idle_others,
+                &Ring::new((0..3).map(|i| format!("other-{i}"))),
+            )
+            .await?;
+        Ok(Self {
+            meter,
+            others,
+            rows: Vec::new(),
+        })
+    }
+
+    /// Measures the windows of `objects` (a ControllerRing, the kind the reference's binary
+    /// serves, of `n` Secrets on 3 shard Leases); leaves it as it was.
+    pub(crate) async fn size(
+        &mut self,
+        webhooks: &Webhooks,
+        objects: &RingSetup,
+        n: usize,
+        reference: Option<&Path>,
+    ) -> Result<(), Error> {
+        let row = size(&self.meter, webhooks, objects, n, reference).await?;
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// The section's text of the sizes measured.
+    pub(crate) fn text(&self, args: &Args) -> String {
+        markdown(&self.rows, args.idle_others)
+    }
+
+    /// Deletes the other ring's Secrets and waits until every deletion ended (the sections
+    /// after this one measure too).
+    pub(crate) async fn finish(self) -> Result<(), Error> {
+        self.others.remove(false).await?;
+        quiet(&self.meter.client).await
+    }
+}
+
+/// The windows of the ring of `setup` with `n` objects; those of the reference's own binary too
+/// when given.
 async fn size(
     meter: &Meter,
     webhooks: &Webhooks,
+    setup: &RingSetup,
     n: usize,
     reference_binary: Option<&Path>,
 ) -> Result<IdleRow, Error> {
-    // A ControllerRing: the kind the reference's binary serves.
-    let kind = RingKind::ControllerRing;
-    let setup = RingSetup::of_kind(meter.cp, &format!("bench-idle-{n}"), false, 3, kind).await?;
-    setup
-        .create_assigned(0..n, &Ring::new((0..3).map(|i| format!("shard-{i}"))))
-        .await?;
     quiet(&meter.client).await?;
+    progress!("  {n} objects: the control window, then the sharder's two");
     let first_control = meter.measure(async {}).await?;
     let renew = format!("{}ms", RENEW_IN_WINDOW.as_millis());
     let flags = format!("--sweep-interval 1h --leader-election-renew {renew}");
-    let (leader, swept, _) = meter.reconciler(&setup, webhooks, n, &flags).await?;
+    let (leader, swept, _) = meter.reconciler(setup, webhooks, n, &flags).await?;
     let (sweep, resync) = (SWEEP_IN_WINDOW.as_millis(), RESYNC.as_secs());
     let flags = format!("--sweep-interval {sweep}ms --resync-interval {resync}s");
-    let (sharder, sweeps, what) = meter.reconciler(&setup, webhooks, n, &flags).await?;
+    let (sharder, sweeps, what) = meter.reconciler(setup, webhooks, n, &flags).await?;
     if swept != 0 || sweeps == 0 {
         return Err(Error::Setup(format!(
             "at {n} objects the reconciler swept {swept} times in its leader election window, {sweeps} in its sweeps'"
         )));
     }
-    // The reference's resync: a list of each resource of the ring across the cluster, metadata
-    // only, from the watch cache (`resourceVersion=0`: the apiserver ignores `limit` then).
-    let all = Api::<Secret>::all(meter.client.clone());
-    let cached = ListParams::default().match_any().limit(500);
-    let (every, mut lists) = (meter.window / LISTS_PER_WINDOW, 0);
-    let reference = meter
-        .measure(async {
-            let started = Instant::now();
-            loop {
-                lists += u32::from(all.list_metadata(&cached).await.is_ok());
-                tokio::time::sleep((every * lists).saturating_sub(started.elapsed())).await;
-            }
-        })
-        .await?;
-    // Its leader election: client-go's leader updates its Lease, as it last read it, every
-    // retry period.
-    let leases = Api::<Lease>::namespaced(meter.client.clone(), &setup.ns);
-    let mut lease = leases
-        .create(&PostParams::default(), &leader_lease("reference-leader"))
-        .await?;
-    let mut renewals = 0;
-    let reference_leader = meter
-        .measure(async {
-            loop {
-                if let Some(spec) = lease.spec.as_mut() {
-                    spec.renew_time = Some(MicroTime(Timestamp::now()));
-                }
-                if let Ok(renewed) = leases
-                    .replace("reference-leader", &PostParams::default(), &lease)
-                    .await
-                {
-                    lease = renewed;
-                    renewals += 1;
-                }
-                tokio::time::sleep(RENEW_IN_WINDOW).await;
-            }
-        })
-        .await?;
+    // Without its binary, the reference's requests replayed: its resync and its leader
+    // election, each in a window of its own.
+    let replayed = match reference_binary {
+        Some(_) => None,
+        None => Some(replay(meter, setup).await?),
+    };
     let binary = match reference_binary {
-        Some(binary) => Some(meter.reference_binary(&setup, webhooks, binary).await?),
+        Some(binary) => Some(meter.reference_binary(setup, webhooks, binary).await?),
         None => None,
     };
     let mut cache = metadata_cache(meter.cp, &setup.ns, n).await?;
@@ -439,20 +433,6 @@ async fn size(
                 format!("renewals every {renew}, no sweep"),
             ),
             Design(
-                REFERENCE,
-                reference,
-                speedup(lists as usize, REFERENCE_RESYNC, window),
-                Usage::default(),
-                format!("{lists} lists"),
-            ),
-            Design(
-                REFERENCE_LEADER,
-                reference_leader,
-                speedup(renewals, REFERENCE_RENEW, window),
-                Usage::default(),
-                format!("{renewals} renewals every {renew}"),
-            ),
-            Design(
                 REFLECTOR,
                 reflector,
                 1.0,
@@ -461,6 +441,22 @@ async fn size(
             ),
         ],
     };
+    if let Some([(reference, lists), (reference_leader, renewals)]) = replayed {
+        row.designs.push(Design(
+            REFERENCE,
+            reference,
+            speedup(lists, REFERENCE_RESYNC, window),
+            Usage::default(),
+            format!("{lists} lists"),
+        ));
+        row.designs.push(Design(
+            REFERENCE_LEADER,
+            reference_leader,
+            speedup(renewals, REFERENCE_RENEW, window),
+            Usage::default(),
+            format!("{renewals} renewals every {renew}"),
+        ));
+    }
     if let Some([(leader, quiet_lists), (lists, listed)]) = binary {
         // Its lists' window holds its leader election too: what it used above the other.
         let above = lists
@@ -485,15 +481,57 @@ async fn size(
         ));
     }
     for design in &row.designs {
-        eprintln!(
-            "[bench]   {n}: {}: {:.1} CPU-s/h",
+        progress!(
+            "  {n}: {}: {:.1} CPU-s/h",
             design.0,
             row.per_hour(design).cpu
         );
     }
-    // The next size waits for a quiet apiserver anyway.
-    setup.remove(false).await?;
     Ok(row)
+}
+
+/// The reference's requests replayed over `setup`'s ring, in two windows: its resync lists and
+/// its leader election; each window's usage and how many of its requests ran.
+async fn replay(meter: &Meter, setup: &RingSetup) -> Result<[(Usage, usize); 2], Error> {
+    // The reference's resync: a list of each resource of the ring across the cluster, metadata
+    // only, from the watch cache (`resourceVersion=0`: the apiserver ignores `limit` then).
+    let all = Api::<Secret>::all(meter.client.clone());
+    let cached = ListParams::default().match_any().limit(500);
+    let (every, mut lists) = (meter.window / LISTS_PER_WINDOW, 0);
+    let reference = meter
+        .measure(async {
+            let started = Instant::now();
+            loop {
+                lists += u32::from(all.list_metadata(&cached).await.is_ok());
+                tokio::time::sleep((every * lists).saturating_sub(started.elapsed())).await;
+            }
+        })
+        .await?;
+    // Its leader election: client-go's leader updates its Lease, as it last read it, every
+    // retry period.
+    let leases = Api::<Lease>::namespaced(meter.client.clone(), &setup.ns);
+    let mut lease = leases
+        .create(&PostParams::default(), &leader_lease("reference-leader"))
+        .await?;
+    let mut renewals = 0;
+    let reference_leader = meter
+        .measure(async {
+            loop {
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.renew_time = Some(MicroTime(Timestamp::now()));
+                }
+                if let Ok(renewed) = leases
+                    .replace("reference-leader", &PostParams::default(), &lease)
+                    .await
+                {
+                    lease = renewed;
+                    renewals += 1;
+                }
+                tokio::time::sleep(RENEW_IN_WINDOW).await;
+            }
+        })
+        .await?;
+    Ok([(reference, lists as usize), (reference_leader, renewals)])
 }
 
 /// A leader election Lease held now by the bench, as controller-runtime's defaults write it.
@@ -519,7 +557,7 @@ fn leader_lease(name: &str) -> Lease {
 fn markdown(rows: &[IdleRow], others: usize) -> String {
     let window = rows.first().map_or(0, |r| r.window.as_secs());
     let mut out = format!(
-        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): its `syncPeriod` at 1h (its leader election and watches, at its defaults), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
+        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); without `--reference`, the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): its `syncPeriod` at 1h (its leader election and watches, at its defaults), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
         RENEW_IN_WINDOW.as_millis(),
         RENEW.as_secs(),
         SWEEP_IN_WINDOW.as_secs_f64(),
@@ -533,7 +571,10 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
     let mut cells = Vec::new();
     for row in rows {
         let (n, control) = (row.objects, row.control());
-        let reference = row.reference().filter(|r| *r > 0.0);
+        let reference = row
+            .reference()
+            .or(row.reference_binary())
+            .filter(|r| *r > 0.0);
         let versus = |cpu: f64| reference.map_or("-".into(), |r| format!("{:.2}x", cpu / r));
         for d in &row.designs {
             let (hour, used) = (row.per_hour(d), d.1);
@@ -789,11 +830,15 @@ mod tests {
             row(100, [0.0, 0.0], designs)
         };
         // Its lists 40x compressed, its leader election at its real schedule: 0.1 CPU-s in
-        // 90 s is 4 an hour.
+        // 90 s is 4 an hour. Without the replayed requests, the binary is what every design
+        // is held against.
         assert_eq!(at(2.0).reference_binary(), Some(6.0));
         let met = markdown(&[at(2.0)], 0);
         assert!(
-            met.contains("| 100 | reference binary (both) | - | - | - | - | 6.0 | - | - |"),
+            met.contains("| 100 | reference binary (both) | - | - | - | - | 6.0 | - | 1.00x |")
+                && met.contains(
+                    "| 100 | sharder reconciler: sweeps and resyncs | 1.00 (0.00) | 13 (0) |  | 40x | 1.0 | 13 | 0.17x |"
+                ),
             "{met}"
         );
         assert!(met.contains("| the sharder's idle apiserver + etcd CPU at 100 objects vs the reference's own binary's | 6.00 vs 6.00 CPU-s per hour = 1.000x | <= 1.0x | met |"), "{met}");

@@ -24,6 +24,8 @@ use sharder_harness::fixtures::{ring_object, secrets_ring};
 use sharder_harness::launch::{Env, Reconciler, ReconcilerFlags};
 use sharder_harness::world::World;
 
+use crate::progress::progress;
+
 mod beside;
 mod create_latency;
 pub mod floor;
@@ -31,6 +33,7 @@ mod idle;
 mod load;
 mod memory;
 mod node;
+mod progress;
 mod rebalance;
 mod report;
 mod ring_balance;
@@ -66,15 +69,16 @@ pub struct Args {
     pub rate: f64,
 
     /// Rounds of each mode in the CREATE latency benchmark.
-    #[arg(long, env = "SHARDER_BENCH_ROUNDS", default_value_t = 5)]
+    #[arg(long, env = "SHARDER_BENCH_ROUNDS", default_value_t = 4)]
     pub rounds: usize,
 
-    /// Object counts of the memory benchmark, comma-separated.
+    /// Object counts of the memory benchmark, comma-separated (`make bench-scale` runs the
+    /// larger ones).
     #[arg(
         long,
         env = "SHARDER_BENCH_SIZES",
         value_delimiter = ',',
-        default_value = "1000,10000,100000,300000"
+        default_value = "1000,10000,100000"
     )]
     pub sizes: Vec<usize>,
 
@@ -87,12 +91,12 @@ pub struct Args {
     pub rebalance_objects: usize,
 
     /// Scale-out rounds of the rebalancing benchmark (each with its raw PATCH baseline).
-    #[arg(long, env = "SHARDER_BENCH_REBALANCE_ROUNDS", default_value_t = 5)]
+    #[arg(long, env = "SHARDER_BENCH_REBALANCE_ROUNDS", default_value_t = 3)]
     pub rebalance_rounds: usize,
 
     /// Shard crashes after the rebalancing rounds (each a fresh shard that joins, takes its
     /// share and stops without releasing its Lease).
-    #[arg(long, env = "SHARDER_BENCH_CRASHES", default_value_t = 5)]
+    #[arg(long, env = "SHARDER_BENCH_CRASHES", default_value_t = 3)]
     pub crashes: usize,
 
     /// Shard Lease duration of the moving benchmarks, in seconds (renewed every second).
@@ -114,7 +118,7 @@ pub struct Args {
     pub idle_sizes: Vec<usize>,
 
     /// Seconds of each window of the idle cost section.
-    #[arg(long, env = "SHARDER_BENCH_IDLE_WINDOW_SECONDS", default_value_t = 90)]
+    #[arg(long, env = "SHARDER_BENCH_IDLE_WINDOW_SECONDS", default_value_t = 30)]
     pub idle_window_seconds: u64,
 
     /// Secrets of another ring, in a namespace of their own, in the cluster throughout the idle
@@ -131,7 +135,7 @@ pub struct Args {
     pub load_seconds: u64,
 
     /// Rounds per server of the in-process webhook load.
-    #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     pub load_rounds: u64,
 
     /// The reference sharder's `sharder` binary (built by you from its release; the bench never
@@ -139,12 +143,21 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_REFERENCE")]
     pub reference: Option<PathBuf>,
 
-    /// Object counts of section 9 (Sharder beside the reference), comma-separated.
+    /// The reference's release the `--reference` binary was built from, as the report names it.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_REFERENCE_VERSION",
+        default_value = "(release not stated: --reference-version)"
+    )]
+    pub reference_version: String,
+
+    /// Object counts of section 9 (Sharder beside the reference), comma-separated (`make
+    /// bench-scale` runs the larger ones).
     #[arg(
         long,
         env = "SHARDER_BENCH_REFERENCE_SIZES",
         value_delimiter = ',',
-        default_value = "10000,100000,300000"
+        default_value = "10000"
     )]
     pub reference_sizes: Vec<usize>,
 
@@ -196,6 +209,66 @@ impl Section {
             Self::Idle => "8. What a quiet ring costs the control plane",
             Self::Reference => "9. Beside the reference sharder",
         }
+    }
+
+    /// How long the section is expected to take with `args`, from the rates of a run on 2
+    /// cores: the progress lines' estimate of what is left, never a measurement.
+    pub fn estimate(self, args: &Args) -> Duration {
+        // Objects created per second, moved per second, and settling per step.
+        const CREATE: f64 = 1100.0;
+        const MOVE: f64 = 600.0;
+        let create = |n: usize| n as f64 / CREATE;
+        let lease = args.lease_seconds as f64;
+        let per_round = args.creates as f64 / args.rate;
+        let seconds = match self {
+            Self::Load => args.load_rounds as f64 * 3.0 * (args.load_seconds as f64 + 1.0) + 5.0,
+            Self::Latency => (args.rounds + 1) as f64 * 5.0 * (per_round + 1.5) + 20.0,
+            Self::Rebalance => {
+                let n = args.rebalance_objects;
+                let round = 3.0 * (n as f64 / 4.0) / MOVE + 15.0;
+                let crash = 3.0 * lease + (n as f64 / 4.0) / MOVE + 10.0;
+                create(n) + args.rebalance_rounds as f64 * round + args.crashes as f64 * crash
+            }
+            Self::Rolling => {
+                let n = args.rebalance_objects as f64;
+                create(args.rebalance_objects) + 2.0 * 3.0 * n / (MOVE / 1.4) + 30.0
+            }
+            Self::Ring => 15.0,
+            Self::Node => 60.0 + 3.0 * args.node_objects as f64 / 400.0,
+            Self::Idle => {
+                let windows = 7.0;
+                let each = |n: usize| {
+                    create(n) + windows * args.idle_window_seconds as f64 + n as f64 / 2e4 + 30.0
+                };
+                create(args.idle_others) + args.idle_sizes.iter().map(|&n| each(n)).sum::<f64>()
+            }
+            Self::Memory => args
+                .sizes
+                .iter()
+                .map(|&n| {
+                    let runs = if n >= 100_000 { 1.0 } else { 3.0 };
+                    let moved = n as f64 / 4.0 / MOVE;
+                    let shared =
+                        args.sections.contains(&Self::Idle) && args.idle_sizes.contains(&n);
+                    let create = if shared { 0.0 } else { create(n) };
+                    create + runs * (n as f64 / 1e4 + 2.0 * moved + 8.0) + n as f64 / 5e3 + 5.0
+                })
+                .sum(),
+            Self::Reference => {
+                let contenders = if args.reference.is_some() { 2.0 } else { 1.0 };
+                let latency = (args.rounds + 1) as f64 * 2.0 * (per_round + 1.0);
+                args.reference_sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| {
+                        let moves = 2.0 * (n as f64 / 4.0) / MOVE + n as f64 / 1e4 + 15.0;
+                        let first = if i == 0 { latency + 3.0 * lease } else { 0.0 };
+                        create(n) + contenders * (moves + first)
+                    })
+                    .sum()
+            }
+        };
+        Duration::from_secs_f64(seconds)
     }
 }
 
@@ -338,6 +411,7 @@ impl RingSetup {
         let started = Instant::now();
         let n = range.len();
         let (api, shard_label) = (self.secrets(), &self.labels.shard);
+        let mut counter = progress::Counter::new(format!("objects created in {}", self.ns), n);
         let unassigned = futures::stream::iter(range)
             .map(|i| {
                 let name = format!("object-{i}");
@@ -361,7 +435,10 @@ impl RingSetup {
                 }
             })
             .buffer_unordered(64)
-            .try_fold(0, |sum, unassigned| async move { Ok(sum + unassigned) })
+            .try_fold(0, |sum, unassigned| {
+                counter.add(1);
+                async move { Ok(sum + unassigned) }
+            })
             .await?;
         Ok((n as f64 / started.elapsed().as_secs_f64(), unassigned))
     }
@@ -374,7 +451,7 @@ impl RingSetup {
         ring: &Ring,
     ) -> Result<f64, Error> {
         let (rate, _) = self.create(range, Some(ring)).await?;
-        eprintln!("[bench]   objects created in {} ({rate:.0}/s)", self.ns);
+        progress!("  objects created in {} ({rate:.0}/s)", self.ns);
         Ok(rate)
     }
 
@@ -465,88 +542,212 @@ fn rebalanced(line: &Value, n: usize) -> bool {
     line["message"] == "rebalance" && line["listed"].as_u64().unwrap_or(0) >= n as u64
 }
 
-/// Runs the sections `args` names and writes the report.
-pub async fn run(args: Args) -> Result<(), Error> {
-    let started = Instant::now();
-    let mut texts = std::collections::BTreeMap::new();
-    // The webhook alone under load needs no control plane and runs before it starts: a control
-    // plane still deleting an earlier section's namespace takes its share of the machine.
-    if args.sections.contains(&Section::Load) {
-        eprintln!("[bench] {}", Section::Load.heading());
-        texts.insert(Section::Load, load::run(&args).await?);
-    }
-    if args.sections.iter().all(|s| *s == Section::Load) {
-        return write_report(&args, None, started.elapsed(), &texts);
-    }
-    let cp = ControlPlane::shared().await?;
-    sharder_harness::crd::install_ring_crds(&cp.client().await?).await?;
-    let webhooks = webhooks::start(cp).await?;
-    // The node before the memory section: the largest size's namespace is left to the
-    // control plane's end (deleting 300k objects takes longer than measuring them).
-    let order = [
-        Section::Latency,
-        Section::Rebalance,
-        Section::Rolling,
-        Section::Ring,
-        Section::Idle,
-        Section::Reference,
-        Section::Node,
-        Section::Memory,
-    ];
-    for section in order.into_iter().filter(|s| args.sections.contains(s)) {
-        eprintln!("[bench] {}", section.heading());
-        let text = match section {
-            Section::Latency => create_latency::run(cp, &webhooks, &args).await?,
-            Section::Load => continue, // run before the control plane, above
-            Section::Memory => memory::run(cp, &webhooks, &args).await?,
-            Section::Rebalance => rebalance::run(cp, &webhooks, &args).await?,
-            Section::Rolling => rolling::run(cp, &webhooks, &args).await?,
-            Section::Ring => ring_balance::run(),
-            Section::Node => node::run(args.node_objects)
-                .await
-                .unwrap_or_else(|e| format!("Could not run: {e}\n\n")),
-            Section::Idle => idle::run(cp, &webhooks, &args).await?,
-            Section::Reference => {
-                let mut partial = |text: String| {
-                    texts.insert(Section::Reference, text);
-                    save_report(&args, Some(cp), started.elapsed(), &texts).map(drop)
-                };
-                beside::run(cp, &webhooks, &args, &mut partial).await?
-            }
-        };
-        texts.insert(section, text);
-        // What is measured so far is on disk: an interrupted run keeps its finished sections.
-        save_report(&args, Some(cp), started.elapsed(), &texts)?;
-    }
-    write_report(&args, Some(cp), started.elapsed(), &texts)
+/// The order the sections run in after section 2 (which needs no control plane and runs
+/// before it starts). Sections 8 and 3 run last, size by size on the same objects
+/// ([`shared_objects`]): the largest size's namespace is left to the control plane's end
+/// (deleting 100,000 objects takes longer than measuring them).
+const ORDER: [Section; 6] = [
+    Section::Latency,
+    Section::Rebalance,
+    Section::Rolling,
+    Section::Ring,
+    Section::Reference,
+    Section::Node,
+];
+
+/// A ring (a ControllerRing, the kind the reference's binary serves) of `n` Secrets, each
+/// already on its shard of 3 Leases held for an hour, and how fast they were created: the
+/// objects sections 8 and 3 share at a size, created once. The moving sections (4, 5, 5b, 9)
+/// make rings of their own: their shards run in this process and hold Leases of their own, and
+/// they leave objects moved.
+async fn shared_objects(cp: &'static ControlPlane, n: usize) -> Result<(RingSetup, f64), Error> {
+    let kind = RingKind::ControllerRing;
+    let setup = RingSetup::of_kind(cp, &format!("bench-objects-{n}"), false, 3, kind).await?;
+    let created = setup
+        .create_assigned(0..n, &Ring::new((0..3).map(|i| format!("shard-{i}"))))
+        .await?;
+    Ok((setup, created))
 }
 
-/// Renders the report of the sections in `texts`, writes it to `args.output` and prints it.
-fn write_report(
-    args: &Args,
-    cp: Option<&ControlPlane>,
-    took: Duration,
-    texts: &std::collections::BTreeMap<Section, String>,
+/// What a run has written: the sections' texts, the report they make, where it goes.
+struct Report<'a> {
+    args: &'a Args,
+    cp: Option<&'static ControlPlane>,
+    texts: std::collections::BTreeMap<Section, String>,
+}
+
+impl Report<'_> {
+    /// Keeps `text` as `section`'s and writes the report (a stopped run keeps what is in it).
+    fn keep(&mut self, section: Section, text: String) -> Result<(), Error> {
+        self.texts.insert(section, text);
+        self.save(false).map(drop)
+    }
+
+    /// Renders the report, `done` or not, writes it to `args.output` and returns it.
+    fn save(&self, done: bool) -> Result<String, Error> {
+        let text = report::render(self.args, self.cp, progress::elapsed(), &self.texts, done);
+        if let Some(parent) = self.args.output.parent() {
+            std::fs::create_dir_all(parent).map_err(Error::io("create the report folder"))?;
+        }
+        std::fs::write(&self.args.output, &text).map_err(Error::io("write the report"))?;
+        Ok(text)
+    }
+}
+
+/// Runs the sections `args` names and writes the report, section by section as each ends.
+pub async fn run(args: Args) -> Result<(), Error> {
+    let runs = |s: &Section| args.sections.contains(s);
+    let shared = args.sections.contains(&Section::Idle) || args.sections.contains(&Section::Memory);
+    let mut plan: Vec<(&'static str, Duration)> = std::iter::once(Section::Load)
+        .chain(ORDER)
+        .filter(runs)
+        .map(|s| (s.heading(), s.estimate(&args)))
+        .collect();
+    if shared {
+        let estimate = Section::Idle.estimate(&args) + Section::Memory.estimate(&args);
+        plan.push((SHARED, estimate));
+    }
+    progress::start(plan);
+    let mut report = Report {
+        args: &args,
+        cp: None,
+        texts: std::collections::BTreeMap::new(),
+    };
+    // The webhook alone under load needs no control plane and runs before it starts: a control
+    // plane still deleting an earlier section's namespace takes its share of the machine.
+    if runs(&Section::Load) {
+        progress::begin(Section::Load.heading());
+        report.keep(Section::Load, load::run(&args).await?)?;
+        progress::end(Section::Load.heading());
+    }
+    if args.sections.iter().all(|s| *s == Section::Load) {
+        return finish(&report);
+    }
+    let cp = ControlPlane::shared().await?;
+    report.cp = Some(cp);
+    sharder_harness::crd::install_ring_crds(&cp.client().await?).await?;
+    let webhooks = webhooks::start(cp).await?;
+    let mut failed = Vec::new();
+    for section in ORDER.into_iter().filter(runs) {
+        progress::begin(section.heading());
+        let text: Result<String, Error> = async {
+            Ok(match section {
+                Section::Latency => create_latency::run(cp, &webhooks, &args).await?,
+                Section::Rebalance => rebalance::run(cp, &webhooks, &args).await?,
+                Section::Rolling => rolling::run(cp, &webhooks, &args).await?,
+                Section::Ring => ring_balance::run(),
+                Section::Node => node::run(args.node_objects)
+                    .await
+                    .unwrap_or_else(|e| format!("Could not run: {e}\n\n")),
+                Section::Reference => {
+                    let mut partial = |text: String| report.keep(Section::Reference, text);
+                    beside::run(cp, &webhooks, &args, &mut partial).await?
+                }
+                Section::Load | Section::Idle | Section::Memory => String::new(),
+            })
+        }
+        .await;
+        // A section that failed says so in the report; the others still run.
+        let text = text.unwrap_or_else(|e| {
+            progress!("{} failed: {e}", section.heading());
+            failed.push(section.heading());
+            format!("**Failed**: {e}\n\n")
+        });
+        report.keep(section, text)?;
+        progress::end(section.heading());
+    }
+    if shared {
+        progress::begin(SHARED);
+        if let Err(e) = idle_and_memory(cp, &webhooks, &mut report).await {
+            progress!("{SHARED} failed: {e}");
+            failed.push(SHARED);
+            for section in [Section::Idle, Section::Memory].into_iter().filter(runs) {
+                let text = report.texts.remove(&section).unwrap_or_default();
+                report.keep(section, format!("{text}**Failed** before its end: {e}\n\n"))?;
+            }
+        }
+        progress::end(SHARED);
+    }
+    finish(&report)?;
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(Error::Setup(format!("failed: {}", failed.join("; ")))),
+    }
+}
+
+/// The progress step of sections 8 and 3.
+const SHARED: &str = "8. and 3., size by size on the same objects";
+
+/// Sections 8 and 3 at every size either names, smallest first, on [`shared_objects`]: section
+/// 8 first (it moves nothing), then section 3 (which leaves the objects draining); each size's
+/// namespace is deleted before the next one's objects are created, but the last.
+async fn idle_and_memory(
+    cp: &'static ControlPlane,
+    webhooks: &webhooks::Webhooks,
+    report: &mut Report<'_>,
 ) -> Result<(), Error> {
-    let text = save_report(args, cp, took, texts)?;
-    println!("{text}");
-    eprintln!("[bench] report written to {}", args.output.display());
+    let args = report.args;
+    let (idle_sizes, memory_sizes) = (
+        if args.sections.contains(&Section::Idle) {
+            args.idle_sizes.clone()
+        } else {
+            Vec::new()
+        },
+        if args.sections.contains(&Section::Memory) {
+            args.sizes.clone()
+        } else {
+            Vec::new()
+        },
+    );
+    let mut sizes: Vec<usize> = idle_sizes.iter().chain(&memory_sizes).copied().collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut idle = match idle_sizes.is_empty() {
+        true => None,
+        false => Some(idle::Idle::start(cp, args).await?),
+    };
+    let mut memory = memory::Memory::default();
+    for (i, &n) in sizes.iter().enumerate() {
+        progress!("{n} objects: creating them (64 in flight)");
+        let (objects, created) = shared_objects(cp, n).await?;
+        let left = &sizes[i + 1..];
+        let still = |sizes: &[usize]| {
+            let left: Vec<_> = left.iter().filter(|n| sizes.contains(n)).collect();
+            match left.is_empty() {
+                true => String::new(),
+                false => format!("Sizes still being measured when this was written: {left:?}.\n\n"),
+            }
+        };
+        if let Some(measuring) = idle.as_mut().filter(|_| idle_sizes.contains(&n)) {
+            progress!("{n} objects: {}", Section::Idle.heading());
+            measuring
+                .size(webhooks, &objects, n, args.reference.as_deref())
+                .await?;
+            report.keep(Section::Idle, measuring.text(args) + &still(&idle_sizes))?;
+            if !idle_sizes.iter().any(|s| *s > n)
+                && let Some(done) = idle.take()
+            {
+                done.finish().await?;
+            }
+        }
+
+        if memory_sizes.contains(&n) {
+            progress!("{n} objects: {}", Section::Memory.heading());
+            memory.size(cp, webhooks, &objects, (n, created)).await?;
+            report.keep(Section::Memory, memory.text() + &still(&memory_sizes))?;
+        }
+        // The last size's namespace is deleted without waiting: nothing is measured after it.
+        objects.remove(!left.is_empty()).await?;
+    }
     Ok(())
 }
 
-/// Renders the report of the sections in `texts` and writes it to `args.output`; returns it.
-fn save_report(
-    args: &Args,
-    cp: Option<&ControlPlane>,
-    took: Duration,
-    texts: &std::collections::BTreeMap<Section, String>,
-) -> Result<String, Error> {
-    let text = report::render(args, cp, took, texts);
-    if let Some(parent) = args.output.parent() {
-        std::fs::create_dir_all(parent).map_err(Error::io("create the report folder"))?;
-    }
-    std::fs::write(&args.output, &text).map_err(Error::io("write the report"))?;
-    Ok(text)
+/// Writes the finished report and prints it.
+fn finish(report: &Report<'_>) -> Result<(), Error> {
+    let text = report.save(true)?;
+    println!("{text}");
+    progress!("report written to {}", report.args.output.display());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,22 +1,22 @@
-//! Section 3, reconciler memory against object count: for each size, a fresh ring with that many
-//! Secrets (already assigned), [`RUNS`] reconciler processes one after another, each through its
-//! first full rebalance and a scale-out 3 -> 4 shards (the objects put back between runs), the
-//! run with the median peak reported; beside it, a baseline process that caches every object's
-//! metadata (a kube-rs reflector over metadata), what not caching saves.
+//! Section 3, reconciler memory against object count: for each size, the bench's ring of that
+//! many Secrets (already assigned), [`runs`] reconciler processes one after another, each
+//! through its first full rebalance and a scale-out 3 -> 4 shards (the objects put back between
+//! runs), the run with the median peak reported; beside it, a baseline process that caches every
+//! object's metadata (a kube-rs reflector over metadata), what not caching saves.
 
 use std::time::Duration;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use kube::ResourceExt as _;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use sharder_common::Ring;
 use sharder_harness::ControlPlane;
 use sharder_harness::procfs::{open_sockets, rss_kib};
 
+use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::mib;
 use crate::webhooks::{Webhooks, metadata_cache};
-use crate::{Args, Error, RingSetup, each_metadata, rebalanced};
+use crate::{Error, RingSetup, each_metadata, rebalanced};
 
 /// One size's readings: objects, then the reconciler's RSS after its first full rebalance,
 /// after the scale-out and at peak, and the baseline's RSS (MiB).
@@ -25,9 +25,13 @@ type Row = (usize, [f64; 4]);
 /// The size the memory goal holds against the smallest one.
 const GOAL_OBJECTS: usize = 100_000;
 
-/// Reconciler runs per size: a peak is one process's high-water mark over a scale-out of well
-/// under a second at 1,000 objects, noisy from process to process (docs/performance-notes.md).
-const RUNS: usize = 3;
+/// Reconciler runs at `n` objects: a peak is one process's high-water mark over a scale-out of
+/// well under a second at 1,000 objects, noisy from process to process
+/// (docs/performance-notes.md), so small sizes run 3 times; from 100,000 objects on a
+/// scale-out's peak is steady and each run costs minutes of drains, so they run once.
+fn runs(n: usize) -> usize {
+    if n >= GOAL_OBJECTS { 1 } else { 3 }
+}
 
 /// The RSS and peak RSS (MiB) of process `pid`, read after 2 s of settling.
 async fn settled_rss(pid: u32, what: &str) -> Result<(f64, f64), Error> {
@@ -36,52 +40,61 @@ async fn settled_rss(pid: u32, what: &str) -> Result<(f64, f64), Error> {
     Ok((mib(rss), mib(peak)))
 }
 
-/// Measures every size of `args.sizes`; runs last, as the namespace of the last size is left
-/// to be deleted. The section's text.
-pub(crate) async fn run(
-    cp: &'static ControlPlane,
-    webhooks: &Webhooks,
-    args: &Args,
-) -> Result<String, Error> {
-    let (mut rows, mut cells) = (Vec::new(), Vec::new());
-    for (i, &n) in args.sizes.iter().enumerate() {
-        let setup = RingSetup::new(cp, &format!("bench-mem-{n}"), false, 3).await?;
-        let created = setup
-            .create_assigned(0..n, &Ring::new((0..3).map(|i| format!("shard-{i}"))))
-            .await?;
-        let mut runs = Vec::new();
-        for run in 0..RUNS {
+/// Section 3's figures, size by size.
+#[derive(Default)]
+pub(crate) struct Memory {
+    rows: Vec<Row>,
+    cells: Vec<String>,
+}
+
+impl Memory {
+    /// Measures the `n` objects of `objects` (each on its shard of 3, created at `created` per
+    /// second); leaves them with Lease `shard-3` and a quarter of them draining (the ring is
+    /// not used after).
+    pub(crate) async fn size(
+        &mut self,
+        cp: &'static ControlPlane,
+        webhooks: &Webhooks,
+        objects: &RingSetup,
+        (n, created): (usize, f64),
+    ) -> Result<(), Error> {
+        let (count, mut runs) = (runs(n), Vec::new());
+        for run in 0..count {
             if run > 0 {
-                put_back(&setup).await?;
+                put_back(objects).await?;
             }
-            runs.push(scale_out(&setup, webhooks, cp, n).await?);
+            progress!("  {n} objects: reconciler run {} of {count}", run + 1);
+            runs.push(scale_out(objects, webhooks, cp, n).await?);
         }
         // The run with the median peak, whole; every run's peak beside it.
         let peaks: Vec<String> = runs.iter().map(|r| format!("{:.1}", r.0[2])).collect();
         runs.sort_by(|a, b| a.0[2].total_cmp(&b.0[2]));
-        let ([steady, after, peak], scale_out) = runs.swap_remove(RUNS / 2);
+        let ([steady, after, peak], scale_out) = runs.swap_remove(runs.len() / 2);
 
-        let mut baseline = metadata_cache(cp, &setup.ns, n).await?;
+        let mut baseline = metadata_cache(cp, &objects.ns, n).await?;
         let (cache, _) = settled_rss(baseline.pid(), "baseline").await?;
         baseline.kill();
-        eprintln!(
-            "[bench]   {n}: reconciler {steady:.1} MiB, peaks {peaks:?} MiB; baseline {cache:.1} MiB"
+        progress!(
+            "  {n}: reconciler {steady:.1} MiB, peaks {peaks:?} MiB; baseline {cache:.1} MiB"
         );
-        cells.push(format!("{n} | {steady:.1} | {after:.1} | {peak:.1} | {} | {scale_out} | {cache:.1} | {created:.0}", peaks.join(", ")));
-        rows.push((n, [steady, after, peak, cache]));
-        // The last size's namespace is deleted without waiting: nothing is measured after it.
-        setup
-            .remove(n >= 10_000 && i + 1 < args.sizes.len())
-            .await?;
+        self.cells.push(format!("{n} | {steady:.1} | {after:.1} | {peak:.1} | {} | {scale_out} | {cache:.1} | {created:.0}", peaks.join(", ")));
+        self.rows.push((n, [steady, after, peak, cache]));
+        Ok(())
     }
-    let mut out = format!(
-        "For each size: a fresh ring and namespace with that many Secrets (already assigned to 3 shard Leases), a reconciler process (`MALLOC_ARENA_MAX` as the chart sets) through its first full rebalance (a paginated, metadata-only list of every object) and a scale-out to 4 shards (drains of a quarter of the objects, not acknowledged); {RUNS} such processes one after another (between them the fourth Lease is deleted and the drains taken off again), the run with the median peak shown, every run's peak beside it. Baseline in the same run: a process keeping a kube-rs reflector over the metadata of the same objects (what a controller caching every object's metadata holds). RSS from `/proc/<pid>/status` (VmRSS, peak VmHWM); sockets: the reconciler's open sockets after the scale-out.\n\n"
-    );
-    out += &table(
-        "objects | reconciler steady MiB | reconciler after scale-out MiB | reconciler peak MiB | every run's peak MiB | reconciler sockets | drained | scale-out rebalance s | baseline steady MiB | created/s",
-        cells,
-    );
-    Ok(out + &memory_goals(&rows))
+
+    /// The section's text of the sizes measured.
+    pub(crate) fn text(&self) -> String {
+        let mut out = format!(
+            "For each size: a ring (a ControllerRing) and namespace with that many Secrets (already assigned to 3 shard Leases; the same objects as section 8's at that size), a reconciler process (`MALLOC_ARENA_MAX` as the chart sets) through its first full rebalance (a paginated, metadata-only list of every object) and a scale-out to 4 shards (drains of a quarter of the objects, not acknowledged); {} such processes one after another below {GOAL_OBJECTS} objects, {} from there on (between them the fourth Lease is deleted and the drains taken off again), the run with the median peak shown, every run's peak beside it. Baseline in the same run: a process keeping a kube-rs reflector over the metadata of the same objects (what a controller caching every object's metadata holds). RSS from `/proc/<pid>/status` (VmRSS, peak VmHWM); sockets: the reconciler's open sockets after the scale-out.\n\n",
+            runs(0),
+            runs(GOAL_OBJECTS)
+        );
+        out += &table(
+            "objects | reconciler steady MiB | reconciler after scale-out MiB | reconciler peak MiB | every run's peak MiB | reconciler sockets | drained | scale-out rebalance s | baseline steady MiB | created/s",
+            self.cells.iter().cloned(),
+        );
+        out + &memory_goals(&self.rows)
+    }
 }
 
 /// One reconciler run: its RSS (MiB) after the first full rebalance, after the scale-out and at

@@ -17,6 +17,7 @@ use sharder_harness::node::chart::{
 };
 use sharder_harness::world::World;
 
+use crate::progress::progress;
 use crate::report::table;
 use crate::stats::mib;
 use crate::{Error, RingSetup, each_metadata};
@@ -121,7 +122,7 @@ pub(crate) async fn run(objects: usize) -> Result<String, Error> {
     let cp = node.control_plane();
     let client = cp.client().await?;
     let install = node.install_chart(&chart::ring_values(), TIMEOUT).await?;
-    eprintln!("[bench]   helm install to all pods Ready: {install:.1?}");
+    progress!("  helm install to all pods Ready: {install:.1?}");
     let sampler = Sampler::start(client.clone());
     let applying = Instant::now();
     node.apply_example(3, &[])?;
@@ -146,7 +147,7 @@ pub(crate) async fn run(objects: usize) -> Result<String, Error> {
     let (create_rate, unassigned) = setup.create(0..objects, None).await?;
     if unassigned > 0 {
         let failed = cp.failed_webhook_calls().join("\n");
-        eprintln!("[bench]   {unassigned} created unassigned; failed webhook calls:\n{failed}");
+        progress!("  {unassigned} created unassigned; failed webhook calls:\n{failed}");
     }
     let created = Instant::now();
     let (three, four) = (ring_of(3), ring_of(4));

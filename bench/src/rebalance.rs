@@ -35,6 +35,7 @@ use sharder_sdk::shard::Shard;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::median_of;
 use crate::tracker::{Alarm, Tracker};
@@ -429,8 +430,8 @@ async fn round(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Re
     }
     m.converge(&shards(3)).await?;
     r.scale_in = m.writes(mark, start, &[RECONCILER]).await.0;
-    eprintln!(
-        "[bench]   round {number}: {} moved, {:.2} of the mix",
+    progress!(
+        "  round {number}: {} moved, {:.2} of the mix",
         r.moved,
         r.vs_mix()
     );
@@ -455,7 +456,7 @@ async fn crash(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Re
     let count = (RAW_AFTER_CRASH * objects).max(RAW_MIN).min(names.len());
     let raw = m.raw_run(&names, count, 1000 + number, false).await?;
     let recovery = converged - crashed;
-    eprintln!("[bench]   crash {number}: {objects} objects back after {recovery:?}");
+    progress!("  crash {number}: {objects} objects back after {recovery:?}");
     Ok(Crash {
         objects,
         recovery,

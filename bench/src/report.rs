@@ -69,6 +69,7 @@ pub(crate) fn render(
     cp: Option<&ControlPlane>,
     took: Duration,
     sections: &BTreeMap<Section, String>,
+    done: bool,
 ) -> String {
     let assets = sharder_harness::control_plane::assets_dir().unwrap_or_default();
     let version = |binary: &str| first_line(&assets.join(binary).to_string_lossy(), &["--version"]);
@@ -85,10 +86,8 @@ pub(crate) fn render(
         format!("etcd | {}", version("etcd")),
         format!(
             "apiserver | {}",
-            cp.map_or("not started".into(), |cp| format!(
-                "{} (loopback, audit log on)",
-                cp.url()
-            ))
+            cp.map_or("not started".into(), |_| "loopback, audit log on"
+                .to_owned())
         ),
         format!(
             "build | {}",
@@ -99,27 +98,111 @@ pub(crate) fn render(
             }
         ),
     ];
+    let unfinished: Vec<&str> = args
+        .sections
+        .iter()
+        .filter(|s| !sections.contains_key(s))
+        .map(|s| s.heading())
+        .collect();
+    let when = if done {
+        format!("The run took {:.0} s.", took.as_secs_f64())
+    } else {
+        format!(
+            "Written {:.0} s into a run that had not finished; not yet measured: {}.",
+            took.as_secs_f64(),
+            unfinished.join("; ")
+        )
+    };
+    let reference = args.reference.as_ref().map_or_else(
+        || "not given".to_owned(),
+        |_| format!("the reference's `sharder` {}", args.reference_version),
+    );
     let mut out = format!(
-        "# Benchmarks\n\nWritten by `make bench` (`cargo run --release -p sharder-bench`) on the local control plane; every comparison is measured side by side in the same run. Run took {:.0} s.\n\n## Machine and versions\n\n{}Parameters: {} creates per round at {}/s, {} rounds per mode; memory sizes {:?}; rebalancing {} objects; shard Lease {} s.\n\n",
-        took.as_secs_f64(),
+        "# Benchmarks\n\nWritten by `sharder-bench` (`make bench`; `make bench-scale` for the larger sizes) on the local control plane, every section from this one run; every comparison is measured side by side in it. {when}\n\n## Machine and versions\n\n{}Parameters: {} creates per round at {}/s, {} rounds per mode; objects: {:?} (memory), {:?} (idle cost), {} (rebalancing, crashes, rolling updates), {:?} (beside the reference, whose binary is {reference}), {} (the real node); shard Lease {} s; idle windows {} s.\n\n",
         table(" | ", machine),
         args.creates,
         args.rate,
         args.rounds,
         args.sizes,
+        args.idle_sizes,
         args.rebalance_objects,
-        args.lease_seconds
+        args.reference_sizes,
+        args.node_objects,
+        args.lease_seconds,
+        args.idle_window_seconds,
     );
     for section in <Section as clap::ValueEnum>::value_variants() {
-        let text = sections.get(section).map_or("Not run.\n\n", String::as_str);
+        let text = match sections.get(section) {
+            Some(text) => text.as_str(),
+            None if !args.sections.contains(section) => "Not run: not among `--sections`.\n\n",
+            None if done => "Not run.\n\n",
+            None => "Not measured yet when this was written.\n\n",
+        };
         let _ = write!(out, "## {}\n\n{text}", section.heading());
     }
+    let negative = negative_cells(&out);
+    if !negative.is_empty() {
+        let _ = write!(
+            out,
+            "## {NEGATIVE}\n\nA duration, percentile or count below zero is a bug of the bench, not a result: {}.\n\n",
+            negative.join("; ")
+        );
+    }
     out.trim_end().to_owned() + "\n"
+}
+
+/// The heading the report adds when a table holds a figure below zero.
+pub(crate) const NEGATIVE: &str = "Figures below zero";
+
+/// The rows of `text`'s tables holding a cell that starts with a number below zero.
+fn negative_cells(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|line| line.starts_with('|'))
+        .filter(|line| {
+            line.split('|').any(|cell| {
+                let cell = cell.trim();
+                cell.strip_prefix('-')
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            })
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cell_below_zero_is_found_and_a_dash_or_a_plus_is_not() {
+        let text = "| a | b |\n|---|---|\n| 1 | -51.00 |\n| - | +2.1 |\nx -3\n";
+        assert_eq!(negative_cells(text), ["| 1 | -51.00 |"]);
+        assert!(negative_cells("| - | 0.5 |\n|---|---|\n").is_empty());
+    }
+
+    #[test]
+    fn a_stopped_run_s_report_names_what_it_did_not_measure_yet() {
+        let args = <Args as clap::Parser>::parse_from(["sharder-bench", "--sections", "ring,load"]);
+        let texts = BTreeMap::from([(Section::Ring, "ring figures\n\n".to_owned())]);
+        let partial = render(&args, None, Duration::from_secs(61), &texts, false);
+        assert!(partial.contains("Written 61 s into a run that had not finished; not yet measured: 2. The webhook alone under load."), "{partial}");
+        assert!(
+            partial.contains(
+                "## 2. The webhook alone under load\n\nNot measured yet when this was written."
+            ),
+            "{partial}"
+        );
+        assert!(
+            partial.contains(
+                "## 1. CREATE latency added by the webhook\n\nNot run: not among `--sections`."
+            ),
+            "{partial}"
+        );
+        assert!(partial.contains("## 6. Ring\n\nring figures"), "{partial}");
+        let done = render(&args, None, Duration::from_secs(61), &texts, true);
+        assert!(done.contains("The run took 61 s."), "{done}");
+        assert!(!done.contains(NEGATIVE), "{done}");
+    }
 
     #[test]
     fn a_table_has_a_separator_per_column_and_a_missed_goal_says_where_to_read_on() {

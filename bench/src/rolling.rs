@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use sharder_harness::ControlPlane;
 use sharder_sdk::lease::OnStop;
 
+use crate::progress::progress;
 use crate::rebalance::Movers;
 use crate::report::{goals, table};
 use crate::webhooks::Webhooks;
@@ -88,7 +89,7 @@ pub(crate) async fn run(
             .filter(|l| l["message"] == "moved" || l["message"] == "draining")
             .count();
         let per_object = (reconciler + shards) as f64 / args.rebalance_objects.max(1) as f64;
-        eprintln!("[bench]   roll, {mode}: {moves} moves, {reconciler} + {shards} writes");
+        progress!("  roll, {mode}: {moves} moves, {reconciler} + {shards} writes");
         rows.push(format!(
             "{mode} | {moves} | {reconciler} | {shards} | {per_object:.2} | {wall:.1}"
         ));

@@ -16,6 +16,7 @@ use sharder_common::{ObjectKey, Ring, RingLabels};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use crate::progress::progress;
 use crate::{Error, RingSetup};
 
 /// Raised when something the waits rely on stops (a bench shard losing its Lease): a wait on
@@ -125,6 +126,9 @@ impl State {
     }
 }
 
+/// How often a wait for the objects says how far they are.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// A metadata watch of a namespace's Secrets, counting those not where a given ring puts them.
 pub(crate) struct Tracker {
     state: Arc<Mutex<State>>,
@@ -205,10 +209,23 @@ impl Tracker {
         done: impl Fn(&State) -> bool,
     ) -> Result<(), Error> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut said = tokio::time::Instant::now();
         loop {
             let notified = self.changed.notified();
-            if done(&lock(&self.state)) {
-                return Ok(());
+            {
+                let s = lock(&self.state);
+                if done(&s) {
+                    return Ok(());
+                }
+                // How far the objects are, at most every 5 s while they move.
+                if said.elapsed() >= PROGRESS_EVERY && s.target.is_some() {
+                    said = tokio::time::Instant::now();
+                    progress!(
+                        "  {} of {} objects not yet on their shard of the ring",
+                        s.misplaced,
+                        s.objects.len()
+                    );
+                }
             }
             let timed_out = tokio::select! {
                 _ = notified => false,

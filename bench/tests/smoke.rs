@@ -58,8 +58,11 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
             "| 100 | Sharder | ",
             "The reference was not run: its `sharder` binary was not given",
+            "The run took ",
         ],
     );
+    // Every duration, percentile and count is at or above zero (the report names any that is not).
+    assert!(!report.contains("## Figures below zero"), "{report}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
