@@ -2,6 +2,7 @@
 //! exists).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -115,6 +116,11 @@ pub(crate) struct Metrics {
     pub write_concurrency: Gauge,
     /// Object writes the apiserver was too busy for (429, 503, 504) or that could not reach it.
     pub overloaded_writes: Family<RingLabel, Counter>,
+    /// Objects no available shard held (no shard label, or a shard not in the ring), as the last
+    /// full list or sweep of their resource found them.
+    pub unassigned_objects: Family<ResourceLabels, Gauge>,
+    /// How long the oldest of those had existed when that list ended, in seconds.
+    pub unassigned_oldest_seconds: Family<ResourceLabels, Gauge<f64, AtomicU64>>,
 }
 
 /// One gauge family per ring kind named [`RingKind::state_metric`]`(name)`, each registered with
@@ -222,6 +228,18 @@ impl Metrics {
                 registry,
                 "sharder_reconciler_overloaded_writes",
                 "Object writes the apiserver was too busy for (429, 503, 504) or that did not reach it; each is sent again after a wait",
+                Family::default(),
+            ),
+            unassigned_objects: register(
+                registry,
+                "sharder_reconciler_unassigned_objects",
+                "Objects no available shard held (no shard label, or a shard not in the ring) when the last full list or sweep of their resource ended; that rebalance assigns them",
+                Family::default(),
+            ),
+            unassigned_oldest_seconds: register(
+                registry,
+                "sharder_reconciler_unassigned_oldest_seconds",
+                "How long the oldest of the unassigned objects had existed when that list ended (0: none)",
                 Family::default(),
             ),
         }

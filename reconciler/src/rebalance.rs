@@ -30,6 +30,7 @@ pub(crate) mod concurrency;
 mod listing;
 pub(crate) mod pages;
 pub(crate) mod plan;
+pub(crate) mod strays;
 mod writing;
 
 use writing::{RateLimiter, Written};
@@ -116,6 +117,12 @@ pub(crate) enum Scope {
 }
 
 impl Scope {
+    /// Whether the list selects every object of the resource that no available shard holds
+    /// (then what it finds of them is their count: [`strays`]).
+    fn finds_strays(&self) -> bool {
+        matches!(self, Self::All | Self::AfterDrains | Self::Stray)
+    }
+
     /// The label selector of the list (`None`: every object).
     fn selector(&self, labels: &RingLabels, available: &BTreeSet<String>) -> Option<String> {
         match self {
@@ -164,6 +171,9 @@ pub(crate) struct Outcome {
     pub awaiting: Vec<ObjectId>,
     /// Objects that needed a write but were left because the ring was gone by then.
     pub abandoned: usize,
+    /// Per resource, the objects no available shard held, as the last list that selects all of
+    /// them and listed to its end found them.
+    pub strays: BTreeMap<GroupResource, strays::Strays>,
 }
 
 /// One object of a ring's resource: enough to read it again.
@@ -196,6 +206,8 @@ impl Outcome {
             *self.assigned.entry(reason).or_default() += n;
         }
         self.awaiting.extend(other.awaiting);
+        // `other` listed later: what it found replaces what was found before.
+        self.strays.extend(other.strays);
     }
 
     fn count(&mut self, written: Written) {

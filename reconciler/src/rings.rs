@@ -23,14 +23,17 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::cluster_ring::CONDITION_READY;
 use sharder_common::lease::{conflicting_names, namespace_and_name};
-use sharder_common::{Ring, RingId, RingKind, RingObject, Role, Roles, is_available};
-use sharder_runtime::metrics::RingLabel;
+use sharder_common::{
+    GroupResource, Ring, RingId, RingKind, RingObject, Role, Roles, is_available,
+};
+use sharder_runtime::metrics::{ResourceLabels, RingLabel};
 use tokio::time::Instant;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
 use crate::metrics::{FailedRebalanceLabels, Metrics};
-use crate::rebalance::{LiveNow, ObjectId, Rebalancer, RingView, Scope};
+use crate::rebalance::strays::Strays;
+use crate::rebalance::{LiveNow, ObjectId, Rebalancer, RingView, Scope, Target};
 use crate::shard_leases::leases_of;
 
 pub(crate) mod discovery;
@@ -77,6 +80,8 @@ pub(crate) struct Context {
     /// Publishes Events on rings.
     pub recorder: Recorder,
     progress: Mutex<HashMap<String, Progress>>,
+    /// Per ring, the resources whose unassigned-object gauges are set.
+    strays: Mutex<HashMap<String, BTreeSet<GroupResource>>>,
 }
 
 impl Context {
@@ -104,11 +109,61 @@ impl Context {
             metrics,
             recorder,
             progress: Mutex::new(HashMap::new()),
+            strays: Mutex::new(HashMap::new()),
         }
     }
 
     fn progress(&self) -> std::sync::MutexGuard<'_, HashMap<String, Progress>> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets `ring`: its progress and its unassigned-object gauges.
+    fn forget(&self, ring: &RingId) {
+        self.progress().remove(&ring.name);
+        self.publish_strays(ring, &[], &BTreeMap::new());
+    }
+
+    /// Sets `ring`'s unassigned-object gauges to what a rebalance's lists `found` (a resource it
+    /// did not list whole keeps its gauges) and removes those of resources not in `targets`.
+    fn publish_strays(
+        &self,
+        ring: &RingId,
+        targets: &[Target],
+        found: &BTreeMap<GroupResource, Strays>,
+    ) {
+        let labels = |resource: &GroupResource| ResourceLabels {
+            ring: RingLabel::new(ring),
+            group: resource.group.clone(),
+            resource: resource.resource.clone(),
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let mut reported = self.strays.lock().unwrap_or_else(|p| p.into_inner());
+        let set = reported.entry(ring.name.clone()).or_default();
+        set.retain(|resource| {
+            let kept = targets.iter().any(|t| &t.resource == resource);
+            if !kept {
+                self.metrics.unassigned_objects.remove(&labels(resource));
+                self.metrics
+                    .unassigned_oldest_seconds
+                    .remove(&labels(resource));
+            }
+            kept
+        });
+        for (resource, strays) in found {
+            let labels = labels(resource);
+            self.metrics
+                .unassigned_objects
+                .get_or_create(&labels)
+                .set(i64::try_from(strays.objects).unwrap_or(i64::MAX));
+            self.metrics
+                .unassigned_oldest_seconds
+                .get_or_create(&labels)
+                .set(strays.oldest_age(now));
+            set.insert(resource.clone());
+        }
+        if set.is_empty() {
+            reported.remove(&ring.name);
+        }
     }
 }
 
@@ -125,7 +180,7 @@ pub(crate) async fn reconcile(
 async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Error> {
     let name = ring.id.name.as_str();
     if ring.object.meta().deletion_timestamp.is_some() {
-        ctx.progress().remove(name);
+        ctx.forget(&ring.id);
         return Ok(Action::await_change());
     }
     let uid = ring.object.uid().unwrap_or_default();
@@ -216,7 +271,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
             Some(ran) => Some(ran),
             None => {
                 // Deleted or replaced during its rebalance: nothing of it is kept.
-                ctx.progress().remove(name);
+                ctx.forget(&ring.id);
                 return Ok(Action::await_change());
             }
         }
@@ -366,6 +421,7 @@ async fn rebalance(
         outcome.add(after);
         listed.insert(last);
     }
+    ctx.publish_strays(&ring.id, &targets, &outcome.strays);
     let elapsed = started.elapsed();
     ctx.metrics
         .resync_duration

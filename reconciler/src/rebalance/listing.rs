@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 use sharder_runtime::retry::retry_after;
 
 use super::pages;
+use super::strays::Strays;
 use super::{OVERLOAD_RETRIES, Outcome, Rebalancer, RingView, Scope, Target};
 
 /// One page of a metadata-only list, read whole and parsed into what a move needs
@@ -120,7 +121,9 @@ impl Rebalancer {
     /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
     /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring
     /// does not shard are left out), each page once `room` has a place for each of its objects;
-    /// the outcome counts what was listed and failed lists.
+    /// the outcome counts what was listed and failed lists, and, when `scope` selects every
+    /// object no available shard holds and was listed to its end, those objects
+    /// ([`Outcome::strays`]).
     pub(super) async fn list_into(
         &self,
         view: &RingView<'_>,
@@ -130,6 +133,7 @@ impl Rebalancer {
         tx: UnboundedSender<Queued>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
+        let mut strays = scope.finds_strays().then(Strays::default);
         let mut first = ListParams::default().limit(self.settings.page_size);
         if let Some(selector) = scope.selector(view.labels, view.available) {
             first = first.labels(&selector);
@@ -149,7 +153,7 @@ impl Rebalancer {
                 let listing = std::time::Instant::now();
                 let before = outcome.listed;
                 let page = self
-                    .list_page(view, &range, opening, &tx, &mut outcome)
+                    .list_page(view, &range, opening, &tx, &mut outcome, strays.as_mut())
                     .await;
                 let objects = outcome.listed - before;
                 match page {
@@ -169,6 +173,9 @@ impl Rebalancer {
                     }
                 }
             }
+        }
+        if let Some(strays) = strays {
+            outcome.strays.insert(target.resource.clone(), strays);
         }
         outcome
     }
@@ -196,10 +203,11 @@ impl Rebalancer {
     }
 
     /// Lists the page `opening` into `tx` (counting its objects, and the main objects already
-    /// draining, in `outcome`), leaving out objects in namespaces the ring does not shard and
-    /// main objects that stay; each object handed over takes one of the page's places (the rest
-    /// are given back when the page ends). The next page (the range's first page continued) is
-    /// requested at once, and opens once its places are free.
+    /// draining, in `outcome`, and those no available shard holds in `strays`), leaving out
+    /// objects in namespaces the ring does not shard and main objects that stay; each object
+    /// handed over takes one of the page's places (the rest are given back when the page ends).
+    /// The next page (the range's first page continued) is requested at once, and opens once its
+    /// places are free.
     async fn list_page(
         &self,
         view: &RingView<'_>,
@@ -207,6 +215,7 @@ impl Rebalancer {
         opening: Opening,
         tx: &UnboundedSender<Queued>,
         outcome: &mut Outcome,
+        mut strays: Option<&mut Strays>,
     ) -> Result<PageEnd, kube::Error> {
         let target = range.target;
         let (mut page, mut places) = opening
@@ -220,6 +229,9 @@ impl Rebalancer {
             outcome.listed += 1;
             if !view.namespaces.holds(target, meta.namespace.as_deref()) {
                 continue;
+            }
+            if let Some(strays) = strays.as_deref_mut() {
+                strays.see(&meta, view.labels, view.available);
             }
             // A main object that stays is done here; only work goes to the writers.
             if self.stays(view, target, &meta) {

@@ -1,7 +1,7 @@
 //! A list page parsed into what a move needs: each object cut down to its name, namespace,
-//! resourceVersion, ownerReferences and, of its labels, only the shard and drain labels (the
-//! apiserver sends every object's managedFields, annotations and other labels with its metadata;
-//! they are skipped while parsing), and the token of the next page.
+//! resourceVersion, creation time, ownerReferences and, of its labels, only the shard and drain
+//! labels (the apiserver sends every object's managedFields, annotations and other labels with
+//! its metadata; they are skipped while parsing), and the token of the next page.
 //!
 //! A page is read whole, kept as the chunks it arrived in ([`Chunks`]) and parsed with one
 //! `serde_json::from_reader` that frees each chunk once it is read: kube's `request_text` would
@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, BufReader, Read};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::ObjectMeta;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -95,16 +95,17 @@ struct Item {
     metadata: Waiting,
 }
 
-/// The metadata fields a move needs, as a page is parsed into and as a listed object waits
-/// for a write slot: in 112 bytes and their strings instead of an [`ObjectMeta`]'s 360 and the
-/// half-KiB node of its label map (up to a page of these wait at once). Converting to an
-/// `ObjectMeta` and back gives the same value.
+/// The metadata fields a move needs (and the creation time, for the count of objects no shard
+/// holds), as a page is parsed into and as a listed object waits for a write slot: a fraction of
+/// an [`ObjectMeta`] and the node of its label map (up to a page of these wait at once).
+/// Converting to an `ObjectMeta` and back gives the same value.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Waiting {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
+    creation_timestamp: Option<Time>,
     /// The shard and drain labels (others are skipped while parsing).
     #[serde(default, deserialize_with = "sharding_labels")]
     labels: Option<Labels>,
@@ -124,6 +125,7 @@ impl From<ObjectMeta> for Waiting {
             name: meta.name,
             namespace: meta.namespace,
             resource_version: meta.resource_version,
+            creation_timestamp: meta.creation_timestamp,
             labels: meta.labels.map(|l| l.into_iter().collect()),
             owner_references: meta.owner_references,
         }
@@ -136,6 +138,7 @@ impl From<Waiting> for ObjectMeta {
             name: waiting.name,
             namespace: waiting.namespace,
             resource_version: waiting.resource_version,
+            creation_timestamp: waiting.creation_timestamp,
             labels: waiting.labels.map(|l| l.into_vec().into_iter().collect()),
             owner_references: waiting.owner_references,
             ..ObjectMeta::default()
@@ -219,6 +222,7 @@ mod tests {
                 "namespace": "ns",
                 "uid": "u-1",
                 "resourceVersion": "41",
+                "creationTimestamp": "2026-12-03T08:00:00Z",
                 "labels": {"app": "web", (ring.shard.as_str()): shard, (ring.drain.as_str()): "true"},
                 "annotations": {"note": "braces } ] { [ and \"quotes\" \\ in a string"},
                 "ownerReferences": [{
@@ -260,6 +264,10 @@ mod tests {
         assert_eq!(child.name.as_deref(), Some("child"));
         assert_eq!(child.namespace.as_deref(), Some("ns"));
         assert_eq!(child.resource_version.as_deref(), Some("41"));
+        assert_eq!(
+            child.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+            Some("2026-12-03T08:00:00Z".to_owned())
+        );
         let labels = child.labels.as_ref().expect("labels");
         assert_eq!(ring.shard_of(labels), Some("shard-1"));
         assert!(ring.is_draining(labels));
@@ -372,6 +380,7 @@ mod tests {
             name: Some("child".into()),
             namespace: Some("ns".into()),
             resource_version: Some("42".into()),
+            creation_timestamp: Some(Time("2026-12-03T08:00:00Z".parse().expect("a time"))),
             labels: Some(
                 [
                     (ring.shard.clone(), "shard-0".to_owned()),

@@ -93,6 +93,10 @@ fn the_chart_lints_clean_and_bad_values_are_named() {
             json!({ "reconciler": { "namespaceSelector": { "matchExpressions": [{ "key": "a", "operator": "Near" }] } } }),
             "/reconciler/namespaceSelector/matchExpressions/0/operator",
         ),
+        (
+            json!({ "prometheusRule": { "enabled": true, "unassignedFor": "a while" } }),
+            "/prometheusRule/unassignedFor",
+        ),
     ] {
         let report = helm.lint(&values, None).expect("lint");
         let errors = report["errors"].to_string();
@@ -397,6 +401,56 @@ fn rings_of_both_kinds_from_values_grant_exactly_their_resources() {
         notes.contains("ClusterRings created: my-operator")
             && notes.contains("ControllerRings created: other-operator"),
         "{notes}"
+    );
+}
+
+#[test]
+fn the_prometheus_rule_holds_the_alerts_of_the_operations_guide_when_enabled() {
+    let helm = Helm::get().expect("helm");
+    let defaults = helm
+        .render(&json!({}), "sharder", "sharder-system")
+        .expect("render");
+    assert!(!kinds(&defaults).contains(&"PrometheusRule".to_owned()));
+    let docs = helm
+        .render(
+            &json!({ "prometheusRule": { "enabled": true, "unassignedFor": "20m" } }),
+            "sharder",
+            "sharder-system",
+        )
+        .expect("render");
+    let rule = find(&docs, "PrometheusRule", "sharder").expect("a PrometheusRule");
+    let rules = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules");
+    let mut in_chart: Vec<&str> = rules
+        .iter()
+        .map(|r| r["expr"].as_str().expect("an expression"))
+        .collect();
+    // The guide's alerts: the promql block of its metrics section, each line an expression and
+    // its comment.
+    let guide = include_str!("../../../docs/operations.md");
+    let block = guide
+        .split("```promql\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a promql block in docs/operations.md");
+    let mut in_guide: Vec<&str> = block
+        .lines()
+        .map(|line| line.split(" # ").next().unwrap_or_default().trim())
+        .filter(|expr| !expr.is_empty())
+        .collect();
+    in_chart.sort_unstable();
+    in_guide.sort_unstable();
+    assert_eq!(in_chart, in_guide);
+    let unassigned = rules
+        .iter()
+        .find(|r| r["alert"] == "ShardedObjectsUnassigned")
+        .expect("the unassigned objects' alert");
+    assert_eq!(unassigned["for"], "20m");
+    assert!(
+        unassigned["expr"]
+            .as_str()
+            .is_some_and(|e| e.contains("sharder_reconciler_unassigned_objects"))
     );
 }
 

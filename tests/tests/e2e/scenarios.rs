@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use sharder_common::lease::expiry;
 use sharder_example::configmap_name;
-use sharder_harness::wait::eventually;
+use sharder_harness::wait::{eventually, metric_sum, metric_value};
 use sharder_tests::system::{Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT};
 
 fn assignment(
@@ -309,23 +309,89 @@ async fn writes_succeed_with_the_webhook_down_and_the_sweep_assigns_them() {
         .wait_converged("20 objects assigned and reconciled")
         .await;
 
-    // 6. Webhook down: creates succeed unassigned; the sweep assigns them, the shards reconcile.
+    let leader = system.leader().await;
+    eventually("a sweep finds nothing unassigned", WAIT, || {
+        nothing_unassigned(&system, leader)
+    })
+    .await;
+
+    // 6. Webhook down: creates succeed unassigned; the sweep counts and assigns them, the shards
+    // reconcile.
     system.kill_webhook(0);
+    // The most Secrets a sweep counted, and the oldest's age then.
+    let most = std::cell::Cell::new((0.0_f64, 0.0_f64));
+    let look = || async {
+        let (objects, age) = unassigned_secrets(&system, leader).await;
+        if objects > most.get().0 {
+            most.set((objects, age.unwrap_or_default()));
+        }
+    };
     for i in 20..40 {
         let created = system
             .create_secret(&format!("object-{i}"), &format!("{i}-0"))
             .await
             .expect("create succeeds with the webhook down");
         assert_eq!(system.shard_of(&created), None, "not assigned at creation");
+        look().await;
     }
-    system
-        .wait_converged("objects created without the webhook swept and reconciled")
-        .await;
+    // Each sweep's count stands until the next one (`sweep_seconds`): polled more often than that.
+    eventually(
+        "objects created without the webhook swept and reconciled",
+        WAIT,
+        || async {
+            look().await;
+            system.converged().await
+        },
+    )
+    .await;
     assert_eq!(system.holdings().await.values().sum::<usize>(), 40);
+    let (counted, age) = most.get();
+    assert!(
+        counted > 0.0 && age > 0.0,
+        "a sweep counted the Secrets created while the webhook was down, and how long the oldest \
+         had waited: {counted} Secrets, {age} s"
+    );
+    // The objects the last sweep found were assigned by it: the next one finds none.
+    eventually(
+        "a sweep after the assignments finds nothing unassigned",
+        WAIT,
+        || nothing_unassigned(&system, leader),
+    )
+    .await;
 
     system.start_webhook(0).await;
     system.wait_until_webhook_assigns().await;
     system.assert_single_ownership();
+}
+
+/// What the leader's gauges say of the ring's Secrets no available shard held at the last full
+/// list or sweep: how many (every sample's sum; 0 when the gauge is missing) and the oldest's age.
+async fn unassigned_secrets(system: &System, leader: usize) -> (f64, Option<f64>) {
+    let metrics = system.reconciler_metrics(leader).await;
+    let secrets = [("resource", "secrets")];
+    (
+        metric_sum(&metrics, "sharder_reconciler_unassigned_objects", &secrets),
+        metric_value(
+            &metrics,
+            "sharder_reconciler_unassigned_oldest_seconds",
+            &secrets,
+        ),
+    )
+}
+
+/// `Ok` once the leader publishes the unassigned-object gauges and they read no object of any
+/// resource of the ring, and no age for the Secrets.
+async fn nothing_unassigned(system: &System, leader: usize) -> Result<(), String> {
+    let metrics = system.reconciler_metrics(leader).await;
+    let count = metric_value(&metrics, "sharder_reconciler_unassigned_objects", &[])
+        .map(|_| metric_sum(&metrics, "sharder_reconciler_unassigned_objects", &[]));
+    let oldest = unassigned_secrets(system, leader).await.1;
+    match (count, oldest) {
+        (Some(n), Some(age)) if n == 0.0 && age == 0.0 => Ok(()),
+        seen => Err(format!(
+            "unassigned objects, the oldest Secret's age: {seen:?}"
+        )),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
