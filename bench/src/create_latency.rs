@@ -253,12 +253,17 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
                 added(m, 0),
                 added(m, 1),
             );
-            format!("{m} | {p50:.2} | {p90:.2} | {p99:.2} | {a50:+.2} | {a90:+.2}")
+            format!(
+                "{m} | {p50:.2} | {p90:.2} | {p99:.2} | {} | {}",
+                difference(a50),
+                difference(a90)
+            )
         }),
     );
     let owner_read = added(MODES[4].0, 0) - added(MODES[2].0, 0);
     out += &format!(
-        "The owner read of a child costs {owner_read:+.2} ms at p50 (a child's added latency against a main object's).\n\n"
+        "The owner read of a child costs {} ms at p50 (a child's added latency against a main object's).\n\n",
+        difference(owner_read)
     );
     // A ratio of two small differences is meaningless when the floor adds ~nothing: the bound
     // is the floor's added latency with a 0.1 ms allowance, under what one mode's p50 moves
@@ -266,7 +271,11 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
     let bound = "<= 1.2x the floor's added + 0.1 ms (a mode's p50 moves more between rounds)";
     let goal = |what: &str, i: usize| {
         let (sharder, floor) = (added(MODES[2].0, i), added(MODES[1].0, i));
-        let figure = format!("{sharder:+.2} ms (floor {floor:+.2} ms)");
+        let figure = format!(
+            "{} ms (floor {} ms)",
+            difference(sharder),
+            difference(floor)
+        );
         (
             what.to_owned(),
             figure,
@@ -280,9 +289,26 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
     ])
 }
 
+/// A difference of two latencies as the report prints it: signed at or above zero; below zero
+/// (the slower mode's rounds came out faster: noise) nothing measurable, never a negative figure.
+fn difference(ms: f64) -> String {
+    if ms >= 0.0 {
+        format!("{ms:+.2}")
+    } else {
+        "none measurable".to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_difference_below_zero_is_nothing_measurable_not_a_negative_figure() {
+        assert_eq!(difference(1.234), "+1.23");
+        assert_eq!(difference(0.0), "+0.00");
+        assert_eq!(difference(-1.57), "none measurable");
+    }
 
     #[test]
     fn the_latency_added_is_held_against_the_floors_and_the_owner_read_against_a_main_objects() {

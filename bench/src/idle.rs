@@ -460,7 +460,7 @@ async fn size(
     if let Some([(leader, quiet_lists), (lists, listed)]) = binary {
         // Its lists' window holds its leader election too: what it used above the other.
         let above = lists
-            .with(leader, |l, q| l - q)
+            .with(leader, |l, q| (l - q).max(0.0))
             .with(row.control(), |a, c| a + c);
         row.designs.push(Design(
             REFERENCE_BINARY,
