@@ -18,8 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::ResourceExt as _;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use sharder_common::{Ring, RingKind};
 use sharder_harness::launch::{Reconciler, dump_logs};
@@ -248,29 +247,17 @@ async fn put_back(m: &mut Movers, names: &[String]) -> Result<(), Error> {
         Err(e) => return Err(e.into()),
     }
     let ring = Ring::new(names.iter().cloned());
-    let label = m.setup.labels.shard.clone();
-    let mut moving = Vec::new();
-    crate::each_metadata(&m.setup.secrets(), Some(&format!("{label}=shard-3")), |o| {
-        moving.push(o.name_any())
-    })
-    .await?;
+    let (setup, label) = (&m.setup, &m.setup.labels.shard);
     progress!(
-        "  putting {} objects back on {} shards",
-        moving.len(),
+        "  putting the fourth shard's objects back on {} shards",
         names.len()
     );
-    let (api, params) = (m.setup.secrets(), PatchParams::default());
-    let setup = &m.setup;
-    futures::stream::iter(&moving)
-        .map(|name| {
-            let shard = ring.shard_for(&setup.key(name)).unwrap_or_default();
-            let patch = Patch::Merge(json!({"metadata": {"labels": {label.as_str(): shard}}}));
-            let (api, params) = (&api, &params);
-            async move { api.patch_metadata(name, params, &patch).await }
+    let placed = setup
+        .relabel(&format!("{label}=shard-3"), label, |name| {
+            ring.shard_for(&setup.key(name)).map(str::to_owned)
         })
-        .buffer_unordered(64)
-        .try_for_each(|_| async { Ok(()) })
         .await?;
+    progress!("  {placed} objects put back");
     m.converge(names).await?;
     Ok(())
 }

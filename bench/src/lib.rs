@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
 use serde_json::Value;
@@ -455,6 +455,34 @@ impl RingSetup {
         Ok(rate)
     }
 
+    /// Sets label `key` of every Secret `selector` selects to what `value` gives for its name
+    /// (`None`: removes it), 64 merge patches in flight; how many were patched.
+    async fn relabel(
+        &self,
+        selector: &str,
+        key: &str,
+        value: impl Fn(&str) -> Option<String>,
+    ) -> Result<usize, Error> {
+        let mut names = Vec::new();
+        each_metadata(&self.secrets(), Some(selector), |o| {
+            names.push(o.name_any())
+        })
+        .await?;
+        let (api, params) = (self.secrets(), PatchParams::default());
+        futures::stream::iter(&names)
+            .map(|name| {
+                let patch = Patch::Merge(serde_json::json!(
+                    {"metadata": {"labels": {key: value(name)}}}
+                ));
+                let (api, params) = (&api, &params);
+                async move { api.patch_metadata(name, params, &patch).await }
+            })
+            .buffer_unordered(64)
+            .try_for_each(|_| async { Ok(()) })
+            .await?;
+        Ok(names.len())
+    }
+
     /// Name, shard label and whether draining, of every Secret (metadata list, paginated).
     async fn assignment(&self) -> Result<Vec<(String, Option<String>, bool)>, Error> {
         let mut all = Vec::new();
@@ -687,18 +715,12 @@ async fn idle_and_memory(
     report: &mut Report<'_>,
 ) -> Result<(), Error> {
     let args = report.args;
-    let (idle_sizes, memory_sizes) = (
-        if args.sections.contains(&Section::Idle) {
-            args.idle_sizes.clone()
-        } else {
-            Vec::new()
-        },
-        if args.sections.contains(&Section::Memory) {
-            args.sizes.clone()
-        } else {
-            Vec::new()
-        },
-    );
+    let sizes_of = |section, sizes: &[usize]| match args.sections.contains(&section) {
+        true => sizes.to_vec(),
+        false => Vec::new(),
+    };
+    let idle_sizes = sizes_of(Section::Idle, &args.idle_sizes);
+    let memory_sizes = sizes_of(Section::Memory, &args.sizes);
     let mut sizes: Vec<usize> = idle_sizes.iter().chain(&memory_sizes).copied().collect();
     sizes.sort_unstable();
     sizes.dedup();

@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt as _, TryStreamExt as _};
-use kube::ResourceExt as _;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use sharder_harness::ControlPlane;
 use sharder_harness::procfs::{open_sockets, rss_kib};
 
@@ -16,7 +14,7 @@ use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::mib;
 use crate::webhooks::{Webhooks, metadata_cache};
-use crate::{Error, RingSetup, each_metadata, rebalanced};
+use crate::{Error, RingSetup, rebalanced};
 
 /// One size's readings: objects, then the reconciler's RSS after its first full rebalance,
 /// after the scale-out and at peak, and the baseline's RSS (MiB).
@@ -143,20 +141,8 @@ async fn put_back(setup: &RingSetup) -> Result<(), Error> {
         .leases()
         .delete("shard-3", &DeleteParams::default())
         .await?;
-    let mut draining = Vec::new();
-    each_metadata(&setup.secrets(), Some(&setup.labels.drain), |o| {
-        draining.push(o.name_any());
-    })
-    .await?;
-    let (api, params) = (setup.secrets(), PatchParams::default());
-    let patch = Patch::Merge(
-        serde_json::json!({"metadata": {"labels": {setup.labels.drain.as_str(): null}}}),
-    );
-    futures::stream::iter(&draining)
-        .map(|name| api.patch_metadata(name, &params, &patch))
-        .buffer_unordered(64)
-        .try_for_each(|_| async { Ok(()) })
-        .await?;
+    let drain = &setup.labels.drain;
+    setup.relabel(drain, drain, |_| None).await?;
     Ok(())
 }
 
