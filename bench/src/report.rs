@@ -201,6 +201,10 @@ mod tests {
         assert!(partial.contains("## 6. Ring\n\nring figures"), "{partial}");
         let done = render(&args, None, Duration::from_secs(61), &texts, true);
         assert!(done.contains("The run took 61 s."), "{done}");
+        assert!(
+            done.contains("## 2. The webhook alone under load\n\nNot run.\n"),
+            "{done}"
+        );
         assert!(!done.contains(NEGATIVE), "{done}");
     }
 
