@@ -1,7 +1,9 @@
-//! Sharder's reconciler: leader-elected; watches only shard Leases and ClusterRings. It keeps
-//! the state of every shard Lease ([`shard_leases`]), one MutatingWebhookConfiguration and the
-//! status per ClusterRing, and rebalances a ring's objects when its shards change
-//! ([`rings`], [`rebalance`]). Sharded objects are only ever listed, metadata-only, page by page.
+//! Sharder's reconciler: leader-elected; watches shard Leases, rings and their webhook
+//! configurations. It keeps the state of every shard Lease ([`shard_leases`]), one
+//! MutatingWebhookConfiguration and the status per ring, and rebalances a ring's objects when
+//! its shards change ([`rings`], [`rebalance`]). Sharded objects are listed, metadata-only,
+//! page by page; the only ones watched are those carrying a ring's drain label while its drains
+//! are pending ([`rings::acks`]).
 //!
 //! The controllers run only while this replica holds the leader Lease
 //! (`sharder_runtime::lease::hold`), as supervised tasks: if one ends, the leader releases the
@@ -159,8 +161,9 @@ pub struct Args {
     #[arg(long, env = "SHARDER_MAX_CONCURRENT_WRITES", default_value_t = DEFAULT_MAX_CONCURRENT_WRITES)]
     pub max_concurrent_writes: usize,
 
-    /// Object writes per second (0: unlimited).
-    #[arg(long, env = "SHARDER_MAX_WRITES_PER_SECOND", default_value_t = 200)]
+    /// A fixed bound on object writes per second, on top of the write concurrency that
+    /// follows the apiserver's answers (0: none, the default).
+    #[arg(long, env = "SHARDER_MAX_WRITES_PER_SECOND", default_value_t = 0)]
     pub max_writes_per_second: u32,
 
     /// Admin server and logging flags.

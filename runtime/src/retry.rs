@@ -34,6 +34,34 @@ pub fn watch_retry_after(error: &watcher::Error) -> Option<Duration> {
     }
 }
 
+/// `status` (the answer of a refused request) with the wait of its `Retry-After` header
+/// (`header`, whole seconds) when its body named none: API Priority and Fairness and the
+/// in-flight limits refuse with a plain-text body, which a client turns into a `Status` without
+/// details, so the header is the only place their wait is told.
+pub fn with_retry_after_header(
+    mut status: kube::core::Status,
+    header: Option<&str>,
+) -> kube::core::Status {
+    let Some(seconds) = header.and_then(|h| h.trim().parse::<u32>().ok()) else {
+        return status;
+    };
+    match status.details.as_mut() {
+        Some(details) if details.retry_after_seconds > 0 => {}
+        Some(details) => details.retry_after_seconds = seconds,
+        None => {
+            status.details = Some(kube::core::response::StatusDetails {
+                name: String::new(),
+                group: String::new(),
+                kind: String::new(),
+                uid: String::new(),
+                causes: Vec::new(),
+                retry_after_seconds: seconds,
+            });
+        }
+    }
+    status
+}
+
 fn status_retry_after(status: &kube::core::Status) -> Option<Duration> {
     if !matches!(status.code, 429 | 503) {
         return None;
@@ -55,6 +83,44 @@ mod tests {
             status["details"] = serde_json::json!({ "retryAfterSeconds": seconds });
         }
         Box::new(serde_json::from_value(status).expect("a Status"))
+    }
+
+    #[test]
+    fn a_retry_after_header_fills_in_the_wait_a_plain_text_refusal_could_not_name() {
+        let plain = || {
+            kube::core::Status::failure("Too many requests, please try again later.", "")
+                .with_code(429)
+        };
+        let wait = |status: kube::core::Status| retry_after(&kube::Error::Api(Box::new(status)));
+        let cases = [
+            (plain(), Some("1"), Some(Duration::from_secs(1))),
+            (plain(), Some(" 7 "), Some(Duration::from_secs(7))),
+            (plain(), None, None),
+            (plain(), Some("soon"), None),
+            (plain(), Some("Wed, 21 Oct 2026 07:28:00 GMT"), None),
+            // The body's own wait stands.
+            (
+                *answer(429, Some(3)),
+                Some("1"),
+                Some(Duration::from_secs(3)),
+            ),
+            (*answer(429, None), Some("2"), Some(Duration::from_secs(2))),
+            (
+                *answer(429, Some(0)),
+                Some("2"),
+                Some(Duration::from_secs(2)),
+            ),
+            // Only a busy apiserver's answer asks for a wait.
+            (plain().with_code(500), Some("1"), None),
+        ];
+        for (status, header, expected) in cases {
+            let code = status.code;
+            assert_eq!(
+                wait(with_retry_after_header(status, header)),
+                expected,
+                "{code} {header:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,26 +5,51 @@
 //!   conflict, a missing object) lets the limit grow: by one per answer until the first sign of
 //!   overload ("slow start", doubling per round of writes), then by one per round.
 //! - A sign of overload (429 Too Many Requests, as API Priority and Fairness or the in-flight
-//!   limits answer; a 5xx; a request that failed on the way) halves it, once per round: the
-//!   other writes of the same round saw the same apiserver and are not counted again.
+//!   limits answer; a 5xx; a request that failed on the way; an answer that took longer than
+//!   [`SLOW_WRITE`], the wait of a request queued by API Priority and Fairness or held up by a
+//!   saturated etcd) halves it, once per round: the other writes of the same round saw the same
+//!   apiserver and are not counted again.
+//!
+//! This is the reconciler's only bound on its writes by default: it starts fast and follows
+//! what the apiserver can take (`--max-writes-per-second` adds a fixed rate on top, off by
+//! default).
 //!
 //! [`AdaptiveLimit`] is pure (unit-tested answer by answer); [`WriteSlots`] shares it between
 //! every write of the reconciler: a write takes a slot before it is sent and gives it back with
 //! the apiserver's answer.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// A write answered after longer than this counts as a sign of overload: a merge patch of
+/// metadata is answered in milliseconds by an apiserver with room; one that took a second
+/// waited in a queue (API Priority and Fairness queues a request before it refuses it) or
+/// behind storage.
+pub(crate) const SLOW_WRITE: Duration = Duration::from_secs(1);
 
 /// The apiserver's answer to one write, as far as the limit cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
     /// It was handled (written, or refused for the object's own reasons: conflict, gone).
     Handled,
-    /// The apiserver is overloaded or unreachable: 429, 5xx, a transport error or timeout.
+    /// The apiserver is overloaded or unreachable: 429, 5xx, a transport error or timeout, or
+    /// an answer slower than [`SLOW_WRITE`].
     Overloaded,
+}
+
+impl Answer {
+    /// The answer to a write that the apiserver refused as `overloaded` (or not), after `took`.
+    pub(crate) fn of(overloaded: bool, took: Duration) -> Self {
+        if overloaded || took > SLOW_WRITE {
+            Self::Overloaded
+        } else {
+            Self::Handled
+        }
+    }
 }
 
 /// The adaptive limit of writes in flight.
@@ -224,6 +249,21 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_refusal_or_a_slow_answer_is_overload_and_a_quick_one_is_not() {
+        let ms = Duration::from_millis;
+        let cases = [
+            (false, ms(3), Answer::Handled),
+            (false, SLOW_WRITE, Answer::Handled),
+            (false, SLOW_WRITE + ms(1), Answer::Overloaded),
+            (true, ms(3), Answer::Overloaded),
+            (true, ms(5000), Answer::Overloaded),
+        ];
+        for (refused, took, answer) in cases {
+            assert_eq!(Answer::of(refused, took), answer, "{refused} {took:?}");
+        }
+    }
 
     #[test]
     fn the_limit_starts_where_it_is_told_within_its_bounds() {

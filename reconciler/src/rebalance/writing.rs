@@ -6,13 +6,15 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use http_body_util::BodyExt as _;
 use kube::api::{ObjectMeta, Patch, PatchParams};
-use kube::core::{DynamicObject, Request, Resource};
+use kube::client::Body;
+use kube::core::{DynamicObject, Request, Resource, Status};
 use kube::{Api, Client};
 use sharder_common::key::{display_name, group_of_api_version};
 use sharder_common::{OwnerState, Role};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
-use sharder_runtime::retry::retry_after;
+use sharder_runtime::retry::{retry_after, with_retry_after_header};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
@@ -268,6 +270,7 @@ impl Rebalancer {
                 if !view.is_current() {
                     return Written::Abandoned;
                 }
+                let sent = tokio::time::Instant::now();
                 let result = tokio::time::timeout(
                     WRITE_TIMEOUT,
                     merge_patch(
@@ -280,11 +283,11 @@ impl Rebalancer {
                 )
                 .await
                 .unwrap_or_else(|_| Err(kube::Error::Service("write timed out".into())));
-                let Some(retry_after) = overloaded(&result) else {
-                    slot.answered(Answer::Handled);
+                let refused = overloaded(&result);
+                slot.answered(Answer::of(refused.is_some(), sent.elapsed()));
+                let Some(retry_after) = refused else {
                     break result;
                 };
-                slot.answered(Answer::Overloaded);
                 self.metrics
                     .overloaded_writes
                     .get_or_create(&RingLabel::new(view.id))
@@ -375,7 +378,9 @@ fn overloaded<T>(result: &Result<T, kube::Error>) -> Option<Option<Duration>> {
 }
 
 /// Merge-patches object `name` of `target` (in `namespace`) with `patch`; the answer (the
-/// object's metadata) is read and dropped unparsed.
+/// object's metadata) is read and dropped unparsed. A refusal is the apiserver's `Status`, with
+/// the wait of its `Retry-After` header when the body names none (a plain-text 429 of API
+/// Priority and Fairness: [`with_retry_after_header`]).
 pub(super) async fn merge_patch(
     client: &Client,
     target: &Target,
@@ -387,17 +392,33 @@ pub(super) async fn merge_patch(
     let request = Request::new(DynamicObject::url_path(&target.api, namespace))
         .patch_metadata(name, &PatchParams::default(), &Patch::Merge(patch))
         .map_err(kube::Error::BuildRequest)?;
-    client
-        .request::<serde::de::IgnoredAny>(request)
-        .await
-        .map(|_| ())
+    let response = client.send(request.map(Body::from)).await?;
+    let code = response.status();
+    let header = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned);
+    let mut body = response.into_body();
+    if code.is_success() {
+        while let Some(frame) = body.frame().await {
+            frame?;
+        }
+        return Ok(());
+    }
+    let bytes = body.collect().await?.to_bytes();
+    let status = serde_json::from_slice::<Status>(&bytes).unwrap_or_else(|_| {
+        Status::failure(String::from_utf8_lossy(&bytes).trim(), "").with_code(code.as_u16())
+    });
+    Err(kube::Error::Api(Box::new(with_retry_after_header(
+        status,
+        header.as_deref(),
+    ))))
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-
-    use kube::core::Status;
 
     use super::*;
 

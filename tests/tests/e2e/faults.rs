@@ -2,7 +2,8 @@
 //! (alive, its Lease renewals refused), a shard cut off from the apiserver by a partition that
 //! heals, a webhook that accepts connections and never answers, the apiserver or etcd killed
 //! and started again in the middle of a rebalance, an apiserver whose watch cache answers 429
-//! after a restart, and an apiserver refusing writes (429) through a scale-out.
+//! after a restart, and an apiserver refusing writes (429) through a scale-out: by its in-flight
+//! limit, and by API Priority and Fairness for the reconciler alone.
 //!
 //! What each case showed (the margin a lost shard stops before its Lease expires, how late its
 //! Lease is taken over, the cost of a hung webhook per CREATE) is printed for the notes.
@@ -1012,4 +1013,199 @@ fn a_write_limit_that_only_grows_or_never_rises_again_is_told_apart() {
     for (limits, expected) in cases {
         assert_eq!(fell_and_recovered(limits), expected, "{limits:?}");
     }
+}
+
+/// Seats of the priority level that API Priority and Fairness gives the reconciler's writes in
+/// [`api_priority_and_fairness_refuses_the_reconciler_s_writes_and_it_waits_and_recovers`]: far
+/// below the adaptive limit's start (16), with no queue, so that writes beyond them are refused
+/// (429) at once.
+const APF_SHARES: i32 = 1;
+
+/// A priority level of `APF_SHARES` that lends nothing, borrows nothing and refuses what it
+/// cannot serve at once, and a flow schema sending `user`'s patches of Secrets to it; both
+/// named `name`.
+fn tiny_priority_level(name: &str, user: &str) -> (serde_json::Value, serde_json::Value) {
+    let level = serde_json::json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "PriorityLevelConfiguration",
+        "metadata": { "name": name },
+        "spec": {
+            "type": "Limited",
+            "limited": {
+                "nominalConcurrencyShares": APF_SHARES,
+                "lendablePercent": 0,
+                "borrowingLimitPercent": 0,
+                "limitResponse": { "type": "Reject" },
+            },
+        },
+    });
+    let (namespace, account) = user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .expect("a ServiceAccount's user name");
+    let schema = serde_json::json!({
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": { "name": name },
+        "spec": {
+            "priorityLevelConfiguration": { "name": name },
+            // Ahead of `service-accounts` (9000), the suggested schema that takes the
+            // reconciler's requests otherwise.
+            "matchingPrecedence": 100,
+            "distinguisherMethod": { "type": "ByUser" },
+            "rules": [{
+                "subjects": [{
+                    "kind": "ServiceAccount",
+                    "serviceAccount": { "namespace": namespace, "name": account },
+                }],
+                "resourceRules": [{
+                    "verbs": ["patch"],
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "namespaces": [namespace],
+                }],
+            }],
+        },
+    });
+    (level, schema)
+}
+
+/// Per object, the waits between a refused request (429) and the next request for the same
+/// object, in seconds.
+fn waits_after_refusals(requests: &[Request]) -> Vec<f64> {
+    let mut last: std::collections::HashMap<&str, &Request> = std::collections::HashMap::new();
+    let mut waits = Vec::new();
+    for request in requests {
+        if let Some(previous) = last.insert(&request.what, request)
+            && previous.code == 429
+        {
+            waits.push(seconds(previous.at, request.at));
+        }
+    }
+    waits
+}
+
+#[test]
+fn the_wait_after_a_refusal_is_measured_to_the_same_object_s_next_request() {
+    let at = |s: i64| Timestamp::from_second(1_000 + s).expect("a time");
+    let request = |s, code, what: &str| Request {
+        at: at(s),
+        code,
+        what: what.to_owned(),
+    };
+    let requests = [
+        request(0, 429, "patch secrets/a"),
+        request(1, 429, "patch secrets/b"),
+        request(2, 200, "patch secrets/a"),
+        request(3, 200, "patch secrets/c"),
+        request(6, 429, "patch secrets/c"),
+        request(7, 429, "patch secrets/b"),
+        request(9, 200, "patch secrets/c"),
+    ];
+    assert_eq!(waits_after_refusals(&requests), vec![2.0, 6.0, 3.0]);
+    assert!(
+        waits_after_refusals(&requests[..2]).is_empty(),
+        "no retry yet"
+    );
+}
+
+#[tokio::test]
+async fn api_priority_and_fairness_refuses_the_reconciler_s_writes_and_it_waits_and_recovers() {
+    const OBJECTS: usize = 600;
+    const RECOVERY: Duration = Duration::from_secs(180);
+    let mut system = System::start(
+        "apf",
+        Options {
+            shards: 2,
+            lease_seconds: 15,
+            sweep_seconds: 40,
+            // Requests are told apart by user in the audit log, and the flow schema selects the
+            // reconciler's.
+            service_accounts: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    create_at_once(&system, OBJECTS, 16).await;
+    system.wait_converged("the objects on two shards").await;
+
+    let user = system.service_account(RECONCILER_ACCOUNT);
+    let name = format!("sharder-test-{}", system.ns);
+    let (level, schema) = tiny_priority_level(&name, &user);
+    let api = |kind: &str| {
+        let gvk = kube::api::GroupVersionKind::gvk("flowcontrol.apiserver.k8s.io", "v1", kind);
+        let resource = kube::api::ApiResource::from_gvk(&gvk);
+        Api::<kube::api::DynamicObject>::all_with(system.client.clone(), &resource)
+    };
+    let levels = api("PriorityLevelConfiguration");
+    let schemas = api("FlowSchema");
+    for (api, object) in [(&levels, level), (&schemas, schema)] {
+        api.create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(object).expect("an object"),
+        )
+        .await
+        .expect("create");
+    }
+    // The apiserver's flow control takes a schema when it marks it not dangling (its priority
+    // level exists).
+    eventually("the flow schema is taken", WAIT, || async {
+        let schema = schemas.get(&name).await.map_err(|e| e.to_string())?;
+        let status = &schema.data["status"];
+        let taken = status["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Dangling" && c["status"] == "False")
+        });
+        if taken {
+            Ok(())
+        } else {
+            Err(status.to_string())
+        }
+    })
+    .await;
+
+    let mark = system.audit_mark();
+    let mut limits = Vec::new();
+    system.start_shard("shard-2").await;
+    let restarted = converge_restarting(&mut system, RECOVERY, &mut limits).await;
+    for api in [&schemas, &levels] {
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+    let holdings = system.holdings().await;
+    assert_eq!(
+        holdings.values().sum::<usize>(),
+        OBJECTS,
+        "every object held once: {holdings:?}"
+    );
+    system.assert_single_ownership();
+
+    let requests = requests_of(&system, &user, mark);
+    let refused = requests.iter().filter(|r| r.code == 429).count();
+    let waits = waits_after_refusals(&requests);
+    let shortest = waits.iter().copied().fold(f64::INFINITY, f64::min);
+    let (fell, recovered) = fell_and_recovered(&limits);
+    let lowest_limit = limits.iter().copied().fold(f64::INFINITY, f64::min);
+    eprintln!(
+        "API Priority and Fairness ({APF_SHARES} share, no queue): the reconciler's scale-out \
+         writes: {refused} of {} refused (429), {} retried, the shortest wait before a retry \
+         {shortest:.3} s; its write limit went down to {lowest_limit}; restarted after losing \
+         their Lease: {restarted:?}",
+        requests.len(),
+        waits.len(),
+    );
+    assert!(
+        refused > 0 && !waits.is_empty(),
+        "no write was refused and retried: the case does not test overload"
+    );
+    // The apiserver's Retry-After for a rejection is a whole number of seconds, at least 1.
+    assert!(
+        shortest >= 1.0,
+        "a refused write was sent again {shortest:.3} s after the refusal, before the \
+         apiserver's Retry-After (at least 1 s): {waits:?}"
+    );
+    assert!(
+        fell && recovered,
+        "the write limit fell under the 429s ({fell}) and rose again after ({recovered}): \
+         {limits:?}"
+    );
 }
