@@ -540,20 +540,24 @@ impl World {
     pub async fn acknowledge_drains(&self) -> usize {
         let mut acknowledged = 0;
         for (name, secret) in self.list_secrets().await {
-            if !self.draining(&secret) {
-                continue;
+            if self.draining(&secret) {
+                self.acknowledge(&name, &secret).await;
+                acknowledged += 1;
             }
-            let patch = json!({"metadata": {
-                "resourceVersion": secret.resource_version(),
-                "labels": {self.labels.shard.as_str(): null, self.labels.drain.as_str(): null},
-            }});
-            self.secrets()
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .expect("acknowledge");
-            acknowledged += 1;
         }
         acknowledged
+    }
+
+    /// Acknowledges the drain of Secret `name` (as read: `secret`) like a shard does.
+    pub async fn acknowledge(&self, name: &str, secret: &Secret) {
+        let patch = json!({"metadata": {
+            "resourceVersion": secret.resource_version(),
+            "labels": {self.labels.shard.as_str(): null, self.labels.drain.as_str(): null},
+        }});
+        self.secrets()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("acknowledge");
     }
 
     /// Successful writes to objects of this namespace by `user`, per (resource, name).

@@ -126,7 +126,8 @@ impl Shared {
     /// fewer shards: it moves nothing off them, and each shard appearing later counts as added,
     /// which triggers a full resync; no shard is ever taken for dead by it.
     fn spawn_controllers(&self, kind: RingKind, tasks: &mut Tasks) -> [Listed; 3] {
-        let (rings, ring_leases) = rings::controller(self.client.clone(), kind, &self.selector);
+        let (rings, ring_leases, acks) =
+            rings::controller(self.client.clone(), kind, &self.selector);
         let leases = shard_leases::controller(self.client.clone(), kind);
         let configurations = webhook_config::controller::controller(
             self.client.clone(),
@@ -136,7 +137,7 @@ impl Shared {
         );
         let watches = [leases.1.clone(), rings.1.clone(), configurations.1.clone()];
         let lease_ctx = self.lease_context(kind, &rings);
-        let ring_ctx = self.ring_context(kind, &rings.0, ring_leases);
+        let ring_ctx = self.ring_context(kind, &rings.0, ring_leases, acks);
         let configuration_ctx = self.configuration_context(kind);
         let stop = &self.stop;
         tasks.spawn(
@@ -190,12 +191,14 @@ impl Shared {
         })
     }
 
-    /// The ring controller's context: the rings' and the shard Leases' stores, the rebalancer.
+    /// The ring controller's context: the rings' and the shard Leases' stores, the rebalancer,
+    /// the acknowledgement watches.
     fn ring_context(
         &self,
         kind: RingKind,
         rings: &Controller<DynamicObject>,
         leases: Store<Lease>,
+        acks: rings::acks::Acks,
     ) -> Arc<rings::Context> {
         Arc::new(rings::Context::new(
             kind,
@@ -207,6 +210,7 @@ impl Shared {
             self.intervals,
             self.metrics.clone(),
             self.recorder.clone(),
+            acks,
         ))
     }
 

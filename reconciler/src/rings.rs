@@ -36,6 +36,7 @@ use crate::rebalance::strays::Strays;
 use crate::rebalance::{LiveNow, ObjectId, Rebalancer, RingView, Scope, Target};
 use crate::shard_leases::leases_of;
 
+pub(crate) mod acks;
 pub(crate) mod discovery;
 pub(crate) mod namespaces;
 pub(crate) mod report;
@@ -53,7 +54,7 @@ pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 /// How long ring and Lease events are collected before a ring is reconciled (a rolling
 /// restart's shard changes trigger one reconcile, not one per shard; Lease renewals trigger
 /// nothing, see [`triggers`]).
-pub(crate) const DEBOUNCE: Duration = Duration::from_millis(200);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// When to retry after a failed reconcile: as soon as after a failed rebalance's first failure.
 pub(crate) const ERROR_REQUEUE: Duration = schedule::FIRST_RETRY;
@@ -79,6 +80,8 @@ pub(crate) struct Context {
     pub metrics: Metrics,
     /// Publishes Events on rings.
     pub recorder: Recorder,
+    /// Wakes rings as their drains are acknowledged.
+    pub acks: acks::Acks,
     progress: Mutex<HashMap<String, Progress>>,
     /// Per ring, the resources whose unassigned-object gauges are set.
     strays: Mutex<HashMap<String, BTreeSet<GroupResource>>>,
@@ -97,6 +100,7 @@ impl Context {
         intervals: Intervals,
         metrics: Metrics,
         recorder: Recorder,
+        acks: acks::Acks,
     ) -> Self {
         Self {
             kind,
@@ -108,6 +112,7 @@ impl Context {
             intervals,
             metrics,
             recorder,
+            acks,
             progress: Mutex::new(HashMap::new()),
             strays: Mutex::new(HashMap::new()),
         }
@@ -117,9 +122,11 @@ impl Context {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forgets `ring`: its progress and its unassigned-object gauges.
+    /// Forgets `ring`: its progress, its acknowledgement watches and its unassigned-object
+    /// gauges.
     fn forget(&self, ring: &RingId) {
         self.progress().remove(&ring.name);
+        self.acks.stop(ring);
         self.publish_strays(ring, &[], &BTreeMap::new());
     }
 
@@ -277,6 +284,9 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         }
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
+    if !progress.draining {
+        ctx.acks.stop(&ring.id);
+    }
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
     ctx.progress().insert(name.to_owned(), progress);
 
@@ -438,6 +448,9 @@ async fn rebalance(
         refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: std::mem::take(&mut outcome.awaiting),
     };
+    if ran.drain_checks() {
+        ctx.acks.follow(&ring.id, &ring_labels.drain, &targets);
+    }
     let summary = report::Summary {
         scopes: &listed,
         pending,
@@ -488,9 +501,10 @@ pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<C
 }
 
 /// The controller over the rings of `kind` matching `selector` (empty: all), triggered by
-/// their shard Leases too, when a Lease's shard can have changed ([`triggers`]); with whether
-/// its rings' watch listed, and the store of that Lease watch, for [`Context::leases`]: a
-/// change is in it before it wakes a ring (the store of another watch may not have it yet).
+/// their shard Leases too, when a Lease's shard can have changed ([`triggers`]), and by their
+/// drains' acknowledgements ([`acks`]); with whether its rings' watch listed, the store of that
+/// Lease watch, for [`Context::leases`] (a change is in it before it wakes a ring; the store of
+/// another watch may not have it yet), and the acknowledgement watches, for [`Context::acks`].
 pub(crate) fn controller(
     client: Client,
     kind: RingKind,
@@ -501,6 +515,7 @@ pub(crate) fn controller(
         sharder_runtime::controller::Listed,
     ),
     Store<Lease>,
+    acks::Acks,
 ) {
     let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
     let writer = reflector::store::Writer::default();
@@ -508,18 +523,25 @@ pub(crate) fn controller(
     let events = reflector::reflector(
         writer,
         sharder_runtime::controller::watch(
-            Api::<Lease>::all(client),
+            Api::<Lease>::all(client.clone()),
             watcher::Config::default().labels(kind.lease_label()),
         ),
     );
     let resource = kind.api_resource();
+    let (acks, woken) = acks::Acks::new(client, kind);
+    let by_lease = resource.clone();
     let controller = controller
         .watches_stream(triggers::lease_triggers(kind, events), move |lease| {
             lease
                 .labels()
                 .get(kind.lease_label())
-                .map(|ring| ObjectRef::<DynamicObject>::new_with(ring, resource.clone()))
+                .map(|ring| ObjectRef::<DynamicObject>::new_with(ring, by_lease.clone()))
         })
+        .watches_stream_with(
+            woken,
+            move |ring| Some(ObjectRef::new_with(&ring.name_any(), resource.clone())),
+            kind.api_resource(),
+        )
         .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE));
-    ((controller, listed), leases)
+    ((controller, listed), leases, acks)
 }

@@ -1945,3 +1945,61 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
     w.settle_acknowledging("the acknowledged objects are on their new shard", &three)
         .await;
 }
+
+/// Children follow their owners as the shards acknowledge the drains, not at the next drain
+/// check: with drain checks and sweeps an hour apart, only the watch of the draining objects
+/// brings the ring back once an owner's drain is acknowledged. The owners are acknowledged one
+/// at a time, each once the previous one's child followed it.
+#[tokio::test]
+async fn children_follow_their_owners_as_the_drains_are_acknowledged_not_at_a_drain_check() {
+    let mut w = Test::new("ackwatch").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b", "shard-c"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    w.start_reconciler_with(
+        Duration::from_secs(3600),
+        &[("--drain-check-interval", "1h")],
+    )
+    .await;
+    w.wait_until_webhook_assigns().await;
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let four = Ring::new(["shard-a", "shard-b", "shard-c", "shard-d"]);
+    w.create_settled(40, &three).await;
+    let moving = w.moving(&three, &four).await;
+    assert!(moving.len() >= 2, "{moving:?}");
+    w.add_shard_lease("shard-d", 3600).await;
+    w.wait_until_drained(&moving).await;
+    let mut took = Vec::new();
+    for owner in &moving {
+        let secret = w.secrets().get(owner).await.expect("owner");
+        let child = owner.replacen("object-", "child-", 1);
+        let acknowledged = Instant::now();
+        w.acknowledge(owner, &secret).await;
+        eventually(
+            &format!("{child} follows {owner}, no drain check between"),
+            WAIT,
+            || async {
+                let owner = w.secrets().get(owner).await.map_err(|e| e.to_string())?;
+                let child = w
+                    .configmaps()
+                    .get(&child)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (to, at) = (w.shard_of(&owner), w.shard_of(&child));
+                (to.is_some() && to == at)
+                    .then_some(())
+                    .ok_or(format!("owner on {to:?}, child on {at:?}"))
+            },
+        )
+        .await;
+        took.push(acknowledged.elapsed().as_secs_f64());
+    }
+    eventually("every object on its shard", WAIT, || w.settled(&four)).await;
+    eprintln!(
+        "{} owners acknowledged one at a time: each child followed {took:.2?} s later (drain \
+         checks every hour)",
+        moving.len(),
+    );
+}

@@ -196,7 +196,7 @@ fn the_defaults_render_a_hardened_webhook_and_reconciler() {
     assert!(
         !rules
             .iter()
-            .any(|r| r["verbs"] == json!(["get", "list", "patch"])),
+            .any(|r| r["verbs"] == json!(["get", "list", "watch", "patch"])),
         "{rules:?}"
     );
     assert!(
@@ -367,14 +367,14 @@ fn rings_of_both_kinds_from_values_grant_exactly_their_resources() {
         .as_array()
         .expect("rules")
         .iter()
-        .filter(|r| r["verbs"] == json!(["get", "list", "patch"]))
+        .filter(|r| r["verbs"] == json!(["get", "list", "watch", "patch"]))
         .collect();
     assert_eq!(
         sharded,
         [
-            &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "patch"] }),
-            &json!({ "apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["get", "list", "patch"] }),
-            &json!({ "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "patch"] }),
+            &json!({ "apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["get", "list", "watch", "patch"] }),
+            &json!({ "apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["get", "list", "watch", "patch"] }),
+            &json!({ "apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"] }),
         ]
     );
     let webhook_role = find(&docs, "ClusterRole", "sharder-webhook").expect("role");
