@@ -17,8 +17,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use sharder_common::{Ring, RingKind};
 use sharder_harness::launch::{Reconciler, dump_logs};
@@ -32,6 +32,7 @@ use crate::rebalance::Movers;
 use crate::report::{goals, table};
 use crate::stats::{mib, ms, percentile};
 use crate::webhooks::Webhooks;
+use crate::writes::Writes;
 use crate::{Args, Error};
 
 /// Where the reference's webhook server listens (controller-runtime's default port, which its
@@ -112,6 +113,34 @@ impl Latency {
     }
 }
 
+/// When a change's moves happened, in seconds from the change: the contender's first write
+/// (received) and last write (answered) from the audit log, and every object on its shard with
+/// none draining (stable, the bench's watch).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Timing {
+    first: f64,
+    last: f64,
+    stable: f64,
+}
+
+impl Timing {
+    /// From the change at `start` (`changed` on the bench's clock) to `stable`, with the
+    /// contender's `writes` since.
+    fn of(writes: &Writes, changed: Instant, stable: Instant) -> Self {
+        Self {
+            first: writes.first_received,
+            last: writes.last_answered,
+            stable: (stable - changed).as_secs_f64(),
+        }
+    }
+
+    fn cells(timing: Option<&Self>) -> String {
+        timing.map_or("-".to_owned(), |t| {
+            format!("{:.2} / {:.2} / {:.2}", t.first, t.last, t.stable)
+        })
+    }
+}
+
 /// One contender's figures at one size.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Figures {
@@ -119,12 +148,16 @@ struct Figures {
     latency: Option<Latency>,
     /// Peak memory (MiB).
     memory: f64,
-    /// Scale-out: objects moved, wall seconds, writes by the contender.
+    /// Scale-out: objects moved, writes by the contender, when.
     moved: usize,
-    scale_out: f64,
     writes: usize,
-    /// Seconds from a shard's crash to every object on a live shard (first size).
-    crash: Option<f64>,
+    scale_out: Timing,
+    /// p99 (ms) of a neighbouring client's GETs during the scale-out.
+    neighbour_p99: f64,
+    /// The fourth shard stops and releases its Lease (first size).
+    release: Option<Timing>,
+    /// The fourth shard crashes (first size).
+    crash: Option<Timing>,
 }
 
 /// Runs Sharder, and the reference when its binary is given, at every size of
@@ -278,32 +311,103 @@ async fn measure(
         None
     };
 
-    // A fourth shard joins.
-    let (mark, start, joined) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
-    m.start_shard("shard-3", OnStop::Release);
+    // A fourth shard joins, a neighbouring client reading meanwhile.
     let mut four = names.to_vec();
     four.push("shard-3".into());
+    let neighbour = Neighbour::start(m).await?;
+    let (mark, start, joined) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
+    m.start_shard("shard-3", OnStop::Release);
     let (at, placed) = m.converge(&four).await?;
-    let (_, [writes, _, _]) = m.writes(mark, start, &[0]).await;
+    let gets = neighbour.stop().await;
+    let (scale_out, [writes, _, _]) = m.writes(mark, start, &[0]).await;
     let memory = running.memory(webhooks)?;
     let moved = placed.values().filter(|s| *s == "shard-3").count();
 
-    // At the first size it crashes (no release, its Lease expires).
-    let mut crash = None;
-    if first && let Some(shard) = m.shards.remove("shard-3") {
-        let crashed = Instant::now();
-        shard.crash();
-        let (back, _) = m.converge(names).await?;
-        crash = Some((back - crashed).as_secs_f64());
+    // At the first size it stops and releases its Lease, joins again, and crashes (no
+    // release: its Lease expires).
+    let (mut release, mut crash) = (None, None);
+    if first {
+        release = Some(leave(m, names, false).await?);
+        m.start_shard("shard-3", OnStop::Release);
+        m.converge(&four).await?;
+        crash = Some(leave(m, names, true).await?);
     }
     Ok(Figures {
         latency,
         memory,
         moved,
-        scale_out: (at - joined).as_secs_f64(),
         writes,
+        scale_out: Timing::of(&scale_out, joined, at),
+        neighbour_p99: ms(percentile(&gets, 99.0)),
+        release,
         crash,
     })
+}
+
+/// Shard `shard-3` stops, releasing its Lease, or (`crash`) stops at once, its Lease left to
+/// expire; when its objects moved back to the shards `names`.
+async fn leave(m: &mut Movers, names: &[String], crash: bool) -> Result<Timing, Error> {
+    let shard = m
+        .shards
+        .remove("shard-3")
+        .ok_or_else(|| Error::Setup("shard-3 is not running".into()))?;
+    let (mark, start, left) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
+    if crash {
+        shard.crash();
+    } else {
+        shard.stop().await;
+    }
+    let (back, _) = m.converge(names).await?;
+    let (writes, _) = m.writes(mark, start, &[0]).await;
+    Ok(Timing::of(&writes, left, back))
+}
+
+/// A neighbouring client of the apiserver: GETs of one of the ring's Secrets one after the
+/// other, with a client of its own, while the contender moves objects.
+struct Neighbour {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<Vec<Duration>, kube::Error>>,
+}
+
+impl Neighbour {
+    async fn start(m: &Movers) -> Result<Self, Error> {
+        let client = m.cp.client().await?;
+        let api: Api<Secret> = Api::namespaced(client, &m.setup.ns);
+        let name = m
+            .setup
+            .secrets()
+            .list_metadata(&kube::api::ListParams::default().limit(1))
+            .await?
+            .items
+            .first()
+            .map(|s| s.name_any())
+            .ok_or_else(|| Error::Setup("no Secret for the neighbour to read".into()))?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut took = Vec::new();
+                while !stop.is_cancelled() {
+                    let sent = Instant::now();
+                    api.get(&name).await?;
+                    took.push(sent.elapsed());
+                }
+                Ok(took)
+            }
+        });
+        Ok(Self { stop, task })
+    }
+
+    /// The durations of its GETs, sorted.
+    async fn stop(self) -> Vec<Duration> {
+        self.stop.cancel();
+        let mut took = match self.task.await {
+            Ok(Ok(took)) => took,
+            _ => Vec::new(),
+        };
+        took.sort();
+        took
+    }
 }
 
 /// Where the reference runs: its binary, the folder of its configuration and log, its
@@ -473,12 +577,11 @@ fn pooled(mut with: Vec<Duration>, mut without: Vec<Duration>) -> Latency {
 /// The section's text: how it was measured, the figures per size and contender, the goals.
 fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
     let mut out = format!(
-        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: CREATE latency with its webhook (first size only: {} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects; each pool's creates together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added), then a fourth shard joins (wall time from its start to every object on its shard of the 4-shard ring, seen by the bench's watch; the contender's writes from the audit log), then at the first size it crashes (its Lease not released, {} s; time to every object on a live shard; at the other sizes the bench puts the objects back itself, with no contender running). Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
+        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: CREATE latency with its webhook (first size only: {} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects; each pool's creates together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added), then a fourth shard joins, a neighbouring client GETting one of the ring's Secrets over and over meanwhile (one GET after the other, a client of its own: how hard the contender leans on the apiserver); then at the first size the fourth shard stops and releases its Lease, joins again, and crashes (its Lease not released, {} s); at the other sizes the bench puts the objects back itself, with no contender running. For each change: the contender's first write (received) and last write (answered) from the audit log, and stable (every object on its shard of the ring, none draining, seen by the bench's watch), each in seconds from the change. A crash's first move waits for the Lease to expire and be taken over (the same protocol for both): its goals are what follows the takeover. Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
         args.reference_version, args.rounds, args.creates, args.rate, args.lease_seconds
     );
-    let cell = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     out += &table(
-        "objects | contender | CREATE p50 / p99 ms | without a webhook p50 / p99 ms | added p50 / p99 ms | memory MiB | moved | scale-out s | writes | crash to reassigned s",
+        "objects | contender | CREATE p50 / p99 ms | without a webhook p50 / p99 ms | added p50 / p99 ms | memory MiB | moved | writes | writes per moved object | scale-out first / last move / stable s | neighbour GET p99 ms | release first / last move / stable s | crash first / last move / stable s",
         rows.iter().flat_map(|(n, sharder, reference)| {
             let both = std::iter::once(("Sharder", sharder));
             both.chain(reference.iter().map(|r| ("reference", r)))
@@ -489,7 +592,7 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
                             .map_or("-".to_owned(), |l| p(l).join(" / "))
                     };
                     format!(
-                        "{n} | {who} | {} | {} | {} | {:.1} | {} | {:.2} | {} | {}",
+                        "{n} | {who} | {} | {} | {} | {:.1} | {} | {} | {:.2} | {} | {:.2} | {} | {}",
                         pair(|l| l.with.map(|v| format!("{v:.2}"))),
                         pair(|l| l.without.map(|v| format!("{v:.2}"))),
                         pair(|l| [0, 1].map(|i| l
@@ -497,9 +600,12 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
                             .map_or("none measurable".to_owned(), |v| format!("{v:.2}")))),
                         f.memory,
                         f.moved,
-                        f.scale_out,
                         f.writes,
-                        cell(f.crash)
+                        f.writes as f64 / f.moved.max(1) as f64,
+                        Timing::cells(Some(&f.scale_out)),
+                        f.neighbour_p99,
+                        Timing::cells(f.release.as_ref()),
+                        Timing::cells(f.crash.as_ref()),
                     )
                 })
         }),
@@ -530,18 +636,29 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
             "MiB",
         ));
         goal_rows.push(cost(
-            format!("scale-out writes ({n} objects)"),
-            s.writes as f64,
-            r.writes as f64,
+            format!("writes per moved object ({n} objects)"),
+            s.writes as f64 / s.moved.max(1) as f64,
+            r.writes as f64 / r.moved.max(1) as f64,
             "",
         ));
-        goal_rows.push(speed(
-            format!("scale-out wall time ({n} objects)"),
-            s.scale_out,
-            r.scale_out,
+        goal_rows.push(cost(
+            format!("a neighbour's GET p99 during the scale-out ({n} objects)"),
+            s.neighbour_p99,
+            r.neighbour_p99,
+            "ms",
         ));
-        if let (Some(sc), Some(rc)) = (s.crash, r.crash) {
-            goal_rows.push(speed(format!("crash to reassigned ({n} objects)"), sc, rc));
+        goal_rows.extend(timing_goals(
+            "scale-out",
+            n,
+            &s.scale_out,
+            &r.scale_out,
+            true,
+        ));
+        if let (Some(sr), Some(rr)) = (&s.release, &r.release) {
+            goal_rows.extend(timing_goals("release", n, sr, rr, true));
+        }
+        if let (Some(sc), Some(rc)) = (&s.crash, &r.crash) {
+            goal_rows.extend(timing_goals("crash", n, sc, rc, false));
         }
     }
     if !goal_rows.is_empty() {
@@ -551,6 +668,42 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
         out += "The reference's own binary's idle cost is in section 8.\n\n";
     }
     out
+}
+
+/// The speed rows of one change: the first move, the last move and stable, each from the change
+/// (`from_change`); otherwise (a crash, whose first move waits for the Lease to expire, the same
+/// protocol for both) the last move and stable from the first move, what follows the takeover.
+fn timing_goals(
+    what: &str,
+    n: &usize,
+    s: &Timing,
+    r: &Timing,
+    from_change: bool,
+) -> Vec<crate::report::Goal> {
+    if from_change {
+        vec![
+            speed(
+                format!("{what}, first move ({n} objects)"),
+                s.first,
+                r.first,
+            ),
+            speed(format!("{what}, last move ({n} objects)"), s.last, r.last),
+            speed(format!("{what}, stable ({n} objects)"), s.stable, r.stable),
+        ]
+    } else {
+        vec![
+            speed(
+                format!("{what}, first move to last ({n} objects)"),
+                s.last - s.first,
+                r.last - r.first,
+            ),
+            speed(
+                format!("{what}, first move to stable ({n} objects)"),
+                s.stable - s.first,
+                r.stable - r.first,
+            ),
+        ]
+    }
 }
 
 /// A cost row: Sharder's figure against the reference's, met at or below it.
@@ -608,6 +761,11 @@ mod tests {
     #[test]
     fn each_row_holds_sharder_against_the_reference_as_a_cost_or_a_speed() {
         let args = <Args as clap::Parser>::parse_from(["sharder-bench", "--reference", "/ref"]);
+        let timing = |first, last, stable| Timing {
+            first,
+            last,
+            stable,
+        };
         let sharder = Figures {
             latency: Some(Latency {
                 with: [3.0, 9.0],
@@ -616,9 +774,11 @@ mod tests {
             }),
             memory: 20.0,
             moved: 2500,
-            scale_out: 10.0,
-            writes: 2500,
-            crash: Some(14.0),
+            writes: 5000,
+            scale_out: timing(0.1, 4.0, 10.0),
+            neighbour_p99: 12.0,
+            release: Some(timing(0.2, 3.0, 4.0)),
+            crash: Some(timing(20.0, 22.0, 24.0)),
         };
         let reference = Figures {
             latency: Some(Latency {
@@ -628,12 +788,15 @@ mod tests {
             }),
             memory: 80.0,
             moved: 2500,
-            scale_out: 5.0,
-            writes: 2500,
-            crash: Some(16.0),
+            writes: 7500,
+            scale_out: timing(0.2, 3.0, 5.0),
+            neighbour_p99: 10.0,
+            release: Some(timing(0.1, 3.5, 5.0)),
+            crash: Some(timing(19.0, 22.0, 26.0)),
         };
         let later = |f: &Figures| Figures {
             latency: None,
+            release: None,
             crash: None,
             ..f.clone()
         };
@@ -645,20 +808,27 @@ mod tests {
             ],
         );
         assert!(
-            text.contains("| 100000 | Sharder | - | - | - | 20.0 | 2500 | 10.00 | 2500 | - |")
+            text.contains("| 100000 | Sharder | - | - | - | 20.0 | 2500 | 5000 | 2.00 | 0.10 / 4.00 / 10.00 | 12.00 | - | - |")
                 && text.contains("| memory (100000 objects) |")
-                && !text.contains("crash to reassigned (100000 objects)"),
-            "a crash only at the first size: {text}"
+                && !text.contains("crash, first move to last (100000 objects)")
+                && !text.contains("release, stable (100000 objects)"),
+            "a release and a crash only at the first size: {text}"
         );
         for row in [
-            "| 10000 | Sharder | 3.00 / 9.00 | 2.00 / 9.50 | 1.00 / none measurable | 20.0 | 2500 | 10.00 | 2500 | 14.00 |",
-            "| 10000 | reference | 4.00 / 8.00 | 2.50 / 6.00 | 1.50 / 2.00 | 80.0 |",
+            "| 10000 | Sharder | 3.00 / 9.00 | 2.00 / 9.50 | 1.00 / none measurable | 20.0 | 2500 | 5000 | 2.00 | 0.10 / 4.00 / 10.00 | 12.00 | 0.20 / 3.00 / 4.00 | 20.00 / 22.00 / 24.00 |",
+            "| 10000 | reference | 4.00 / 8.00 | 2.50 / 6.00 | 1.50 / 2.00 | 80.0 | 2500 | 7500 | 3.00 |",
             "| CREATE latency with the webhook, p50 (2000 creates each, 10000 objects) | 3.00ms vs 4.00ms = 0.75x | <= 1.0x | met |",
             "| CREATE latency with the webhook, p99 (2000 creates each, 10000 objects) | 9.00ms vs 8.00ms = 1.12x | <= 1.0x | **missed** |",
             "| memory (10000 objects) | 20.00MiB vs 80.00MiB = 0.25x | <= 1.0x | met |",
-            "| scale-out writes (10000 objects) | 2500.00 vs 2500.00 = 1.00x | <= 1.0x | met |",
-            "| scale-out wall time (10000 objects) | 10.00 s vs 5.00 s = 0.50x as fast | >= 1.0x | **missed** |",
-            "| crash to reassigned (10000 objects) | 14.00 s vs 16.00 s = 1.14x as fast | >= 1.0x | met |",
+            "| writes per moved object (10000 objects) | 2.00 vs 3.00 = 0.67x | <= 1.0x | met |",
+            "| a neighbour's GET p99 during the scale-out (10000 objects) | 12.00ms vs 10.00ms = 1.20x | <= 1.0x | **missed** |",
+            "| scale-out, first move (10000 objects) | 0.10 s vs 0.20 s = 2.00x as fast | >= 1.0x | met |",
+            "| scale-out, last move (10000 objects) | 4.00 s vs 3.00 s = 0.75x as fast | >= 1.0x | **missed** |",
+            "| scale-out, stable (10000 objects) | 10.00 s vs 5.00 s = 0.50x as fast | >= 1.0x | **missed** |",
+            "| release, first move (10000 objects) | 0.20 s vs 0.10 s = 0.50x as fast | >= 1.0x | **missed** |",
+            "| release, stable (10000 objects) | 4.00 s vs 5.00 s = 1.25x as fast | >= 1.0x | met |",
+            "| crash, first move to last (10000 objects) | 2.00 s vs 3.00 s = 1.50x as fast | >= 1.0x | met |",
+            "| crash, first move to stable (10000 objects) | 4.00 s vs 7.00 s = 1.75x as fast | >= 1.0x | met |",
         ] {
             assert!(text.contains(row), "{row}\n{text}");
         }

@@ -262,7 +262,13 @@ impl Section {
                     .enumerate()
                     .map(|(i, &n)| {
                         let moves = 2.0 * (n as f64 / 4.0) / MOVE + n as f64 / 1e4 + 15.0;
-                        let first = if i == 0 { latency + 3.0 * lease } else { 0.0 };
+                        // At the first size: a release and a join again beside the crash.
+                        let changes = 2.0 * (n as f64 / 4.0) / MOVE + 10.0;
+                        let first = if i == 0 {
+                            latency + 3.0 * lease + changes
+                        } else {
+                            0.0
+                        };
                         create(n) + contenders * (moves + first)
                     })
                     .sum()
