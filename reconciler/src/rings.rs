@@ -449,7 +449,9 @@ async fn rebalance(
         awaiting: std::mem::take(&mut outcome.awaiting),
     };
     if ran.drain_checks() {
-        ctx.acks.follow(&ring.id, &ring_labels.drain, &targets);
+        let children = !ran.awaiting.is_empty();
+        ctx.acks
+            .follow(&ring.id, &ring_labels.drain, &targets, children);
     }
     let summary = report::Summary {
         scopes: &listed,

@@ -1,18 +1,24 @@
 //! Drain acknowledgements as they happen. While a ring has drain checks due (drains pending or
 //! children waiting for their owners), one metadata watch per main resource of the ring selects
 //! only the objects carrying the ring's drain label, what is draining now and never the ring's
-//! other objects, and wakes the ring when one leaves the selection: its shard acknowledged the
-//! drain (the label is gone) or it was deleted. The ring then plans its waiting children and
-//! lists what the acknowledgements left unassigned at once, instead of at the next drain check
-//! (`--drain-check-interval`), which stays the fallback: a watch that is refused (no `watch`
-//! permission on a resource) ends, and the drain checks alone carry on.
+//! other objects, and wakes the ring when it matters: the last draining object left the
+//! selection (every drain acknowledged: the ring lists everything once more at once), or one
+//! left while children wait for their owners (they follow it now). An object leaves when its
+//! shard acknowledged the drain (the label is gone) or it was deleted. Acknowledgements of a
+//! ring with no child waiting wake nothing before the last: the webhook assigns each
+//! acknowledged object in the shard's own request, and a rebalance per acknowledgement would
+//! only load the apiserver the shards are acknowledging through. The drain checks
+//! (`--drain-check-interval`) stay the fallback: a watch that is refused (no `watch` permission
+//! on a resource) ends, and they carry on alone.
 //!
-//! Wakes are coalesced to one per [`COALESCE`] and one after the last: a shard acknowledges its
-//! drains one object after the other, and the ring controller's debounce would push a ring
-//! woken more often than that back until the acknowledgements ended.
+//! Wakes for waiting children are coalesced to one per [`COALESCE`] and one after the last: a
+//! shard acknowledges its drains one object after the other, and the ring controller's debounce
+//! would push a ring woken more often than that back until the acknowledgements ended.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
@@ -42,6 +48,8 @@ struct Selection {
 #[derive(Debug)]
 struct Watching {
     selection: Selection,
+    /// Whether children of the ring wait for their owners (every acknowledgement wakes it).
+    children: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -87,8 +95,9 @@ impl Acks {
     }
 
     /// Follows the acknowledgements of `ring` (drain label `drain`) on the main resources of
-    /// `targets`: starts its watches, unless they run for the same already.
-    pub(crate) fn follow(&self, ring: &RingId, drain: &str, targets: &[Target]) {
+    /// `targets`, `children` telling whether children wait for their owners: starts its
+    /// watches, unless they run for the same already.
+    pub(crate) fn follow(&self, ring: &RingId, drain: &str, targets: &[Target], children: bool) {
         let selection = Selection {
             drain: drain.to_owned(),
             resources: targets
@@ -98,19 +107,29 @@ impl Acks {
                 .collect(),
         };
         let mut watching = self.watching();
-        if watching
-            .get(&ring.name)
-            .is_some_and(|w| w.selection == selection && !w.task.is_finished())
+        if let Some(w) = watching.get(&ring.name)
+            && w.selection == selection
+            && !w.task.is_finished()
         {
+            w.children.store(children, Ordering::Relaxed);
             return;
         }
+        let waiting = Arc::new(AtomicBool::new(children));
         let task = tokio::spawn(watch(
             self.client.clone(),
             ring.clone(),
             selection.clone(),
+            Arc::clone(&waiting),
             self.wake.clone(),
         ));
-        watching.insert(ring.name.clone(), Watching { selection, task });
+        watching.insert(
+            ring.name.clone(),
+            Watching {
+                selection,
+                children: waiting,
+                task,
+            },
+        );
     }
 
     /// Stops following `ring`'s acknowledgements (no drain checks due, or the ring is gone).
@@ -149,36 +168,129 @@ impl Coalesce {
     }
 }
 
-/// Watches `selection` and sends `ring`'s name on `wake` when objects leave it ([`Coalesce`]).
-/// Ends when a watch is forbidden (the drain checks carry on without it) or nobody takes the
-/// wakes any more.
+/// An object by namespace and name.
+type Key = (Option<String>, String);
+
+/// The objects draining now, per resource, as the watches of a ring's resources list and see
+/// them.
+#[derive(Debug, Default)]
+struct Draining {
+    /// Per resource (by index), its objects carrying the drain label, once its list is in.
+    listed: Vec<Option<HashSet<Key>>>,
+}
+
+impl Draining {
+    fn new(resources: usize) -> Self {
+        Self {
+            listed: vec![None; resources],
+        }
+    }
+
+    /// Takes watch event `event` of resource `i`; whether it was an object leaving the
+    /// selection.
+    fn take(&mut self, i: usize, event: &Event<PartialObjectMeta<DynamicObject>>) -> bool {
+        let key = |o: &PartialObjectMeta<DynamicObject>| {
+            (
+                o.metadata.namespace.clone(),
+                o.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        let Some(slot) = self.listed.get_mut(i) else {
+            return false;
+        };
+        match event {
+            Event::Init => {
+                *slot = None;
+                false
+            }
+            // A relist starts its set anew: until its end the resource counts as unlisted.
+            Event::InitApply(o) | Event::Apply(o) => {
+                slot.get_or_insert_with(HashSet::new).insert(key(o));
+                false
+            }
+            Event::InitDone => {
+                slot.get_or_insert_with(HashSet::new);
+                false
+            }
+            Event::Delete(o) => {
+                if let Some(set) = slot.as_mut() {
+                    set.remove(&key(o));
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether every resource listed and none has a draining object.
+    fn none(&self) -> bool {
+        self.listed
+            .iter()
+            .all(|l| l.as_ref().is_some_and(HashSet::is_empty))
+    }
+}
+
+/// Whether an event should wake the ring: an object `left` while children wait (coalesced),
+/// or nothing drains any more (at once).
+fn wakes(left: bool, children: bool, none: bool) -> Wake {
+    match (left, children, none) {
+        (_, _, true) => Wake::Now,
+        (true, true, false) => Wake::Coalesced,
+        _ => Wake::No,
+    }
+}
+
+/// What an event does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    No,
+    Coalesced,
+    Now,
+}
+
+/// Watches `selection` and sends `ring`'s name on `wake` when it matters ([`wakes`],
+/// [`Coalesce`]). Ends when a watch is forbidden (the drain checks carry on without it) or
+/// nobody takes the wakes any more.
 async fn watch(
     client: Client,
     ring: RingId,
     selection: Selection,
+    children: Arc<AtomicBool>,
     wake: mpsc::UnboundedSender<String>,
 ) {
     let config = watcher::Config::default().labels(&selection.drain);
-    let watches = selection.resources.iter().map(|resource| {
+    let watches = selection.resources.iter().enumerate().map(|(i, resource)| {
         let api = Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), resource);
         sharder_runtime::controller::wait_out_refusals(watcher::watcher(api, config.clone()))
             .default_backoff()
+            .map(move |event| (i, event))
             .boxed()
     });
     let mut events = futures::stream::select_all(watches);
+    let mut draining = Draining::new(selection.resources.len());
+    // The ring is woken once when nothing drains any more, not at every relist after.
+    let mut ended = false;
     let mut coalesce = Coalesce::default();
     loop {
         let quiet_until = coalesce.quiet_until;
         let wake_now = tokio::select! {
             event = events.next() => match event {
                 None => return,
-                Some(Ok(Event::Delete(_))) => coalesce.left(Instant::now()),
-                Some(Ok(_)) => false,
-                Some(Err(e)) if forbidden(&e) => {
+                Some((i, Ok(event))) => {
+                    let left = draining.take(i, &event);
+                    let none = draining.none();
+                    let decided = wakes(left, children.load(Ordering::Relaxed), none && !ended);
+                    ended = none;
+                    match decided {
+                        Wake::Now => true,
+                        Wake::Coalesced => coalesce.left(Instant::now()),
+                        Wake::No => false,
+                    }
+                }
+                Some((_, Err(e))) if forbidden(&e) => {
                     warn!(%ring, error = %e, "cannot watch the draining objects; acknowledgements are seen at the drain checks");
                     return;
                 }
-                Some(Err(e)) => {
+                Some((_, Err(e))) => {
                     debug!(%ring, error = %e, "acknowledgement watch failed; it starts again");
                     false
                 }
@@ -210,6 +322,62 @@ fn forbidden(error: &watcher::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn object(name: &str) -> PartialObjectMeta<DynamicObject> {
+        PartialObjectMeta {
+            types: None,
+            metadata: kube::api::ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            _phantom: std::marker::PhantomData,
+        }
+    }
+
+    #[test]
+    fn nothing_drains_once_every_resource_listed_and_each_drained_object_left() {
+        let mut d = Draining::new(2);
+        assert!(!d.none(), "nothing listed yet");
+        assert!(!d.take(0, &Event::Init));
+        assert!(!d.take(0, &Event::InitApply(object("a"))));
+        assert!(!d.take(0, &Event::InitDone));
+        assert!(!d.take(1, &Event::Init));
+        assert!(!d.take(1, &Event::InitDone));
+        assert!(!d.none(), "a drains");
+        assert!(!d.take(1, &Event::Apply(object("b"))));
+        assert!(d.take(0, &Event::Delete(object("a"))), "a left");
+        assert!(!d.none(), "b drains");
+        assert!(d.take(1, &Event::Delete(object("b"))));
+        assert!(d.none());
+        // A relist of resource 0: unlisted until its end.
+        assert!(!d.take(0, &Event::Init));
+        assert!(!d.none(), "relisting");
+        assert!(!d.take(0, &Event::InitDone));
+        assert!(d.none());
+        assert!(!d.take(5, &Event::InitDone), "no such resource");
+    }
+
+    #[test]
+    fn an_acknowledgement_wakes_the_ring_only_for_waiting_children_or_the_last_drain() {
+        let cases = [
+            // (left, children waiting, none draining any more) -> wake
+            ((false, false, false), Wake::No),
+            ((true, false, false), Wake::No),
+            ((true, true, false), Wake::Coalesced),
+            ((false, true, false), Wake::No),
+            ((true, false, true), Wake::Now),
+            ((false, false, true), Wake::Now),
+            ((true, true, true), Wake::Now),
+        ];
+        for ((left, children, none), wake) in cases {
+            assert_eq!(
+                wakes(left, children, none),
+                wake,
+                "{left} {children} {none}"
+            );
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_first_acknowledgement_wakes_at_once_and_a_burst_once_more_after_the_quiet_time() {
