@@ -3,10 +3,12 @@
 //! size one ControllerRing of Secrets on three shards of the shard SDK in this process; Sharder
 //! (its reconciler as a process, the bench's sharder webhook) and then the reference (its one
 //! process) take the same ring and the same objects in turn, never both at once (each reconciles
-//! every ControllerRing it sees). Each, from the same placement: the CREATE latency its webhook
-//! adds (first size), its memory, a 3 -> 4 scale-out and a shard crash (first size). Writes come from the
-//! apiserver's audit log, times from the bench's metadata watch of the objects, memory from
-//! `/proc`.
+//! every ControllerRing it sees), in interleaved rounds at the first size. Each round, from the
+//! same placement: the CREATE latency its webhook adds (its first round), its memory, a 3 -> 4
+//! scale-out with a neighbouring client reading meanwhile, and at the first size the fourth
+//! shard's release and crash. Writes come from the apiserver's audit log, times from the
+//! bench's metadata watch of the objects, memory from `/proc`; the report gives each figure as
+//! the median of the rounds and each goal with their range.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -148,7 +150,8 @@ struct Figures {
     latency: Option<Latency>,
     /// Peak memory (MiB).
     memory: f64,
-    /// Scale-out: objects moved, writes by the contender, when.
+    /// Scale-out: objects moved, the writes to the objects (the contender's and the shards':
+    /// drains, acknowledgements, moves), when.
     moved: usize,
     writes: usize,
     scale_out: Timing,
@@ -186,26 +189,41 @@ pub(crate) async fn run(
             n,
         )
         .await?;
-        let mut figures = Vec::new();
-        for &contender in &contenders {
-            progress!("  {n} objects: {}", contender.name());
-            let measured = contend(&mut m, webhooks, args, contender, (n, i == 0)).await;
-            if measured.is_err() {
-                let log = match contender {
-                    Contender::Sharder => format!("reconciler-{}", m.setup.ns),
-                    Contender::Reference(_) => REFERENCE_LOG.to_owned(),
+        // At the first size the contenders' rounds interleave (Sharder, the reference,
+        // Sharder, ...): a slow minute of the machine falls on both.
+        let rounds = if i == 0 { args.reference_rounds } else { 1 };
+        let (mut sharder, mut reference) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            for &contender in &contenders {
+                progress!(
+                    "  {n} objects: {} (round {} of {rounds})",
+                    contender.name(),
+                    round + 1
+                );
+                let plan = Plan {
+                    latency: i == 0 && round == 0,
+                    changes: i == 0,
                 };
-                dump_logs(m.dir(), [log], 40);
+                let measured = contend(&mut m, webhooks, args, contender, n, plan).await;
+                if measured.is_err() {
+                    let log = match contender {
+                        Contender::Sharder => format!("reconciler-{}", m.setup.ns),
+                        Contender::Reference(_) => REFERENCE_LOG.to_owned(),
+                    };
+                    dump_logs(m.dir(), [log], 40);
+                }
+                match contender {
+                    Contender::Sharder => sharder.push(measured?),
+                    Contender::Reference(_) => reference.push(measured?),
+                }
             }
-            figures.push(measured?);
         }
         for shard in std::mem::take(&mut m.shards).into_values() {
             shard.crash();
         }
         let last = i + 1 == args.reference_sizes.len();
         m.setup.remove(!last).await?;
-        let sharder = figures.remove(0);
-        rows.push((n, sharder, figures.pop()));
+        rows.push((n, sharder, reference));
         if !last {
             let left = &args.reference_sizes[i + 1..];
             partial(format!(
@@ -220,15 +238,26 @@ pub(crate) async fn run(
 /// What the section says when no reference binary was given.
 const NOT_RUN: &str = "The reference was not run: its `sharder` binary was not given (`make bench BENCH_ARGS=\"--reference <path>\"`, the binary built by you from the reference's release; the bench never builds it). Sharder's figures stand alone.\n\n";
 
+/// What one round of a contender measures beside its scale-out.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// The CREATE latency rounds, before it.
+    latency: bool,
+    /// The fourth shard's release and crash, after it (otherwise the bench puts the objects
+    /// back itself).
+    changes: bool,
+}
+
 /// `contender` takes the ring of `m` (its `n` objects each on its shard, three shards), adds
-/// a fourth shard, and when `first` the CREATE latency rounds before it and its crash after it;
-/// it is stopped after, the objects back on the first three shards.
+/// a fourth shard, with what `plan` adds; it is stopped after, the objects back on the first
+/// three shards.
 async fn contend(
     m: &mut Movers,
     webhooks: &Webhooks,
     args: &Args,
     contender: Contender<'_>,
-    (n, first): (usize, bool),
+    n: usize,
+    plan: Plan,
 ) -> Result<Figures, Error> {
     let names: Vec<String> = m.shards.keys().cloned().collect();
     let mut running = match contender {
@@ -252,10 +281,10 @@ async fn contend(
             Running::Reference(start_reference(&run, webhooks, None)?)
         }
     };
-    let outcome = measure(m, webhooks, args, &running, &names, first).await;
+    let outcome = measure(m, webhooks, args, &running, &names, plan).await;
     running.stop();
     let figures = outcome?;
-    if !first {
+    if !plan.changes {
         put_back(m, &names).await?;
     }
     Ok(figures)
@@ -302,10 +331,10 @@ async fn measure(
     args: &Args,
     running: &Running,
     names: &[String],
-    first: bool,
+    plan: Plan,
 ) -> Result<Figures, Error> {
     wait_until_assigning(m, running).await?;
-    let latency = if first {
+    let latency = if plan.latency {
         Some(latency(m, args).await?)
     } else {
         None
@@ -319,14 +348,15 @@ async fn measure(
     m.start_shard("shard-3", OnStop::Release);
     let (at, placed) = m.converge(&four).await?;
     let gets = neighbour.stop().await;
-    let (scale_out, [writes, _, _]) = m.writes(mark, start, &[0]).await;
+    let (scale_out, [by_contender, by_shards, _]) = m.writes(mark, start, &[0]).await;
+    let writes = by_contender + by_shards;
     let memory = running.memory(webhooks)?;
     let moved = placed.values().filter(|s| *s == "shard-3").count();
 
-    // At the first size it stops and releases its Lease, joins again, and crashes (no
-    // release: its Lease expires).
+    // It stops and releases its Lease, joins again, and crashes (no release: its Lease
+    // expires).
     let (mut release, mut crash) = (None, None);
-    if first {
+    if plan.changes {
         release = Some(leave(m, names, false).await?);
         m.start_shard("shard-3", OnStop::Release);
         m.converge(&four).await?;
@@ -574,25 +604,102 @@ fn pooled(mut with: Vec<Duration>, mut without: Vec<Duration>) -> Latency {
     }
 }
 
-/// The section's text: how it was measured, the figures per size and contender, the goals.
-fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
+/// A figure over a contender's rounds: the median, the lowest and the highest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Spread {
+    median: f64,
+    low: f64,
+    high: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (`None` without any).
+    fn of(values: impl Iterator<Item = f64>) -> Option<Self> {
+        let mut v: Vec<f64> = values.collect();
+        v.sort_by(f64::total_cmp);
+        let (low, high) = (*v.first()?, *v.last()?);
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 1 {
+            v[mid]
+        } else {
+            (v[mid - 1] + v[mid]) / 2.0
+        };
+        Some(Self { median, low, high })
+    }
+
+    /// The median with its unit, and the range of the rounds where there was more than one.
+    fn text(&self, unit: &str, rounds: usize) -> String {
+        if rounds > 1 {
+            format!(
+                "{:.2}{unit} [{:.2}-{:.2}]",
+                self.median, self.low, self.high
+            )
+        } else {
+            format!("{:.2}{unit}", self.median)
+        }
+    }
+}
+
+/// One figure of each round.
+type Figure = fn(&Figures) -> Option<f64>;
+
+/// The median of `figure` over `rounds` (0 without any).
+fn median(rounds: &[Figures], figure: Figure) -> f64 {
+    Spread::of(rounds.iter().filter_map(figure)).map_or(0.0, |s| s.median)
+}
+
+/// A contender's figures as its rounds' medians, figure by figure (the CREATE latency is
+/// measured in its first round only).
+fn medians(rounds: &[Figures]) -> Figures {
+    let timing = |of: fn(&Figures) -> Option<&Timing>| {
+        rounds.iter().any(|f| of(f).is_some()).then(|| Timing {
+            first: Spread::of(rounds.iter().filter_map(|f| of(f).map(|t| t.first)))
+                .map_or(0.0, |s| s.median),
+            last: Spread::of(rounds.iter().filter_map(|f| of(f).map(|t| t.last)))
+                .map_or(0.0, |s| s.median),
+            stable: Spread::of(rounds.iter().filter_map(|f| of(f).map(|t| t.stable)))
+                .map_or(0.0, |s| s.median),
+        })
+    };
+    Figures {
+        latency: rounds.iter().find_map(|f| f.latency),
+        memory: median(rounds, |f| Some(f.memory)),
+        moved: rounds.first().map_or(0, |f| f.moved),
+        writes: median(rounds, |f| Some(f.writes as f64)).round() as usize,
+        scale_out: timing(|f| Some(&f.scale_out)).unwrap_or_default(),
+        neighbour_p99: median(rounds, |f| Some(f.neighbour_p99)),
+        release: timing(|f| f.release.as_ref()),
+        crash: timing(|f| f.crash.as_ref()),
+    }
+}
+
+/// The section's text: how it was measured, the figures per size and contender (each the
+/// median of its rounds), the goals (decided by the medians, with each side's range).
+fn markdown(args: &Args, rows: &[(usize, Vec<Figures>, Vec<Figures>)]) -> String {
     let mut out = format!(
-        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. Each contender in turn: CREATE latency with its webhook (first size only: {} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects; each pool's creates together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added), then a fourth shard joins, a neighbouring client GETting one of the ring's Secrets over and over meanwhile (one GET after the other, a client of its own: how hard the contender leans on the apiserver); then at the first size the fourth shard stops and releases its Lease, joins again, and crashes (its Lease not released, {} s); at the other sizes the bench puts the objects back itself, with no contender running. For each change: the contender's first write (received) and last write (answered) from the audit log, and stable (every object on its shard of the ring, none draining, seen by the bench's watch), each in seconds from the change. A crash's first move waits for the Lease to expire and be taken over (the same protocol for both): its goals are what follows the takeover. Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
-        args.reference_version, args.rounds, args.creates, args.rate, args.lease_seconds
+        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. At the first size {} rounds of each contender, interleaved (Sharder, the reference, Sharder, ...), each from the same placement; at the others one. Each round: the contender starts, a fourth shard joins, a neighbouring client GETting one of the ring's Secrets over and over meanwhile (one GET after the other, a client of its own: how hard the contender leans on the apiserver); then at the first size the fourth shard stops and releases its Lease, joins again, and crashes (its Lease not released, {} s); at the other sizes the bench puts the objects back itself, with no contender running. Before its first round's scale-out, the CREATE latency with its webhook (first size only: {} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects; each pool's creates together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added). Writes per moved object: the contender's and the shards' writes to the objects during the scale-out over the objects moved. For each change: the contender's first write (received) and last write (answered) from the audit log, and stable (every object on its shard of the ring, none draining, seen by the bench's watch), each in seconds from the change. A crash's first move waits for the Lease to expire and be taken over (the same protocol for both): its goals are what follows the takeover. Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Each figure in the table is the median of the contender's rounds; each goal is decided by the medians and shows the rounds' range in brackets. Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
+        args.reference_version,
+        args.reference_rounds,
+        args.lease_seconds,
+        args.rounds,
+        args.creates,
+        args.rate
     );
     out += &table(
-        "objects | contender | CREATE p50 / p99 ms | without a webhook p50 / p99 ms | added p50 / p99 ms | memory MiB | moved | writes | writes per moved object | scale-out first / last move / stable s | neighbour GET p99 ms | release first / last move / stable s | crash first / last move / stable s",
+        "objects | contender | rounds | CREATE p50 / p99 ms | without a webhook p50 / p99 ms | added p50 / p99 ms | memory MiB | moved | writes (contender + shards) | writes per moved object | scale-out first / last move / stable s | neighbour GET p99 ms | release first / last move / stable s | crash first / last move / stable s",
         rows.iter().flat_map(|(n, sharder, reference)| {
             let both = std::iter::once(("Sharder", sharder));
-            both.chain(reference.iter().map(|r| ("reference", r)))
-                .map(move |(who, f)| {
+            both.chain((!reference.is_empty()).then_some(("reference", reference)))
+                .map(move |(who, rounds)| {
+                    let f = medians(rounds);
                     let pair = |p: fn(&Latency) -> [String; 2]| {
                         f.latency
                             .as_ref()
                             .map_or("-".to_owned(), |l| p(l).join(" / "))
                     };
                     format!(
-                        "{n} | {who} | {} | {} | {} | {:.1} | {} | {} | {:.2} | {} | {:.2} | {} | {}",
+                        "{n} | {who} | {} | {} | {} | {} | {:.1} | {} | {} | {:.2} | {} | {:.2} | {} | {}",
+                        rounds.len(),
                         pair(|l| l.with.map(|v| format!("{v:.2}"))),
                         pair(|l| l.without.map(|v| format!("{v:.2}"))),
                         pair(|l| [0, 1].map(|i| l
@@ -601,7 +708,7 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
                         f.memory,
                         f.moved,
                         f.writes,
-                        f.writes as f64 / f.moved.max(1) as f64,
+                        per_moved(&f).unwrap_or_default(),
                         Timing::cells(Some(&f.scale_out)),
                         f.neighbour_p99,
                         Timing::cells(f.release.as_ref()),
@@ -610,55 +717,68 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
                 })
         }),
     );
-    if rows.iter().any(|(_, _, r)| r.is_none()) {
+    if rows.iter().any(|(_, _, r)| r.is_empty()) {
         out += NOT_RUN;
     }
     let mut goal_rows = Vec::new();
     for (n, s, r) in rows {
-        let Some(r) = r else { continue };
-        if let (Some(sl), Some(rl)) = (s.latency, r.latency) {
+        if r.is_empty() {
+            continue;
+        }
+        let (sm, rm) = (medians(s), medians(r));
+        if let (Some(sl), Some(rl)) = (sm.latency, rm.latency) {
             for (i, p) in [(0, "p50"), (1, "p99")] {
-                goal_rows.push(cost(
-                    format!(
-                        "CREATE latency with the webhook, {p} ({} creates each, {n} objects)",
-                        sl.creates.min(rl.creates)
-                    ),
-                    sl.with[i],
-                    rl.with[i],
-                    "ms",
-                ));
+                let with = |l: Latency| Spread::of(std::iter::once(l.with[i]));
+                if let (Some(sw), Some(rw)) = (with(sl), with(rl)) {
+                    goal_rows.push(cost(
+                        format!(
+                            "CREATE latency with the webhook, {p} ({} creates each, {n} objects)",
+                            sl.creates.min(rl.creates)
+                        ),
+                        (sw, 1),
+                        (rw, 1),
+                        "ms",
+                    ));
+                }
             }
         }
-        goal_rows.push(cost(
-            format!("memory ({n} objects)"),
-            s.memory,
-            r.memory,
-            "MiB",
-        ));
-        goal_rows.push(cost(
-            format!("writes per moved object ({n} objects)"),
-            s.writes as f64 / s.moved.max(1) as f64,
-            r.writes as f64 / r.moved.max(1) as f64,
-            "",
-        ));
-        goal_rows.push(cost(
-            format!("a neighbour's GET p99 during the scale-out ({n} objects)"),
-            s.neighbour_p99,
-            r.neighbour_p99,
-            "ms",
-        ));
-        goal_rows.extend(timing_goals(
-            "scale-out",
-            n,
-            &s.scale_out,
-            &r.scale_out,
-            true,
-        ));
-        if let (Some(sr), Some(rr)) = (&s.release, &r.release) {
-            goal_rows.extend(timing_goals("release", n, sr, rr, true));
+        let costs: [(&str, Figure, &str); 3] = [
+            ("memory", |f| Some(f.memory), "MiB"),
+            ("writes per moved object", per_moved, ""),
+            (
+                "a neighbour's GET p99 during the scale-out",
+                |f| Some(f.neighbour_p99),
+                "ms",
+            ),
+        ];
+        for (what, figure, unit) in costs {
+            if let Some(row) = compare(s, r, figure, |s, r| {
+                cost(format!("{what} ({n} objects)"), s, r, unit)
+            }) {
+                goal_rows.push(row);
+            }
         }
-        if let (Some(sc), Some(rc)) = (&s.crash, &r.crash) {
-            goal_rows.extend(timing_goals("crash", n, sc, rc, false));
+        let speeds: [(&str, Figure); 8] = [
+            ("scale-out, first move", |f| Some(f.scale_out.first)),
+            ("scale-out, last move", |f| Some(f.scale_out.last)),
+            ("scale-out, stable", |f| Some(f.scale_out.stable)),
+            ("release, first move", |f| f.release.map(|t| t.first)),
+            ("release, last move", |f| f.release.map(|t| t.last)),
+            ("release, stable", |f| f.release.map(|t| t.stable)),
+            // A crash's first move waits for the Lease: what follows the takeover.
+            ("crash, first move to last", |f| {
+                f.crash.map(|t| t.last - t.first)
+            }),
+            ("crash, first move to stable", |f| {
+                f.crash.map(|t| t.stable - t.first)
+            }),
+        ];
+        for (what, figure) in speeds {
+            if let Some(row) = compare(s, r, figure, |s, r| {
+                speed(format!("{what} ({n} objects)"), s, r)
+            }) {
+                goal_rows.push(row);
+            }
         }
     }
     if !goal_rows.is_empty() {
@@ -670,60 +790,59 @@ fn markdown(args: &Args, rows: &[(usize, Figures, Option<Figures>)]) -> String {
     out
 }
 
-/// The speed rows of one change: the first move, the last move and stable, each from the change
-/// (`from_change`); otherwise (a crash, whose first move waits for the Lease to expire, the same
-/// protocol for both) the last move and stable from the first move, what follows the takeover.
-fn timing_goals(
-    what: &str,
-    n: &usize,
-    s: &Timing,
-    r: &Timing,
-    from_change: bool,
-) -> Vec<crate::report::Goal> {
-    if from_change {
-        vec![
-            speed(
-                format!("{what}, first move ({n} objects)"),
-                s.first,
-                r.first,
-            ),
-            speed(format!("{what}, last move ({n} objects)"), s.last, r.last),
-            speed(format!("{what}, stable ({n} objects)"), s.stable, r.stable),
-        ]
-    } else {
-        vec![
-            speed(
-                format!("{what}, first move to last ({n} objects)"),
-                s.last - s.first,
-                r.last - r.first,
-            ),
-            speed(
-                format!("{what}, first move to stable ({n} objects)"),
-                s.stable - s.first,
-                r.stable - r.first,
-            ),
-        ]
-    }
+/// Writes per moved object.
+fn per_moved(f: &Figures) -> Option<f64> {
+    (f.moved > 0).then(|| f.writes as f64 / f.moved as f64)
 }
 
-/// A cost row: Sharder's figure against the reference's, met at or below it.
-fn cost(what: String, sharder: f64, reference: f64, unit: &str) -> crate::report::Goal {
-    let ratio = sharder / reference;
-    let figure = format!(
-        "{sharder:.2}{unit} vs {reference:.2}{unit} = {}",
-        ratio_text(ratio)
-    );
-    (what, figure, "<= 1.0x", sharder <= reference)
+/// The goal row `row` makes of `figure`'s spread over Sharder's rounds `s` and the
+/// reference's `r`, each with its count of rounds (`None` where either has none).
+fn compare(
+    s: &[Figures],
+    r: &[Figures],
+    figure: Figure,
+    row: impl Fn((Spread, usize), (Spread, usize)) -> crate::report::Goal,
+) -> Option<crate::report::Goal> {
+    let spread = |rounds: &[Figures]| {
+        let values: Vec<f64> = rounds.iter().filter_map(figure).collect();
+        let n = values.len();
+        Spread::of(values.into_iter()).map(|s| (s, n))
+    };
+    Some(row(spread(s)?, spread(r)?))
 }
 
-/// A speed row from two durations (s): the reference's over Sharder's, met at or above 1.
-fn speed(what: String, sharder: f64, reference: f64) -> crate::report::Goal {
-    let ratio = reference / sharder;
+/// A cost row: Sharder's figure against the reference's, met when its median is at or below.
+fn cost(
+    what: String,
+    (sharder, sn): (Spread, usize),
+    (reference, rn): (Spread, usize),
+    unit: &str,
+) -> crate::report::Goal {
+    let ratio = sharder.median / reference.median;
     let figure = format!(
-        "{sharder:.2} s vs {reference:.2} s = {} as fast",
+        "{} vs {} = {}",
+        sharder.text(unit, sn),
+        reference.text(unit, rn),
         ratio_text(ratio)
     );
-    (what, figure, ">= 1.0x", sharder <= reference)
+    (what, figure, "<= 1.0x", sharder.median <= reference.median)
+}
+
+/// A speed row from two durations (s): the reference's median over Sharder's, met at or above
+/// 1.
+fn speed(
+    what: String,
+    (sharder, sn): (Spread, usize),
+    (reference, rn): (Spread, usize),
+) -> crate::report::Goal {
+    let ratio = reference.median / sharder.median;
+    let figure = format!(
+        "{} vs {} = {} as fast",
+        sharder.text(" s", sn),
+        reference.text(" s", rn),
+        ratio_text(ratio)
+    );
+    (what, figure, ">= 1.0x", sharder.median <= reference.median)
 }
 
 /// A ratio as the report prints it; one of a figure at or below zero means nothing.
@@ -746,9 +865,9 @@ mod tests {
             memory: 20.0,
             ..Figures::default()
         };
-        let text = markdown(&args, &[(100, sharder, None)]);
+        let text = markdown(&args, &[(100, vec![sharder], Vec::new())]);
         assert!(
-            text.contains("| 100 | Sharder | - | - | - | 20.0 |"),
+            text.contains("| 100 | Sharder | 1 | - | - | - | 20.0 |"),
             "{text}"
         );
         assert!(text.contains(NOT_RUN), "{text}");
@@ -803,20 +922,20 @@ mod tests {
         let text = markdown(
             &args,
             &[
-                (10_000, sharder.clone(), Some(reference.clone())),
-                (100_000, later(&sharder), Some(later(&reference))),
+                (10_000, vec![sharder.clone()], vec![reference.clone()]),
+                (100_000, vec![later(&sharder)], vec![later(&reference)]),
             ],
         );
         assert!(
-            text.contains("| 100000 | Sharder | - | - | - | 20.0 | 2500 | 5000 | 2.00 | 0.10 / 4.00 / 10.00 | 12.00 | - | - |")
+            text.contains("| 100000 | Sharder | 1 | - | - | - | 20.0 | 2500 | 5000 | 2.00 | 0.10 / 4.00 / 10.00 | 12.00 | - | - |")
                 && text.contains("| memory (100000 objects) |")
                 && !text.contains("crash, first move to last (100000 objects)")
                 && !text.contains("release, stable (100000 objects)"),
             "a release and a crash only at the first size: {text}"
         );
         for row in [
-            "| 10000 | Sharder | 3.00 / 9.00 | 2.00 / 9.50 | 1.00 / none measurable | 20.0 | 2500 | 5000 | 2.00 | 0.10 / 4.00 / 10.00 | 12.00 | 0.20 / 3.00 / 4.00 | 20.00 / 22.00 / 24.00 |",
-            "| 10000 | reference | 4.00 / 8.00 | 2.50 / 6.00 | 1.50 / 2.00 | 80.0 | 2500 | 7500 | 3.00 |",
+            "| 10000 | Sharder | 1 | 3.00 / 9.00 | 2.00 / 9.50 | 1.00 / none measurable | 20.0 | 2500 | 5000 | 2.00 | 0.10 / 4.00 / 10.00 | 12.00 | 0.20 / 3.00 / 4.00 | 20.00 / 22.00 / 24.00 |",
+            "| 10000 | reference | 1 | 4.00 / 8.00 | 2.50 / 6.00 | 1.50 / 2.00 | 80.0 | 2500 | 7500 | 3.00 |",
             "| CREATE latency with the webhook, p50 (2000 creates each, 10000 objects) | 3.00ms vs 4.00ms = 0.75x | <= 1.0x | met |",
             "| CREATE latency with the webhook, p99 (2000 creates each, 10000 objects) | 9.00ms vs 8.00ms = 1.12x | <= 1.0x | **missed** |",
             "| memory (10000 objects) | 20.00MiB vs 80.00MiB = 0.25x | <= 1.0x | met |",
@@ -832,6 +951,60 @@ mod tests {
         ] {
             assert!(text.contains(row), "{row}\n{text}");
         }
+    }
+
+    #[test]
+    fn rounds_are_told_by_their_medians_and_the_goals_show_their_range() {
+        let args = <Args as clap::Parser>::parse_from(["sharder-bench", "--reference", "/ref"]);
+        let round = |stable: f64, neighbour: f64, latency: bool| Figures {
+            latency: latency.then_some(Latency {
+                with: [3.0, 9.0],
+                without: [2.0, 9.5],
+                creates: 2000,
+            }),
+            memory: 20.0 + stable,
+            moved: 100,
+            writes: 200,
+            scale_out: Timing {
+                first: 0.1,
+                last: stable - 1.0,
+                stable,
+            },
+            neighbour_p99: neighbour,
+            release: None,
+            crash: None,
+        };
+        // Sharder's median stable 6 (a slow round of 20 does not decide), the reference's 5.5
+        // (the mean of two).
+        let sharder = vec![
+            round(6.0, 30.0, true),
+            round(20.0, 10.0, false),
+            round(5.0, 20.0, false),
+        ];
+        let reference = vec![round(5.0, 25.0, true), round(6.0, 15.0, false)];
+        let text = markdown(&args, &[(10_000, sharder, reference)]);
+        for row in [
+            "| 10000 | Sharder | 3 | 3.00 / 9.00 | 2.00 / 9.50 | 1.00 / none measurable | 26.0 | 100 | 200 | 2.00 | 0.10 / 5.00 / 6.00 | 20.00 | - | - |",
+            "| 10000 | reference | 2 | 3.00 / 9.00 |",
+            "| scale-out, stable (10000 objects) | 6.00 s [5.00-20.00] vs 5.50 s [5.00-6.00] = 0.92x as fast | >= 1.0x | **missed** |",
+            "| a neighbour's GET p99 during the scale-out (10000 objects) | 20.00ms [10.00-30.00] vs 20.00ms [15.00-25.00] = 1.00x | <= 1.0x | met |",
+            "| CREATE latency with the webhook, p50 (2000 creates each, 10000 objects) | 3.00ms vs 3.00ms = 1.00x | <= 1.0x | met |",
+        ] {
+            assert!(text.contains(row), "{row}\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_spread_is_the_median_and_the_range_of_its_rounds() {
+        let of = |v: &[f64]| Spread::of(v.iter().copied());
+        assert_eq!(of(&[]), None);
+        let one = of(&[2.0]).expect("one");
+        assert_eq!((one.median, one.low, one.high), (2.0, 2.0, 2.0));
+        assert_eq!(one.text(" s", 1), "2.00 s");
+        let three = of(&[9.0, 1.0, 4.0]).expect("three");
+        assert_eq!((three.median, three.low, three.high), (4.0, 1.0, 9.0));
+        assert_eq!(three.text("ms", 3), "4.00ms [1.00-9.00]");
+        assert_eq!(of(&[1.0, 4.0, 2.0, 9.0]).expect("four").median, 3.0);
     }
 
     #[test]

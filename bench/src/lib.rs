@@ -161,6 +161,12 @@ pub struct Args {
     )]
     pub reference_sizes: Vec<usize>,
 
+    /// Rounds of each contender at section 9's first size, interleaved (Sharder, the
+    /// reference, Sharder, ...): each verdict is decided by the medians and shows the spread.
+    #[arg(long, env = "SHARDER_BENCH_REFERENCE_ROUNDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub reference_rounds: u32,
+
     /// The sections to run, comma-separated (the others are reported as not run).
     #[arg(
         long,
@@ -264,12 +270,13 @@ impl Section {
                         let moves = 2.0 * (n as f64 / 4.0) / MOVE + n as f64 / 1e4 + 15.0;
                         // At the first size: a release and a join again beside the crash.
                         let changes = 2.0 * (n as f64 / 4.0) / MOVE + 10.0;
-                        let first = if i == 0 {
-                            latency + 3.0 * lease + changes
+                        let rounds = f64::from(args.reference_rounds);
+                        let each = if i == 0 {
+                            latency + rounds * (moves + 3.0 * lease + changes)
                         } else {
-                            0.0
+                            moves
                         };
-                        create(n) + contenders * (moves + first)
+                        create(n) + contenders * each
                     })
                     .sum()
             }

@@ -51,10 +51,10 @@ use status::Counts;
 /// Field manager of the reconciler's server-side applies.
 pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 
-/// How long ring and Lease events are collected before a ring is reconciled (a rolling
-/// restart's shard changes trigger one reconcile, not one per shard; Lease renewals trigger
-/// nothing, see [`triggers`]).
-pub(crate) const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How long ring and Lease events are collected before a ring is reconciled: events of the
+/// same moment (a relist's Leases) trigger one reconcile; those arriving while it runs, one
+/// more after it. Lease renewals trigger nothing (see [`triggers`]).
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(10);
 
 /// When to retry after a failed reconcile: as soon as after a failed rebalance's first failure.
 pub(crate) const ERROR_REQUEUE: Duration = schedule::FIRST_RETRY;
@@ -354,11 +354,15 @@ async fn rebalance(
     } = work;
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
-    let targets = discovery::targets(&ctx.client, roles)
-        .await
-        .map_err(Error::Kube)?;
-    let namespaces =
-        namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector).await?;
+    // Both before the first list: at once.
+    let (targets, namespaces) = tokio::try_join!(
+        async {
+            discovery::targets(&ctx.client, roles)
+                .await
+                .map_err(Error::Kube)
+        },
+        namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector),
+    )?;
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
     let live_now = LiveNow::default();
