@@ -157,7 +157,8 @@ pub struct Args {
 
     /// Object writes in flight at most: the limit starts at 16 (or this, if lower) and adapts
     /// to the apiserver's answers, growing while writes succeed and halving when it is
-    /// overloaded (429, 503, 504).
+    /// overloaded (429, 503, 504, an answer slower than a second). More in flight than the
+    /// apiserver's cores can serve adds latency for every other client, not writes per second.
     #[arg(long, env = "SHARDER_MAX_CONCURRENT_WRITES", default_value_t = DEFAULT_MAX_CONCURRENT_WRITES)]
     pub max_concurrent_writes: usize,
 
@@ -172,7 +173,7 @@ pub struct Args {
 }
 
 /// Default of `--max-concurrent-writes`.
-pub const DEFAULT_MAX_CONCURRENT_WRITES: usize = 64;
+pub const DEFAULT_MAX_CONCURRENT_WRITES: usize = 32;
 
 /// Errors of the reconciler.
 #[derive(Debug, thiserror::Error)]
