@@ -2003,3 +2003,46 @@ async fn children_follow_their_owners_as_the_drains_are_acknowledged_not_at_a_dr
         moving.len(),
     );
 }
+
+/// A child created on its owner's old shard while the owner drained is found only by the list
+/// of everything once the drains ended; with no child waiting, the acknowledgements wake the
+/// ring once they pause, and that list comes then: with drain checks and sweeps an hour apart,
+/// only the acknowledgement watch brings it.
+#[tokio::test]
+async fn the_acknowledgements_bring_the_list_after_the_drains_without_a_drain_check() {
+    let mut w = Test::new("acklast").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    w.start_reconciler_with(
+        Duration::from_secs(3600),
+        &[("--drain-check-interval", "1h")],
+    )
+    .await;
+    w.wait_until_webhook_assigns().await;
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    w.create_secrets(40).await;
+    eventually("the objects on their shards", WAIT, || w.settled(&two)).await;
+    let moving = w.moving(&two, &three).await;
+    assert!(!moving.is_empty());
+    w.add_shard_lease("shard-c", 3600).await;
+    w.wait_until_drained(&moving).await;
+    create_late_children(&w).await;
+    let acknowledged = Instant::now();
+    assert_eq!(w.acknowledge_drains().await, moving.len());
+    eventually(
+        "every late child with its owner, no drain check between",
+        WAIT,
+        || w.settled(&three),
+    )
+    .await;
+    eprintln!(
+        "{} drains acknowledged: every late child with its owner {:.2} s later (drain checks \
+         every hour)",
+        moving.len(),
+        acknowledged.elapsed().as_secs_f64()
+    );
+}
