@@ -1946,15 +1946,13 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
         .await;
 }
 
-/// Children follow their owners as the shards acknowledge the drains, not at the next drain
-/// check: with drain checks and sweeps an hour apart, only the watch of the draining objects
-/// brings the ring back once an owner's drain is acknowledged. The owners are acknowledged one
-/// at a time, each once the previous one's child followed it.
-#[tokio::test]
-async fn children_follow_their_owners_as_the_drains_are_acknowledged_not_at_a_drain_check() {
-    let mut w = Test::new("ackwatch").await;
+/// A test's ring on Leases of `shards` held for an hour, the webhook, and a reconciler whose
+/// drain checks and sweeps come an hour apart (only the acknowledgement watch brings the ring
+/// back after its drains), once the webhook assigns objects.
+async fn ring_without_drain_checks(prefix: &str, shards: &[&str]) -> Test {
+    let mut w = Test::new(prefix).await;
     w.create_ring().await;
-    for shard in ["shard-a", "shard-b", "shard-c"] {
+    for shard in shards {
         w.add_shard_lease(shard, 3600).await;
     }
     w.start_webhook().await;
@@ -1964,6 +1962,16 @@ async fn children_follow_their_owners_as_the_drains_are_acknowledged_not_at_a_dr
     )
     .await;
     w.wait_until_webhook_assigns().await;
+    w
+}
+
+/// Children follow their owners as the shards acknowledge the drains, not at the next drain
+/// check: with drain checks and sweeps an hour apart, only the watch of the draining objects
+/// brings the ring back once an owner's drain is acknowledged. The owners are acknowledged one
+/// at a time, each once the previous one's child followed it.
+#[tokio::test]
+async fn children_follow_their_owners_as_the_drains_are_acknowledged_not_at_a_drain_check() {
+    let w = ring_without_drain_checks("ackwatch", &["shard-a", "shard-b", "shard-c"]).await;
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
     let four = Ring::new(["shard-a", "shard-b", "shard-c", "shard-d"]);
     w.create_settled(40, &three).await;
@@ -2010,18 +2018,7 @@ async fn children_follow_their_owners_as_the_drains_are_acknowledged_not_at_a_dr
 /// only the acknowledgement watch brings it.
 #[tokio::test]
 async fn the_acknowledgements_bring_the_list_after_the_drains_without_a_drain_check() {
-    let mut w = Test::new("acklast").await;
-    w.create_ring().await;
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_webhook().await;
-    w.start_reconciler_with(
-        Duration::from_secs(3600),
-        &[("--drain-check-interval", "1h")],
-    )
-    .await;
-    w.wait_until_webhook_assigns().await;
+    let w = ring_without_drain_checks("acklast", &["shard-a", "shard-b"]).await;
     let two = Ring::new(["shard-a", "shard-b"]);
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
     w.create_secrets(40).await;

@@ -939,13 +939,7 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
     system.start_shard("shard-2").await;
     restarted.extend(converge_restarting(&mut system, RECOVERY, &mut limits).await);
     let completed = started.elapsed();
-    let holdings = system.holdings().await;
-    assert_eq!(
-        holdings.values().sum::<usize>(),
-        OBJECTS,
-        "every object held once: {holdings:?}"
-    );
-    system.assert_single_ownership();
+    let holdings = held_once(&system, OBJECTS).await;
 
     let refused = |account: &str| {
         let requests = requests_of(&system, &system.service_account(account), mark);
@@ -980,6 +974,19 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
         "the write limit fell under the 429s ({fell}) and rose again after ({recovered}): \
          {limits:?}"
     );
+}
+
+/// Asserts that `system` holds its `objects` objects, each once and never by two shards at
+/// once; its holdings.
+async fn held_once(system: &System, objects: usize) -> std::collections::BTreeMap<String, usize> {
+    let holdings = system.holdings().await;
+    assert_eq!(
+        holdings.values().sum::<usize>(),
+        objects,
+        "every object held once: {holdings:?}"
+    );
+    system.assert_single_ownership();
+    holdings
 }
 
 /// Whether a course of readings of the write limit fell below an earlier reading, and rose
@@ -1171,13 +1178,7 @@ async fn api_priority_and_fairness_refuses_the_reconciler_s_writes_and_it_waits_
     for api in [&schemas, &levels] {
         let _ = api.delete(&name, &DeleteParams::default()).await;
     }
-    let holdings = system.holdings().await;
-    assert_eq!(
-        holdings.values().sum::<usize>(),
-        OBJECTS,
-        "every object held once: {holdings:?}"
-    );
-    system.assert_single_ownership();
+    held_once(&system, OBJECTS).await;
 
     let requests = requests_of(&system, &user, mark);
     let refused = requests.iter().filter(|r| r.code == 429).count();
