@@ -653,7 +653,7 @@ impl Spread {
 type Figure = fn(&Figures) -> Option<f64>;
 
 /// The median of `figure` over `rounds` (0 without any).
-fn median(rounds: &[Figures], figure: Figure) -> f64 {
+fn median(rounds: &[Figures], figure: impl Fn(&Figures) -> Option<f64>) -> f64 {
     Spread::of(rounds.iter().filter_map(figure)).map_or(0.0, |s| s.median)
 }
 
@@ -662,12 +662,9 @@ fn median(rounds: &[Figures], figure: Figure) -> f64 {
 fn medians(rounds: &[Figures]) -> Figures {
     let timing = |of: fn(&Figures) -> Option<&Timing>| {
         rounds.iter().any(|f| of(f).is_some()).then(|| Timing {
-            first: Spread::of(rounds.iter().filter_map(|f| of(f).map(|t| t.first)))
-                .map_or(0.0, |s| s.median),
-            last: Spread::of(rounds.iter().filter_map(|f| of(f).map(|t| t.last)))
-                .map_or(0.0, |s| s.median),
-            stable: Spread::of(rounds.iter().filter_map(|f| of(f).map(|t| t.stable)))
-                .map_or(0.0, |s| s.median),
+            first: median(rounds, |f| of(f).map(|t| t.first)),
+            last: median(rounds, |f| of(f).map(|t| t.last)),
+            stable: median(rounds, |f| of(f).map(|t| t.stable)),
         })
     };
     Figures {

@@ -262,17 +262,14 @@ async fn watch(
     wake: mpsc::UnboundedSender<String>,
 ) {
     let (signals, mut received) = mpsc::unbounded_channel();
-    let followers: Vec<_> = selection
-        .resources
-        .iter()
-        .enumerate()
-        .map(|(i, resource)| {
-            let api = Api::<DynamicObject>::all_with(client.clone(), resource);
-            tokio::spawn(follow(api, selection.drain.clone(), i, signals.clone()))
-        })
-        .collect();
+    // One task per resource, aborted when this one ends (a JoinSet aborts its tasks when
+    // dropped).
+    let mut followers = tokio::task::JoinSet::new();
+    for (i, resource) in selection.resources.iter().enumerate() {
+        let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+        followers.spawn(follow(api, selection.drain.clone(), i, signals.clone()));
+    }
     drop(signals);
-    let _stop = Followers(followers);
     let mut lists = Lists::new(selection.resources.len());
     let mut coalesce = Coalesce::default();
     loop {
@@ -304,17 +301,6 @@ async fn watch(
         };
         if wake_now && wake.send(ring.name.clone()).is_err() {
             return;
-        }
-    }
-}
-
-/// The per-resource tasks of a ring's watches, stopped with it.
-struct Followers(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for Followers {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
         }
     }
 }
