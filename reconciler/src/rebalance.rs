@@ -123,6 +123,13 @@ impl Scope {
         matches!(self, Self::All | Self::AfterDrains | Self::Stray)
     }
 
+    /// Whether the list confirms what earlier writes did, so it must see every one of them: the
+    /// list once the drains ended. The others only find work, whose writes are checked by
+    /// their resourceVersion preconditions ([`listing::FROM_THE_CACHE`]).
+    fn confirms(&self) -> bool {
+        matches!(self, Self::AfterDrains)
+    }
+
     /// The label selector of the list (`None`: every object).
     fn selector(&self, labels: &RingLabels, available: &BTreeSet<String>) -> Option<String> {
         match self {

@@ -5,23 +5,54 @@
 //! a write slot (a page and [`LISTED_AHEAD`] more), so a page is read to its end at the
 //! apiserver's speed, however slowly its objects are written.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 
 use futures::AsyncBufReadExt;
 use kube::Client;
-use kube::api::{ListParams, ObjectMeta};
+use kube::api::{ListParams, ObjectMeta, VersionMatch};
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
+use sharder_common::RingLabels;
 use sharder_runtime::retry::retry_after;
 
 use super::pages;
 use super::strays::Strays;
 use super::{OVERLOAD_RETRIES, Outcome, Rebalancer, RingView, Scope, Target};
+
+/// The resource version a list that needs no confirmed state starts at, with
+/// `resourceVersionMatch=NotOlderThan`: any state at least that new, which the apiserver's
+/// watch cache has at once, page by page. A list without a version is a consistent read, for
+/// which the cache first waits to hear from etcd that it is current; a version of 0 would make
+/// the apiserver ignore the page size. A write planned from a state that has changed since is
+/// refused by its resourceVersion precondition and planned again from the object read anew.
+pub(super) const FROM_THE_CACHE: &str = "1";
+
+/// The first page's request of `scope`'s list of a ring with `labels` and the `available`
+/// shards: `page_size` objects, label-selected; from the watch cache as it is
+/// ([`FROM_THE_CACHE`]) unless the list confirms earlier writes.
+fn first_page(
+    scope: &Scope,
+    labels: &RingLabels,
+    available: &BTreeSet<String>,
+    page_size: u32,
+) -> ListParams {
+    let mut first = ListParams::default().limit(page_size);
+    if let Some(selector) = scope.selector(labels, available) {
+        first = first.labels(&selector);
+    }
+    if !scope.confirms() {
+        first = first
+            .at(FROM_THE_CACHE)
+            .matching(VersionMatch::NotOlderThan);
+    }
+    first
+}
 
 /// One page of a metadata-only list, read whole and parsed into what a move needs
 /// ([`pages::parse`]).
@@ -134,10 +165,7 @@ impl Rebalancer {
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut strays = scope.finds_strays().then(Strays::default);
-        let mut first = ListParams::default().limit(self.settings.page_size);
-        if let Some(selector) = scope.selector(view.labels, view.available) {
-            first = first.labels(&selector);
-        }
+        let first = first_page(scope, view.labels, view.available, self.settings.page_size);
         for namespace in view.namespaces.list_ranges(target) {
             let range = ListRange {
                 target,
@@ -275,6 +303,36 @@ mod tests {
                 Err(kube::Error::Api(Box::new(
                     serde_json::from_value(status).expect("a Status"),
                 )))
+            }
+        }
+    }
+
+    #[test]
+    fn lists_that_find_work_read_the_cache_as_it_is_and_the_list_after_the_drains_is_a_consistent_read()
+     {
+        let id = sharder_common::RingId::controller_ring("ring");
+        let labels = id.labels();
+        let available: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        let shard = &labels.shard;
+        let cases = [
+            (Scope::All, None, true),
+            (Scope::OnShard("a".into()), Some(format!("{shard}=a")), true),
+            (Scope::Unassigned, Some(format!("!{shard}")), true),
+            (Scope::Stray, Some(format!("{shard} notin (a,b)")), true),
+            (Scope::AfterDrains, None, false),
+        ];
+        for (scope, selector, cached) in cases {
+            let params = first_page(&scope, &labels, &available, 500);
+            assert_eq!(params.limit, Some(500), "{scope:?}");
+            assert_eq!(params.label_selector, selector, "{scope:?}");
+            let version = (
+                params.resource_version.as_deref(),
+                params.version_match.clone(),
+            );
+            let from_cache = (Some(FROM_THE_CACHE), Some(VersionMatch::NotOlderThan));
+            assert_eq!(version == from_cache, cached, "{scope:?}: {version:?}");
+            if !cached {
+                assert_eq!(version, (None, None), "{scope:?}: a consistent read");
             }
         }
     }
