@@ -273,12 +273,17 @@ impl Meter {
         Ok(windows)
     }
 
-    /// The lists of Secrets the apiserver answered so far (`apiserver_request_total`).
+    /// The lists of Secrets the apiserver answered so far.
     async fn secret_lists(&self) -> Result<f64, Error> {
-        let metrics = apiserver_metrics(&self.client).await?;
-        let labels = [("resource", "secrets"), ("verb", "LIST")];
-        Ok(metric_sum(&metrics, "apiserver_request_total", &labels))
+        secret_lists(&self.client).await
     }
+}
+
+/// The lists of Secrets the apiserver answered so far (`apiserver_request_total`).
+pub(crate) async fn secret_lists(client: &Client) -> Result<f64, Error> {
+    let metrics = apiserver_metrics(client).await?;
+    let labels = [("resource", "secrets"), ("verb", "LIST")];
+    Ok(metric_sum(&metrics, "apiserver_request_total", &labels))
 }
 
 /// How long the reference's binary must have listed no Secrets before its first window starts:

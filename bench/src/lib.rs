@@ -167,6 +167,11 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub reference_rounds: u32,
 
+    /// Section 9 measures only each contender's CREATE latency, memory and scale-out at its
+    /// first size too, not the release, the crash and the rolling restart (`make bench-scale`).
+    #[arg(long, env = "SHARDER_BENCH_REFERENCE_SCALE_OUT_ONLY")]
+    pub reference_scale_out_only: bool,
+
     /// The sections to run, comma-separated (the others are reported as not run).
     #[arg(
         long,
@@ -262,17 +267,22 @@ impl Section {
                 .sum(),
             Self::Reference => {
                 let contenders = if args.reference.is_some() { 2.0 } else { 1.0 };
-                let latency = (args.rounds + 1) as f64 * 2.0 * (per_round + 1.0);
+                let latency = (args.rounds + 1) as f64 * 3.0 * (per_round + 1.0);
                 args.reference_sizes
                     .iter()
                     .enumerate()
                     .map(|(i, &n)| {
                         let moves = 2.0 * (n as f64 / 4.0) / MOVE + n as f64 / 1e4 + 15.0;
-                        // At the first size: a release and a join again beside the crash.
-                        let changes = 2.0 * (n as f64 / 4.0) / MOVE + 10.0;
+                        // At the first size: a release and a join again beside the crash,
+                        // then the rolling restart.
+                        let changes = if args.reference_scale_out_only {
+                            0.0
+                        } else {
+                            2.0 * (n as f64 / 4.0) / MOVE + 20.0 + 3.0 * lease
+                        };
                         let rounds = f64::from(args.reference_rounds);
                         let each = if i == 0 {
-                            latency + rounds * (moves + 3.0 * lease + changes)
+                            latency + rounds * (moves + changes)
                         } else {
                             moves
                         };

@@ -130,7 +130,13 @@ impl Movers {
         }
         let alarm = Alarm::default();
         let tracker = Tracker::start(&setup, &alarm).await?;
-        let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
+        // Kept, with the logs of the reconciler and the reference in it, when
+        // `SHARDER_KEEP_TMP` is set.
+        let dir = tempfile::Builder::new()
+            .prefix("sharder-bench-movers-")
+            .disable_cleanup(std::env::var_os("SHARDER_KEEP_TMP").is_some())
+            .tempdir()
+            .map_err(Error::io("create a temporary folder"))?;
         let kubeconfig =
             cp.write_kubeconfig(&format!("bench-reconciler-{}", setup.ns), &tokens[0])?;
         let mut m = Self {
