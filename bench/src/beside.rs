@@ -4,7 +4,7 @@
 //! (its reconciler as a process, the bench's sharder webhook) and then the reference (its one
 //! process) take the same ring and the same objects in turn, never both at once (each reconciles
 //! every ControllerRing it sees), in interleaved rounds at the first size. Each round, from the
-//! same placement: the CREATE latency its webhook adds (its first round), its memory, a 3 -> 4
+//! same placement: the CREATE latency its webhook adds (at the first size), its memory, a 3 -> 4
 //! scale-out with a neighbouring client reading meanwhile, and at the first size the fourth
 //! shard's release and crash. Writes come from the apiserver's audit log, times from the
 //! bench's metadata watch of the objects, memory from `/proc`; the report gives each figure as
@@ -217,7 +217,7 @@ pub(crate) async fn run(
                     round + 1
                 );
                 let plan = Plan {
-                    latency: i == 0 && round == 0,
+                    latency: i == 0,
                     changes: i == 0 && !args.reference_scale_out_only,
                 };
                 let measured = contend(&mut m, webhooks, args, contender, n, plan).await;
@@ -257,7 +257,7 @@ const NOT_RUN: &str = "The reference was not run: its `sharder` binary was not g
 /// What one round of a contender measures beside its scale-out.
 #[derive(Clone, Copy, Debug)]
 struct Plan {
-    /// The CREATE latency rounds, before it.
+    /// The CREATE latency rounds, before it (every round at the first size).
     latency: bool,
     /// The fourth shard's release and crash and the rolling restart, after it (otherwise the
     /// bench puts the objects back itself).
@@ -791,8 +791,8 @@ fn median(rounds: &[Figures], figure: impl Fn(&Figures) -> Option<f64>) -> f64 {
     Spread::of(rounds.iter().filter_map(figure)).map_or(0.0, |s| s.median)
 }
 
-/// A contender's figures as its rounds' medians, figure by figure (the CREATE latency is
-/// measured in its first round only).
+/// A contender's figures as its rounds' medians, figure by figure (the CREATE latency of the
+/// rounds that measured it: each percentile's median, the floor webhook's rounds all together).
 fn medians(rounds: &[Figures]) -> Figures {
     let timing = |of: fn(&Figures) -> Option<&Timing>| {
         rounds.iter().any(|f| of(f).is_some()).then(|| Timing {
@@ -802,7 +802,7 @@ fn medians(rounds: &[Figures]) -> Figures {
         })
     };
     Figures {
-        latency: rounds.iter().find_map(|f| f.latency.clone()),
+        latency: latencies(rounds),
         memory: median(rounds, |f| Some(f.memory)),
         moved: rounds.first().map_or(0, |f| f.moved),
         writes: median(rounds, |f| Some(f.writes as f64)).round() as usize,
@@ -817,11 +817,32 @@ fn medians(rounds: &[Figures]) -> Figures {
     }
 }
 
+/// The CREATE latency of `rounds` (those that measured it) as one: each percentile's median,
+/// every round of the floor webhook, the creates of all (`None` where none measured it).
+fn latencies(rounds: &[Figures]) -> Option<Latency> {
+    let measured: Vec<&Latency> = rounds.iter().filter_map(|f| f.latency.as_ref()).collect();
+    if measured.is_empty() {
+        return None;
+    }
+    let of = |pick: fn(&Latency) -> [f64; 2], i: usize| {
+        Spread::of(measured.iter().map(|l| pick(l)[i])).map_or(0.0, |s| s.median)
+    };
+    Some(Latency {
+        with: [0, 1].map(|i| of(|l| l.with, i)),
+        without: [0, 1].map(|i| of(|l| l.without, i)),
+        floor: measured
+            .iter()
+            .flat_map(|l| l.floor.iter().copied())
+            .collect(),
+        creates: measured.iter().map(|l| l.creates).sum(),
+    })
+}
+
 /// The section's text: how it was measured, the figures per size and contender (each the
 /// median of its rounds), the goals (decided by the medians, with each side's range).
 fn markdown(args: &Args, rows: &[(usize, Vec<Figures>, Vec<Figures>)]) -> String {
     let mut out = format!(
-        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. At the first size {} rounds of each contender, interleaved (Sharder, the reference, Sharder, ...), each from the same placement; at the others one. Each round: the contender starts and assigns new objects, the apiserver answers no list of Secrets for {} s (its startup is over), a fourth shard joins, a neighbouring client GETting one of the ring's Secrets over and over meanwhile (one GET after the other, a client of its own: how hard the contender leans on the apiserver); then at the first size{} the fourth shard stops and releases its Lease, joins again, and crashes (its Lease not released, {} s), and the three shards restart one after the other keeping their Leases (stable names, a StatefulSet's rolling update: nothing should move); otherwise the bench puts the objects back itself, with no contender running. Before its first round's scale-out, the CREATE latency with its webhook (first size only: {} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects and one in a namespace only the floor webhook selects, the least any webhook adds; each pool's creates together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added; a CREATE row where both contenders are at or below the floor webhook's slowest round is a tie at the floor). Writes per moved object: the contender's and the shards' writes to the objects during the scale-out over the objects moved. For each change: the contender's first write (received) and last write (answered) from the audit log, and stable (every object on its shard of the ring, none draining, seen by the bench's watch), each in seconds from the change. A crash's first move waits for the Lease to expire and be taken over (the same protocol for both): its goals are what follows the takeover. Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Each figure in the table is the median of the contender's rounds; each goal is decided by the medians and shows the rounds' range in brackets. Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
+        "The reference's `sharder` binary ({}, built by hand from its release outside the project) and Sharder, each at its defaults, one after the other on the same control plane, ring and objects: a ControllerRing of Secrets on 3 shards of the shard SDK in this process (the same drain acknowledgement for both: the protocol is the same), every object on its shard. At the first size {} rounds of each contender, interleaved (Sharder, the reference, Sharder, ...), each from the same placement; at the others one. Each round: the contender starts and assigns new objects, the apiserver answers no list of Secrets for {} s (its startup is over), a fourth shard joins, a neighbouring client GETting one of the ring's Secrets over and over meanwhile (one GET after the other, a client of its own: how hard the contender leans on the apiserver); then at the first size{} the fourth shard stops and releases its Lease, joins again, and crashes (its Lease not released, {} s), and the three shards restart one after the other keeping their Leases (stable names, a StatefulSet's rolling update: nothing should move); otherwise the bench puts the objects back itself, with no contender running. Before each round's scale-out at the first size, the CREATE latency with its webhook ({} rounds of {} creates at {}/s after a warm-up round, each right after a round in a namespace no webhook selects and one in a namespace only the floor webhook selects, the least any webhook adds; each pool's creates of the contender's round together, its percentiles: a percentile is a duration, and where the webhook's is not above the pool without it nothing measurable was added; the table and the goals take each percentile's median over the contender's rounds; a CREATE row where both medians are at or below the floor webhook's slowest round is a tie at the floor). Writes per moved object: the contender's and the shards' writes to the objects during the scale-out over the objects moved. For each change: the contender's first write (received) and last write (answered) from the audit log, and stable (every object on its shard of the ring, none draining, seen by the bench's watch), each in seconds from the change. A crash's first move waits for the Lease to expire and be taken over (the same protocol for both): its goals are what follows the takeover. Memory: the peak RSS (VmHWM) of the process that moves the objects, plus for Sharder its webhook's RSS (the reference serves its webhook from the same process). Each figure in the table is the median of the contender's rounds; each goal is decided by the medians and shows the rounds' range in brackets. Sharder's webhook serves every ring of the bench; the reference's process watches every ControllerRing, so the contenders never run at once.\n\n",
         args.reference_version,
         args.reference_rounds,
         SETTLED.as_secs(),
@@ -886,7 +907,9 @@ fn markdown(args: &Args, rows: &[(usize, Vec<Figures>, Vec<Figures>)]) -> String
                     "CREATE latency with the webhook, {p} ({} creates each, {n} objects)",
                     sl.creates.min(rl.creates)
                 );
-                goal_rows.push(create_goal(what, sl, rl, i));
+                if let Some(row) = create_goal(what, s, r, i) {
+                    goal_rows.push(row);
+                }
             }
         }
         let costs: [(&str, Figure, &str); 3] = [
@@ -953,36 +976,49 @@ fn markdown(args: &Args, rows: &[(usize, Vec<Figures>, Vec<Figures>)]) -> String
 /// The bound of the CREATE latency rows.
 const CREATE_BOUND: &str = "<= 1.0x, or both within the floor webhook's rounds (a tie)";
 
-/// A CREATE latency row at percentile `i` (0: p50, 1: p99) of Sharder's `s` and the
-/// reference's `r`: a tie at the floor where both are at or below the slowest round of the
-/// floor webhook (the least any webhook adds, as it varies between rounds), otherwise decided
-/// by the figures as any cost.
-fn create_goal(what: String, s: &Latency, r: &Latency, i: usize) -> crate::report::Goal {
-    let floor = Spread::of(s.floor.iter().chain(&r.floor).map(|p| p[i]));
-    let (sw, rw) = (s.with[i], r.with[i]);
-    match floor {
-        Some(f) if sw <= f.high && rw <= f.high => (
+/// A CREATE latency row at percentile `i` (0: p50, 1: p99) of Sharder's rounds `s` and the
+/// reference's `r` (each round's percentile of its own creates): a tie at the floor where both
+/// medians are at or below the slowest round of the floor webhook (the least any webhook adds,
+/// as it varies between rounds), otherwise decided by the medians as any cost. `None` where
+/// either measured no latency.
+fn create_goal(
+    what: String,
+    s: &[Figures],
+    r: &[Figures],
+    i: usize,
+) -> Option<crate::report::Goal> {
+    let floors = s.iter().chain(r).filter_map(|f| f.latency.as_ref());
+    let floor = Spread::of(floors.flat_map(|l| l.floor.iter().map(|p| p[i])));
+    let with = |rounds: &[Figures]| {
+        let values: Vec<f64> = rounds
+            .iter()
+            .filter_map(|f| f.latency.as_ref().map(|l| l.with[i]))
+            .collect();
+        let n = values.len();
+        Spread::of(values.into_iter()).map(|s| (s, n))
+    };
+    let (sw, rw) = (with(s)?, with(r)?);
+    Some(match floor {
+        Some(f) if sw.0.median <= f.high && rw.0.median <= f.high => (
             what,
             format!(
-                "{sw:.2}ms vs {rw:.2}ms, both within the floor webhook's rounds ({:.2}-{:.2}ms): a tie at the floor",
-                f.low, f.high
+                "{} vs {}, both within the floor webhook's rounds ({:.2}-{:.2}ms): a tie at the floor",
+                sw.0.text("ms", sw.1),
+                rw.0.text("ms", rw.1),
+                f.low,
+                f.high
             ),
             CREATE_BOUND,
             true,
         ),
         _ => {
-            let one = |v| Spread {
-                median: v,
-                low: v,
-                high: v,
-            };
-            let (what, figure, _, met) = cost(what, (one(sw), 1), (one(rw), 1), "ms");
+            let (what, figure, _, met) = cost(what, sw, rw, "ms");
             let floor = floor.map_or(String::new(), |f| {
                 format!(" (the floor webhook's rounds {:.2}-{:.2}ms)", f.low, f.high)
             });
             (what, figure + &floor, CREATE_BOUND, met)
         }
-    }
+    })
 }
 
 /// Writes per moved object.
@@ -1158,9 +1194,9 @@ mod tests {
     #[test]
     fn rounds_are_told_by_their_medians_and_the_goals_show_their_range() {
         let args = <Args as clap::Parser>::parse_from(["sharder-bench", "--reference", "/ref"]);
-        let round = |stable: f64, neighbour: f64, latency: bool| Figures {
-            latency: latency.then(|| Latency {
-                with: [3.0, 9.0],
+        let round = |stable: f64, neighbour: f64, p99: Option<f64>| Figures {
+            latency: p99.map(|p99| Latency {
+                with: [3.0, p99],
                 without: [2.0, 9.5],
                 floor: vec![[3.1, 8.0], [2.9, 9.5]],
                 creates: 2000,
@@ -1179,21 +1215,22 @@ mod tests {
             roll: Some(if stable > 10.0 { 2 } else { 0 }),
         };
         // Sharder's median stable 6 (a slow round of 20 does not decide), the reference's 5.5
-        // (the mean of two).
+        // (the mean of two); Sharder's CREATE p99 9 ms (a round of 30 does not decide either),
+        // the reference's measured in one round.
         let sharder = vec![
-            round(6.0, 30.0, true),
-            round(20.0, 10.0, false),
-            round(5.0, 20.0, false),
+            round(6.0, 30.0, Some(9.0)),
+            round(20.0, 10.0, Some(30.0)),
+            round(5.0, 20.0, Some(8.0)),
         ];
-        let reference = vec![round(5.0, 25.0, true), round(6.0, 15.0, false)];
+        let reference = vec![round(5.0, 25.0, Some(9.0)), round(6.0, 15.0, None)];
         let text = markdown(&args, &[(10_000, sharder, reference)]);
         for row in [
             "| 10000 | Sharder | 3 | 3.00 / 9.00 | 2.00 / 9.50 | 2.90-3.10 / 8.00-9.50 | 1.00 / none measurable | 26.0 | 100 | 200 | 2.00 | 0.10 / 5.00 / 6.00 | 20.00 | - | - | 0 |",
             "| 10000 | reference | 2 | 3.00 / 9.00 |",
             "| scale-out, stable (10000 objects) | 6.00 s [5.00-20.00] vs 5.50 s [5.00-6.00] = 0.92x as fast | >= 1.0x | **missed** |",
             "| a neighbour's GET p99 during the scale-out (10000 objects) | 20.00ms [10.00-30.00] vs 20.00ms [15.00-25.00] = 1.00x | <= 1.0x | met |",
-            "| CREATE latency with the webhook, p50 (2000 creates each, 10000 objects) | 3.00ms vs 3.00ms, both within the floor webhook's rounds (2.90-3.10ms): a tie at the floor | <= 1.0x, or both within the floor webhook's rounds (a tie) | met |",
-            "| CREATE latency with the webhook, p99 (2000 creates each, 10000 objects) | 9.00ms vs 9.00ms, both within the floor webhook's rounds (8.00-9.50ms): a tie at the floor | <= 1.0x, or both within the floor webhook's rounds (a tie) | met |",
+            "| CREATE latency with the webhook, p50 (2000 creates each, 10000 objects) | 3.00ms [3.00-3.00] vs 3.00ms, both within the floor webhook's rounds (2.90-3.10ms): a tie at the floor | <= 1.0x, or both within the floor webhook's rounds (a tie) | met |",
+            "| CREATE latency with the webhook, p99 (2000 creates each, 10000 objects) | 9.00ms [8.00-30.00] vs 9.00ms, both within the floor webhook's rounds (8.00-9.50ms): a tie at the floor | <= 1.0x, or both within the floor webhook's rounds (a tie) | met |",
             // One round of three wrote to the objects: the median is 0, the verdict is not.
             "| a rolling restart of the shards, Leases kept: writes to the objects (10000 objects) | 0.00 [0.00-2.00] vs 0.00 [0.00-0.00] | 0 in every round of Sharder's | **missed** |",
         ] {

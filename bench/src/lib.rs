@@ -282,7 +282,7 @@ impl Section {
                         };
                         let rounds = f64::from(args.reference_rounds);
                         let each = if i == 0 {
-                            latency + rounds * (moves + changes)
+                            rounds * (latency + moves + changes)
                         } else {
                             moves
                         };
