@@ -7,6 +7,7 @@
 pub mod cluster_ring;
 pub mod handover;
 pub mod key;
+pub mod label_guard;
 pub mod labels;
 pub mod lease;
 pub mod ring;

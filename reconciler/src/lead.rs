@@ -10,6 +10,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use sharder_common::RingKind;
+use sharder_common::label_guard::GuardSettings;
 use sharder_common::webhook_configuration::{
     WebhookSettings, WebhookTarget, global_namespace_selector,
 };
@@ -44,7 +45,14 @@ pub(crate) async fn lead(
     stop: CancellationToken,
 ) -> Result<(), Error> {
     let readiness = leader.readiness.clone();
-    let shared = Shared::new(&args, client, leader, stop.clone());
+    let guard = webhook_config::guard::settings(
+        &client,
+        args.label_guard,
+        &args.label_guard_acknowledgers,
+        &global_namespace_selector(args.namespace_selector.as_ref(), &args.namespace),
+    )
+    .await?;
+    let shared = Shared::new(&args, client, leader, guard, stop.clone());
     let mut tasks = Tasks::new(stop);
     let mut watches = Vec::new();
     for kind in args.rings.kinds() {
@@ -66,11 +74,18 @@ struct Shared {
     recorder: Recorder,
     intervals: rings::Intervals,
     selector: String,
+    guard: Option<GuardSettings>,
     stop: CancellationToken,
 }
 
 impl Shared {
-    fn new(args: &Args, client: kube::Client, leader: Leader, stop: CancellationToken) -> Self {
+    fn new(
+        args: &Args,
+        client: kube::Client,
+        leader: Leader,
+        guard: Option<GuardSettings>,
+        stop: CancellationToken,
+    ) -> Self {
         let webhook = WebhookSettings {
             target: match &args.webhook_url {
                 Some(url) => WebhookTarget::Url(url.clone()),
@@ -116,6 +131,7 @@ impl Shared {
                 drain_check: args.drain_check_interval,
             },
             selector: args.ring_selector.clone(),
+            guard,
             stop,
         }
     }
@@ -134,6 +150,7 @@ impl Shared {
             kind,
             &self.selector,
             self.ca.clone(),
+            self.guard.is_some(),
         );
         let watches = [leases.1.clone(), rings.1.clone(), configurations.1.clone()];
         let lease_ctx = self.lease_context(kind, &rings);
@@ -223,6 +240,7 @@ impl Shared {
             ca: self.ca.clone(),
             resync: self.intervals.resync,
             metrics: self.metrics.clone(),
+            guards: webhook_config::guard::Guards::new(self.guard.clone()),
         })
     }
 }

@@ -167,9 +167,33 @@ pub struct Args {
     #[arg(long, env = "SHARDER_MAX_WRITES_PER_SECOND", default_value_t = 0)]
     pub max_writes_per_second: u32,
 
+    /// The label guard (docs/operations.md, "Label guard"): a ValidatingAdmissionPolicy per
+    /// ring that admits only the protocol's changes of the ring's shard and drain labels.
+    /// `auto`: on where the apiserver serves ValidatingAdmissionPolicies (Kubernetes 1.30 or
+    /// later), off where it does not.
+    #[arg(long, env = "SHARDER_LABEL_GUARD", value_enum, default_value_t = LabelGuard::Off)]
+    pub label_guard: LabelGuard,
+
+    /// Users who may acknowledge any shard's drains, comma-separated: shards that run outside
+    /// pods and share one identity (e.g. `system:serviceaccount:<namespace>:<name>`). A shard
+    /// in a pod acknowledges its own drains with its pod-bound token and needs no entry here.
+    #[arg(long, env = "SHARDER_LABEL_GUARD_ACKNOWLEDGERS", value_delimiter = ',')]
+    pub label_guard_acknowledgers: Vec<String>,
+
     /// Admin server and logging flags.
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Whether the label guard is on (`--label-guard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LabelGuard {
+    /// On where the apiserver serves ValidatingAdmissionPolicies, off where it does not.
+    Auto,
+    /// On; the reconciler does not start leading where the API is not served.
+    On,
+    /// Off: no guard, and the guards of an earlier run are deleted.
+    Off,
 }
 
 /// Default of `--max-concurrent-writes`.
@@ -181,6 +205,19 @@ pub enum Error {
     /// A request to the apiserver failed.
     #[error("apiserver request failed: {0}")]
     Kube(#[source] kube::Error),
+
+    /// `--label-guard on`, but the apiserver serves no ValidatingAdmissionPolicies.
+    #[error(
+        "--label-guard on: the apiserver serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicies (Kubernetes 1.30 or later); use --label-guard auto or off"
+    )]
+    LabelGuardUnavailable,
+
+    /// The apiserver named no user for the reconciler's own credentials (a SelfSubjectReview),
+    /// so the label guard cannot let the reconciler's writes through.
+    #[error(
+        "the apiserver named no user for the reconciler's credentials (SelfSubjectReview): the label guard needs one; use --label-guard off"
+    )]
+    NoIdentity,
 
     /// The webhook CA file cannot be read.
     #[error("--webhook-ca-file {path}: {source}")]

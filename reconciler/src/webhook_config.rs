@@ -1,7 +1,9 @@
-//! Keeping each ClusterRing's MutatingWebhookConfiguration (built by
+//! Keeping each ring's MutatingWebhookConfiguration (built by
 //! `sharder_common::webhook_configuration`) in the cluster: [`controller`] applies it when it is
-//! missing or differs, [`drift`] tells what differs, [`ca`] follows the CA file.
+//! missing or differs, [`drift`] tells what differs, [`ca`] follows the CA file; [`guard`] keeps
+//! the ring's label guard beside it.
 
 pub(crate) mod ca;
 pub(crate) mod controller;
 pub(crate) mod drift;
+pub(crate) mod guard;

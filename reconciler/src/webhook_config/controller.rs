@@ -3,14 +3,17 @@
 //! configuration changes or goes (by its ring label, or its owner reference when the label was
 //! removed), when the CA bundle changes, and every resync interval; it reads the configuration
 //! and writes (server-side apply) only when [`drift`] finds a difference, so an unchanged
-//! configuration is never written again. A configuration the reference sharder applied is taken
+//! configuration is never written again; the ring's label guard is kept beside it
+//! ([`super::guard`]). A configuration the reference sharder applied is taken
 //! over whole: its fields are released first ([`previous_managers`]); one it named otherwise
 //! (v0.8's ClusterRing configuration) is deleted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -23,6 +26,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::drift::{drift, previous_managers};
+use super::guard::Guards;
 use crate::Error;
 use crate::metrics::{ConfigurationWriteLabels, Metrics};
 use crate::rings::FIELD_MANAGER;
@@ -45,6 +49,8 @@ pub(crate) struct Context {
     pub resync: Duration,
     /// Metrics.
     pub metrics: Metrics,
+    /// The rings' label guards.
+    pub guards: Guards,
 }
 
 /// The ring of `kind` a configuration belongs to: its ring label of that kind, else its owner
@@ -127,6 +133,7 @@ pub(crate) async fn reconcile(
             "webhook configuration applied"
         );
     }
+    ctx.guards.keep(&ctx.client, &ring, &roles).await?;
     Ok(Action::requeue(ctx.resync))
 }
 
@@ -181,12 +188,14 @@ pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<C
 }
 
 /// The controller over the rings of `kind` matching `selector` (empty: all), triggered by the
-/// webhook configurations and by every change of `ca`.
+/// webhook configurations, by every change of `ca`, and with the label guard on (`guard`) by
+/// the guards' policies and bindings.
 pub(crate) fn controller(
     client: Client,
     kind: RingKind,
     selector: &str,
     ca: watch::Receiver<Vec<u8>>,
+    guard: bool,
 ) -> (
     Controller<DynamicObject>,
     sharder_runtime::controller::Listed,
@@ -198,16 +207,43 @@ pub(crate) fn controller(
     });
     let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
     let resource = kind.api_resource();
-    let controller = controller
+    let to_ring = {
+        let resource = resource.clone();
+        move |ring: RingId| ObjectRef::<DynamicObject>::new_with(&ring.name, resource.clone())
+    };
+    let mut controller = controller
         .watches(
-            Api::<MutatingWebhookConfiguration>::all(client),
+            Api::<MutatingWebhookConfiguration>::all(client.clone()),
             watcher::Config::default(),
-            move |mwc| {
-                ring_of(kind, &mwc)
-                    .map(|ring| ObjectRef::<DynamicObject>::new_with(&ring.name, resource.clone()))
+            {
+                let to_ring = to_ring.clone();
+                move |mwc| ring_of(kind, &mwc).map(&to_ring)
             },
         )
         .reconcile_all_on(ca_changes);
+    if guard {
+        // The guards carry their ring's label; a deleted or edited one is restored at once.
+        let labelled = watcher::Config::default().labels(kind.lease_label());
+        let label_of = move |labels: &std::collections::BTreeMap<String, String>| {
+            labels
+                .get(kind.lease_label())
+                .map(|ring| RingId::new(kind, ring.as_str()))
+        };
+        controller = controller
+            .watches(
+                Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+                labelled.clone(),
+                {
+                    let to_ring = to_ring.clone();
+                    move |policy| label_of(policy.labels()).map(&to_ring)
+                },
+            )
+            .watches(
+                Api::<ValidatingAdmissionPolicyBinding>::all(client),
+                labelled,
+                move |binding| label_of(binding.labels()).map(&to_ring),
+            );
+    }
     (controller, listed)
 }
 

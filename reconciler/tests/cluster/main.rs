@@ -3,7 +3,7 @@
 //! plane), one module per topic: lease states and takeover, one webhook configuration per ring,
 //! rebalancing (drains on scale-out that touch exactly the objects that move, direct moves off
 //! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), hostile rings
-//! and owner references, leader election, and switching from the reference.
+//! and owner references, the label guard, leader election, and switching from the reference.
 
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
@@ -20,6 +20,7 @@ use sharder_harness::world::World;
 mod clients;
 mod controller_ring;
 mod hostile_rings;
+mod label_guard;
 mod leader_election;
 mod lease_states;
 mod rebalancing;
