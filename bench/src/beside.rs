@@ -581,22 +581,44 @@ async fn wait_until_assigning(m: &Movers, running: &Running) -> Result<(), Error
     };
     let mwcs: Api<MutatingWebhookConfiguration> = Api::all(m.setup.client.clone());
     let name = m.setup.id().configuration_name();
-    let secrets = m.setup.secrets();
+    let calls = || async {
+        let mwc = mwcs.get_opt(&name).await?;
+        Ok::<_, kube::Error>(mwc.is_some_and(|mwc| {
+            let urls = mwc.webhooks.unwrap_or_default().into_iter();
+            let mut urls = urls.map(|w| w.client_config.url.unwrap_or_default());
+            urls.all(|u| url.is_none_or(|url| u.starts_with(url)))
+        }))
+    };
+    probe_until(
+        &m.setup.secrets(),
+        &format!("{name} did not call the webhook, or it did not assign"),
+        calls,
+        |created| m.setup.shard_of(created).is_some(),
+    )
+    .await
+}
+
+/// Creates probes in `secrets` (once `ready` says so, every 200 ms) until one comes back as
+/// `assigned` says, up to 2 minutes (then an error: `what`, within 2 minutes); the probes are
+/// deleted after.
+async fn probe_until<R, F>(
+    secrets: &Api<Secret>,
+    what: &str,
+    ready: R,
+    assigned: impl Fn(&Secret) -> bool,
+) -> Result<(), Error>
+where
+    R: Fn() -> F,
+    F: std::future::Future<Output = Result<bool, kube::Error>>,
+{
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut probes = Vec::new();
     let outcome = loop {
         if Instant::now() > deadline {
-            break Err(Error::Setup(format!(
-                "{name} did not call the webhook, or it did not assign, within 2 minutes"
-            )));
+            break Err(Error::Setup(format!("{what} within 2 minutes")));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let calls = mwcs.get_opt(&name).await?.is_some_and(|mwc| {
-            let urls = mwc.webhooks.unwrap_or_default().into_iter();
-            let mut urls = urls.map(|w| w.client_config.url.unwrap_or_default());
-            urls.all(|u| url.is_none_or(|url| u.starts_with(url)))
-        });
-        if !calls {
+        if !ready().await? {
             continue;
         }
         let probe = format!("probe-{}", probes.len());
@@ -607,11 +629,11 @@ async fn wait_until_assigning(m: &Movers, running: &Running) -> Result<(), Error
             )
             .await?;
         probes.push(probe);
-        if m.setup.shard_of(&created).is_some() {
+        if assigned(&created) {
             break Ok(());
         }
     };
-    delete_all(&secrets, probes).await?;
+    delete_all(secrets, probes).await?;
     outcome
 }
 
@@ -707,30 +729,14 @@ async fn floor_only(client: &kube::Client, webhooks: &Webhooks, ns: &str) -> Res
     Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &mwc)
         .await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut probes = Vec::new();
-    let outcome = loop {
-        if Instant::now() > deadline {
-            break Err(Error::Setup(format!(
-                "{name} did not call the floor webhook within 2 minutes"
-            )));
-        }
-        let probe = format!("probe-{}", probes.len());
-        let created = secrets
-            .create(
-                &PostParams::default(),
-                &sharder_harness::fixtures::secret(&probe),
-            )
-            .await?;
-        probes.push(probe);
-        if created.labels().contains_key("floor") {
-            break Ok(name);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    delete_all(&secrets, probes).await?;
-    outcome
+    probe_until(
+        &Api::namespaced(client.clone(), ns),
+        &format!("{name} did not call the floor webhook"),
+        || async { Ok(true) },
+        |created| created.labels().contains_key("floor"),
+    )
+    .await?;
+    Ok(name)
 }
 
 /// The percentiles of the pools of create latencies with the webhook and without, beside the

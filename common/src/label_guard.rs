@@ -12,8 +12,6 @@
 //! outside pods, by being one of the acknowledgers given. Everything else is denied with a
 //! message naming the ring and the rule.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
@@ -21,7 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use crate::webhook_configuration::ring_namespace_selector;
+use crate::webhook_configuration::{resources_by_group, ring_namespace_selector};
 use crate::{RingObject, Roles};
 
 /// The user-info extra key under which a pod-bound ServiceAccount token carries its pod's name.
@@ -83,26 +81,15 @@ pub fn label_guard(
         owner_references: Some(vec![ring.owner_reference()]),
         ..ObjectMeta::default()
     };
-    // One rule per API group, each with the group's main and controlled resources.
-    let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (resource, _) in roles.iter() {
-        by_group
-            .entry(resource.group.clone())
-            .or_default()
-            .push(resource.resource.clone());
-    }
-    let rules = by_group
+    let rules = resources_by_group(roles)
         .into_iter()
-        .map(|(group, mut resources)| {
-            resources.sort();
-            NamedRuleWithOperations {
-                api_groups: Some(vec![group]),
-                api_versions: Some(vec!["*".into()]),
-                operations: Some(vec!["UPDATE".into()]),
-                resources: Some(resources),
-                scope: Some("*".into()),
-                resource_names: None,
-            }
+        .map(|(group, resources)| NamedRuleWithOperations {
+            api_groups: Some(vec![group]),
+            api_versions: Some(vec!["*".into()]),
+            operations: Some(vec!["UPDATE".into()]),
+            resources: Some(resources),
+            scope: Some("*".into()),
+            resource_names: None,
         })
         .collect();
     let (shard, drain) = (&labels.shard, &labels.drain);
@@ -209,6 +196,8 @@ pub fn label_guard(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use crate::{ClusterRing, ClusterRingSpec, GroupResource, RingResource};
 
     use super::*;

@@ -91,6 +91,22 @@ pub fn ring_namespace_selector(
     both_selectors(spec.namespace_selector.as_ref(), global)
 }
 
+/// The resources of `roles` by API group (one admission rule each), each group's sorted: its
+/// main and controlled resources together.
+pub fn resources_by_group(roles: &Roles) -> BTreeMap<String, Vec<String>> {
+    let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (resource, _) in roles.iter() {
+        by_group
+            .entry(resource.group.clone())
+            .or_default()
+            .push(resource.resource.clone());
+    }
+    for resources in by_group.values_mut() {
+        resources.sort();
+    }
+    by_group
+}
+
 /// The webhook configuration of `ring`, whose resources have `roles` (see
 /// [`RingObject::roles`]).
 pub fn webhook_configuration(
@@ -122,25 +138,14 @@ pub fn webhook_configuration(
             ca_bundle: Some(ByteString(settings.ca_bundle.clone())),
         },
     };
-    // One rule per API group, each with the group's main and controlled resources.
-    let mut by_group: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (resource, _) in roles.iter() {
-        by_group
-            .entry(resource.group.clone())
-            .or_default()
-            .push(resource.resource.clone());
-    }
-    let rules = by_group
+    let rules = resources_by_group(roles)
         .into_iter()
-        .map(|(group, mut resources)| {
-            resources.sort();
-            RuleWithOperations {
-                api_groups: Some(vec![group]),
-                api_versions: Some(vec!["*".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(resources),
-                scope: Some("*".into()),
-            }
+        .map(|(group, resources)| RuleWithOperations {
+            api_groups: Some(vec![group]),
+            api_versions: Some(vec!["*".into()]),
+            operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+            resources: Some(resources),
+            scope: Some("*".into()),
         })
         .collect();
     MutatingWebhookConfiguration {
