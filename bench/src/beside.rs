@@ -995,15 +995,8 @@ fn create_goal(
 ) -> Option<crate::report::Goal> {
     let floors = s.iter().chain(r).filter_map(|f| f.latency.as_ref());
     let floor = Spread::of(floors.flat_map(|l| l.floor.iter().map(|p| p[i])));
-    let with = |rounds: &[Figures]| {
-        let values: Vec<f64> = rounds
-            .iter()
-            .filter_map(|f| f.latency.as_ref().map(|l| l.with[i]))
-            .collect();
-        let n = values.len();
-        Spread::of(values.into_iter()).map(|s| (s, n))
-    };
-    let (sw, rw) = (with(s)?, with(r)?);
+    let with = |f: &Figures| f.latency.as_ref().map(|l| l.with[i]);
+    let (sw, rw) = (rounds_spread(s, with)?, rounds_spread(r, with)?);
     Some(match floor {
         Some(f) if sw.0.median <= f.high && rw.0.median <= f.high => (
             what,
@@ -1040,12 +1033,17 @@ fn compare(
     figure: Figure,
     row: impl Fn((Spread, usize), (Spread, usize)) -> crate::report::Goal,
 ) -> Option<crate::report::Goal> {
-    let spread = |rounds: &[Figures]| {
-        let values: Vec<f64> = rounds.iter().filter_map(figure).collect();
-        let n = values.len();
-        Spread::of(values.into_iter()).map(|s| (s, n))
-    };
-    Some(row(spread(s)?, spread(r)?))
+    Some(row(rounds_spread(s, figure)?, rounds_spread(r, figure)?))
+}
+
+/// `figure`'s spread over `rounds` and how many rounds had it (`None` where none had).
+fn rounds_spread(
+    rounds: &[Figures],
+    figure: impl Fn(&Figures) -> Option<f64>,
+) -> Option<(Spread, usize)> {
+    let values: Vec<f64> = rounds.iter().filter_map(figure).collect();
+    let n = values.len();
+    Spread::of(values.into_iter()).map(|s| (s, n))
 }
 
 /// A cost row: Sharder's figure against the reference's, met when its median is at or below.
