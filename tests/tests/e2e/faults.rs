@@ -881,15 +881,16 @@ async fn converge_restarting(
             "not converged in {timeout:?}: {why}"
         );
         restarted.extend(system.restart_lease_losers().await);
-        let metrics = system.reconciler_metrics(0).await;
-        if let Some(limit) =
-            metric_value(&metrics, "sharder_reconciler_write_concurrency_limit", &[])
-        {
-            limits.push(limit);
-        }
+        limits.extend(write_limit(system).await);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     restarted
+}
+
+/// The reconciler's write limit as its metrics give it now.
+async fn write_limit(system: &System) -> Option<f64> {
+    let metrics = system.reconciler_metrics(0).await;
+    metric_value(&metrics, "sharder_reconciler_write_concurrency_limit", &[])
 }
 
 #[tokio::test]
@@ -935,6 +936,8 @@ async fn an_overloaded_apiserver_refuses_writes_and_the_scale_out_completes_with
     let settled = first.elapsed();
 
     let mark = system.audit_mark();
+    // The limit before the change: the course of readings starts where the scale-out does.
+    limits.extend(write_limit(&system).await);
     let started = Instant::now();
     system.start_shard("shard-2").await;
     restarted.extend(converge_restarting(&mut system, RECOVERY, &mut limits).await);
@@ -1172,7 +1175,8 @@ async fn api_priority_and_fairness_refuses_the_reconciler_s_writes_and_it_waits_
     .await;
 
     let mark = system.audit_mark();
-    let mut limits = Vec::new();
+    // The limit before the change: the course of readings starts where the scale-out does.
+    let mut limits: Vec<f64> = write_limit(&system).await.into_iter().collect();
     system.start_shard("shard-2").await;
     let restarted = converge_restarting(&mut system, RECOVERY, &mut limits).await;
     for api in [&schemas, &levels] {
