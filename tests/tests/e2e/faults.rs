@@ -827,7 +827,10 @@ fn lease_reads(events: &[serde_json::Value], user: &str) -> Vec<LeaseRead> {
 /// that long after the first's refusal. And about that long, not after a backoff growing beyond
 /// it: the median wait from a refusal to the next read is within 1 s of the Retry-After (the
 /// next read may be another watch's, which only shortens the wait; a busy machine may hold one
-/// back longer now and then).
+/// back longer now and then). A read answered with another error (a 403 while a restarted
+/// apiserver's authorizer catches up) puts the component's backoff in force for the rest of the
+/// run, as it should: the waits after it say nothing about the Retry-After and are left out of
+/// the median.
 fn retry_after_broken(reads: &[&LeaseRead], watches: usize) -> Vec<String> {
     let since = |later: &LeaseRead, earlier: &LeaseRead| {
         Duration::try_from(later.received.duration_since(earlier.answered)).unwrap_or_default()
@@ -848,7 +851,10 @@ fn retry_after_broken(reads: &[&LeaseRead], watches: usize) -> Vec<String> {
                 ));
             }
         }
-        if let Some(next) = reads.get(i + 1) {
+        let backing_off = reads[..i].iter().any(|r| r.code != 200 && r.code != 429);
+        if let Some(next) = reads.get(i + 1)
+            && !backing_off
+        {
             over.push(since(next, read).saturating_sub(asked));
         }
     }
@@ -862,6 +868,27 @@ fn retry_after_broken(reads: &[&LeaseRead], watches: usize) -> Vec<String> {
         ));
     }
     broken
+}
+
+#[test]
+fn a_retry_after_waited_out_late_is_a_growing_backoff_unless_another_error_came_first() {
+    let at = |s: i64| Timestamp::from_second(1_000_000 + s).expect("a time");
+    let read = |s: i64, code: u64| LeaseRead {
+        uri: "/leases".into(),
+        code,
+        retry_after: (code == 429).then_some(Duration::from_secs(1)),
+        received: at(s),
+        answered: at(s),
+    };
+    let late = [read(0, 429), read(6, 200)];
+    let late: Vec<&LeaseRead> = late.iter().collect();
+    assert_eq!(retry_after_broken(&late, 1).len(), 1, "5 s more than asked");
+    let after_403 = [read(0, 403), read(3, 429), read(9, 200)];
+    let after_403: Vec<&LeaseRead> = after_403.iter().collect();
+    assert!(retry_after_broken(&after_403, 1).is_empty());
+    let early = [read(0, 403), read(3, 429), read(3, 200)];
+    let early: Vec<&LeaseRead> = early.iter().collect();
+    assert_eq!(retry_after_broken(&early, 1).len(), 1, "sooner than asked");
 }
 
 /// Waits until `system` converges, at most `timeout`, starting again every shard or reconciler
