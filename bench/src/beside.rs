@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
@@ -280,14 +282,26 @@ async fn contend(
         Contender::Sharder => Running::Sharder(m.start_reconciler(webhooks, "", n).await?),
         Contender::Reference(binary) => {
             // Sharder's reconciler owns the fields of the ring's webhook configuration, and the
-            // reference applies its own without forcing: a switch back deletes it first.
-            let mwcs: Api<MutatingWebhookConfiguration> = Api::all(m.setup.client.clone());
+            // reference applies its own without forcing: a switch back deletes it first, and
+            // Sharder's label guard with it (the reference has none; the policy would be
+            // evaluated on the reference's writes).
             let name = m.setup.id().configuration_name();
-            match mwcs.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+            let client = &m.setup.client;
+            delete_if_there(
+                &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+                &name,
+            )
+            .await?;
+            delete_if_there(
+                &Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+                &name,
+            )
+            .await?;
+            delete_if_there(
+                &Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+                &name,
+            )
+            .await?;
             let run = ReferenceRun {
                 binary,
                 dir: m.dir(),
@@ -304,6 +318,18 @@ async fn contend(
         put_back(m, &names).await?;
     }
     Ok(figures)
+}
+
+/// Deletes object `name` of `api`; gone already is as good.
+async fn delete_if_there<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Puts the objects back on the shards `names` with no contender running (at sizes after the

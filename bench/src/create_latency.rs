@@ -152,29 +152,44 @@ impl Creator {
         n: usize,
         rate: f64,
     ) -> (Vec<Duration>, f64, usize) {
-        let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let started = Instant::now();
-        let mut tasks = Vec::with_capacity(n);
-        for i in 0..n {
-            ticker.tick().await;
+        paced(n, rate, |i| {
             let (creator, name) = (self.clone(), format!("{prefix}-{i}"));
-            tasks.push(tokio::spawn(async move {
-                let t = Instant::now();
-                creator.create(child, &name, i).await.map(|_| t.elapsed())
-            }));
-        }
-        let mut latencies = Vec::with_capacity(n);
-        for task in tasks {
-            if let Ok(Ok(latency)) = task.await {
-                latencies.push(latency);
-            }
-        }
-        let achieved = n as f64 / started.elapsed().as_secs_f64();
-        let errors = n - latencies.len();
-        latencies.sort();
-        (latencies, achieved, errors)
+            async move { creator.create(child, &name, i).await.map(|_| ()) }
+        })
+        .await
     }
+}
+
+/// `n` requests at `rate` per second, each started on its tick whether or not the ones before
+/// have been answered: every successful request's latency (sorted), requests per second
+/// achieved and failed requests.
+pub(crate) async fn paced<F, R>(n: usize, rate: f64, request: F) -> (Vec<Duration>, f64, usize)
+where
+    F: Fn(usize) -> R,
+    R: std::future::Future<Output = Result<(), kube::Error>> + Send + 'static,
+{
+    let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        ticker.tick().await;
+        let request = request(i);
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            request.await.map(|_| t.elapsed())
+        }));
+    }
+    let mut latencies = Vec::with_capacity(n);
+    for task in tasks {
+        if let Ok(Ok(latency)) = task.await {
+            latencies.push(latency);
+        }
+    }
+    let achieved = n as f64 / started.elapsed().as_secs_f64();
+    let errors = n - latencies.len();
+    latencies.sort();
+    (latencies, achieved, errors)
 }
 
 /// Runs a warm-up per mode, then `args.rounds` rounds of each mode, interleaved; the section's
@@ -215,7 +230,8 @@ pub(crate) async fn run(
         }
     }
     register(&setup, webhooks, Hook::None).await?;
-    Ok(markdown(&rounds, args))
+    let guard = crate::guard::run(&setup, args).await?;
+    Ok(markdown(&rounds, args) + &guard)
 }
 
 /// The section's text from the rounds in the order run (mode, then p50/p90/p99 ms, achieved/s,
@@ -291,7 +307,7 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
 
 /// A difference of two latencies as the report prints it: signed at or above zero; below zero
 /// (the slower mode's rounds came out faster: noise) nothing measurable, never a negative figure.
-fn difference(ms: f64) -> String {
+pub(crate) fn difference(ms: f64) -> String {
     if ms >= 0.0 {
         format!("{ms:+.2}")
     } else {

@@ -29,6 +29,7 @@ use crate::progress::progress;
 mod beside;
 mod create_latency;
 pub mod floor;
+mod guard;
 mod idle;
 mod load;
 mod memory;

@@ -172,8 +172,11 @@ impl Movers {
         n: usize,
     ) -> Result<Reconciler, Error> {
         let dir = self.dir.path();
+        // The shards run in this process as one ServiceAccount, outside pods: with the label
+        // guard (on by default) they acknowledge their drains as its acknowledgers.
+        let flags = format!("{flags} --label-guard-acknowledgers {}", self.users[1]);
         self.setup
-            .start_reconciler(dir, &self.kubeconfig, webhooks, flags, n)
+            .start_reconciler(dir, &self.kubeconfig, webhooks, &flags, n)
             .await
     }
 

@@ -28,6 +28,8 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
         &report,
         &[
             "| 1 | no webhook |",
+            "### The label guard",
+            "| 1 | UPDATE of the shard label | on |",
             "| 1 | floor webhook |",
             "| 1 | sharder webhook |",
             "| 1 | sharder webhook, children |",

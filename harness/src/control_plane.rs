@@ -34,6 +34,10 @@ use crate::supervisor::{
 /// a webhook's namespaceSelector selects a test namespace by.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
+/// The admin's username (`system:masters`), as the apiserver names it to admission and the
+/// audit log.
+pub const ADMIN_USER: &str = "admin";
+
 /// Label a test's ring carries with the test's namespace, so a reconciler started with
 /// `--ring-selector` manages only the rings of its own test.
 pub const RING_NAMESPACE_LABEL: &str = "sharder.test/namespace";
@@ -307,7 +311,7 @@ impl ControlPlane {
         let tokens = dir.join("tokens.csv");
         write(
             &tokens,
-            format!("{token},admin,admin,system:masters\n").as_bytes(),
+            format!("{token},{ADMIN_USER},{ADMIN_USER},system:masters\n").as_bytes(),
         )?;
 
         // Writes (not Lease renewals or Events) are audited, so tests can count the writes a

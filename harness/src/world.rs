@@ -24,7 +24,7 @@ use sharder_common::{ObjectKey, Ring, RingId, RingKind, RingLabels, is_available
 
 use crate::ControlPlane;
 use crate::certs::TestCa;
-use crate::control_plane::{AuditMark, RING_NAMESPACE_LABEL, audited_write};
+use crate::control_plane::{ADMIN_USER, AuditMark, RING_NAMESPACE_LABEL, audited_write};
 use crate::crd::install_ring_crds;
 use crate::fixtures::{
     child_of, refusing_configuration, ring_object, secret, secrets_ring, shard_lease,
@@ -297,6 +297,10 @@ impl World {
                 // Every test ring selects its namespace, which is also the reconciler's.
                 "--namespace-selector",
                 "{}",
+                // The tests act as the shards with the admin's credentials, outside pods: the
+                // label guard (on by default) lets the admin acknowledge drains.
+                "--label-guard-acknowledgers",
+                ADMIN_USER,
             ]
             .iter()
             .map(|s| (*s).to_owned())

@@ -171,7 +171,7 @@ pub struct Args {
     /// ring that admits only the protocol's changes of the ring's shard and drain labels.
     /// `auto`: on where the apiserver serves ValidatingAdmissionPolicies (Kubernetes 1.30 or
     /// later), off where it does not.
-    #[arg(long, env = "SHARDER_LABEL_GUARD", value_enum, default_value_t = LabelGuard::Off)]
+    #[arg(long, env = "SHARDER_LABEL_GUARD", value_enum, default_value_t = LabelGuard::Auto)]
     pub label_guard: LabelGuard,
 
     /// Users who may acknowledge any shard's drains, comma-separated: shards that run outside

@@ -303,6 +303,15 @@ impl System {
             &format!("https://{}", self.proxy.addr()),
             Duration::from_secs(self.options.sweep_seconds),
         );
+        // The label guard (on by default) lets the shards acknowledge their drains: they run
+        // outside pods, so no token names a shard, and they share one identity (the admin's,
+        // as the harness's flags have it, unless they run as their ServiceAccount).
+        if self.options.service_accounts {
+            flags.set(
+                "--label-guard-acknowledgers",
+                &self.service_account(SHARD_ACCOUNT),
+            );
+        }
         for (flag, value) in &self.options.reconciler_extra {
             flags.set(flag, value);
         }

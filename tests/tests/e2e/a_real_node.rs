@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt as _, TryStreamExt as _};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DynamicObject, ListParams, LogParams};
@@ -450,6 +452,30 @@ async fn runs_the_chart_through_the_operators_day() {
         "scale-out: {} of {OBJECTS} objects moved, each drained first",
         moved.len()
     );
+
+    // The label guard (on by default): the shards' drain acknowledgements above went through
+    // with their pods' tokens; an operator's relabel onto another shard is denied.
+    let (name, shard) = after.iter().next().expect("an object");
+    let ring = ring_of(4);
+    let elsewhere = ring
+        .shards()
+        .iter()
+        .find(|s| Some(*s) != shard.as_ref())
+        .expect("another shard");
+    let relabel = kubectl.run(&[
+        "label",
+        "secret",
+        "-n",
+        SHARDS_NS,
+        name,
+        &format!("{}={elsewhere}", world.labels.shard),
+        "--overwrite",
+    ]);
+    let denial = format!("{relabel:?}");
+    assert!(
+        denial.contains("denied") && denial.contains("are the sharder's"),
+        "the label guard denies an operator's relabel: {denial}"
+    );
     for ns in [RELEASE_NS, SHARDS_NS] {
         for c in chart::pod_memory(&client, ns).await.expect("pod memory") {
             eprintln!(
@@ -704,6 +730,14 @@ async fn runs_the_chart_through_the_operators_day() {
     eventually("nothing of Sharder left", START, || async {
         let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone());
         let mut left = names(configurations, false).await?;
+        left.extend(names(Api::<ValidatingAdmissionPolicy>::all(client.clone()), false).await?);
+        left.extend(
+            names(
+                Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+                false,
+            )
+            .await?,
+        );
         for kind in [RingKind::ControllerRing, RingKind::ClusterRing] {
             let rings = Api::<DynamicObject>::all_with(client.clone(), &kind.api_resource());
             let listed = rings.list(&ListParams::default()).await;

@@ -135,6 +135,36 @@ async fn objects_spread_over_shards_and_follow_scale_out_and_graceful_scale_in()
         moved.len(),
         handover.longest_behind / 1_000_000
     );
+    // The label guard (on by default) let those drains, acknowledgements and moves through; the
+    // admin, neither the reconciler nor a shard, may change an object's data but not move it.
+    let (name, shard) = after.iter().next().expect("an object");
+    let elsewhere = if shard == "shard-0" {
+        "shard-1"
+    } else {
+        "shard-0"
+    };
+    system
+        .objects()
+        .update_secret(name, "changed by the admin")
+        .await
+        .expect("an update that leaves the labels alone is admitted");
+    let relabel = system
+        .secrets()
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!(
+                { "metadata": { "labels": { &system.labels.shard: elsewhere } } }
+            )),
+        )
+        .await;
+    assert!(
+        matches!(&relabel, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("only the sharder reconciler")),
+        "the label guard denies the admin's relabel: {relabel:?}"
+    );
+    system
+        .wait_converged("the admin's update reconciled where the object is")
+        .await;
 
     // 2b + 3. Scale in 4 -> 2 by graceful stops: the Leases are released and the objects
     // reassigned without waiting for the Leases to expire.
