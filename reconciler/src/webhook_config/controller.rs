@@ -17,7 +17,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::ring_kind::{API_GROUP, API_VERSION};
 use sharder_common::{RingId, RingKind, RingObject};
@@ -211,10 +211,16 @@ pub(crate) fn controller(
         let resource = resource.clone();
         move |ring: RingId| ObjectRef::<DynamicObject>::new_with(&ring.name, resource.clone())
     };
+    // The secondary watches ride out an apiserver's restart as the rings' watch does
+    // (`sharder_runtime::controller::watch`): their refusals do not feed the controller's
+    // backoff, which would hold back every watch of it.
     let mut controller = controller
-        .watches(
-            Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            watcher::Config::default(),
+        .watches_stream(
+            sharder_runtime::controller::watch(
+                Api::<MutatingWebhookConfiguration>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .touched_objects(),
             {
                 let to_ring = to_ring.clone();
                 move |mwc| ring_of(kind, &mwc).map(&to_ring)
@@ -230,17 +236,23 @@ pub(crate) fn controller(
                 .map(|ring| RingId::new(kind, ring.as_str()))
         };
         controller = controller
-            .watches(
-                Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-                labelled.clone(),
+            .watches_stream(
+                sharder_runtime::controller::watch(
+                    Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+                    labelled.clone(),
+                )
+                .touched_objects(),
                 {
                     let to_ring = to_ring.clone();
                     move |policy| label_of(policy.labels()).map(&to_ring)
                 },
             )
-            .watches(
-                Api::<ValidatingAdmissionPolicyBinding>::all(client),
-                labelled,
+            .watches_stream(
+                sharder_runtime::controller::watch(
+                    Api::<ValidatingAdmissionPolicyBinding>::all(client),
+                    labelled,
+                )
+                .touched_objects(),
                 move |binding| label_of(binding.labels()).map(&to_ring),
             );
     }
