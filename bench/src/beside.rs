@@ -35,10 +35,10 @@ use crate::idle::secret_lists;
 use crate::progress::progress;
 use crate::rebalance::Movers;
 use crate::report::{goals, table};
-use crate::stats::{mib, ms, percentile};
+use crate::stats::{Spread, mib, ms, percentile};
 use crate::webhooks::Webhooks;
 use crate::writes::Writes;
-use crate::{Args, Error};
+use crate::{Args, Error, delete_if_there};
 
 /// Where the reference's webhook server listens (controller-runtime's default port, which its
 /// configuration cannot change) and what its webhook configuration calls.
@@ -320,18 +320,6 @@ async fn contend(
     Ok(figures)
 }
 
-/// Deletes object `name` of `api`; gone already is as good.
-async fn delete_if_there<K>(api: &Api<K>, name: &str) -> Result<(), Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Puts the objects back on the shards `names` with no contender running (at sizes after the
 /// first, where nothing is measured after the scale-out): shard `shard-3` stops and its Lease
 /// is deleted, and the bench relabels its objects to their shards on the ring of `names`
@@ -477,16 +465,7 @@ async fn leave(m: &mut Movers, names: &[String], crash: bool) -> Result<Timing, 
 
 /// Deletes the fourth shard's Lease (gone already is fine).
 async fn delete_fourth_lease(m: &Movers) -> Result<(), Error> {
-    match m
-        .setup
-        .leases()
-        .delete("shard-3", &DeleteParams::default())
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    delete_if_there(&m.setup.leases(), "shard-3").await
 }
 
 /// A neighbouring client of the apiserver: GETs of one of the ring's Secrets one after the
@@ -776,42 +755,6 @@ fn pooled(mut with: Vec<Duration>, mut without: Vec<Duration>, floor: Vec<[f64; 
         without: [p(&without, 50.0), p(&without, 99.0)],
         floor,
         creates: with.len().min(without.len()),
-    }
-}
-
-/// A figure over a contender's rounds: the median, the lowest and the highest.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Spread {
-    median: f64,
-    low: f64,
-    high: f64,
-}
-
-impl Spread {
-    /// The spread of `values` (`None` without any).
-    fn of(values: impl Iterator<Item = f64>) -> Option<Self> {
-        let mut v: Vec<f64> = values.collect();
-        v.sort_by(f64::total_cmp);
-        let (low, high) = (*v.first()?, *v.last()?);
-        let mid = v.len() / 2;
-        let median = if v.len() % 2 == 1 {
-            v[mid]
-        } else {
-            (v[mid - 1] + v[mid]) / 2.0
-        };
-        Some(Self { median, low, high })
-    }
-
-    /// The median with its unit, and the range of the rounds where there was more than one.
-    fn text(&self, unit: &str, rounds: usize) -> String {
-        if rounds > 1 {
-            format!(
-                "{:.2}{unit} [{:.2}-{:.2}]",
-                self.median, self.low, self.high
-            )
-        } else {
-            format!("{:.2}{unit}", self.median)
-        }
     }
 }
 

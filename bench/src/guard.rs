@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::label_guard::{GuardSettings, label_guard};
@@ -24,8 +24,8 @@ use sharder_harness::fixtures::secret;
 use crate::create_latency::{difference, paced};
 use crate::progress::progress;
 use crate::report::{Goal, goals, table};
-use crate::stats::{median_at, ms, percentile};
-use crate::{Args, Error, RingSetup};
+use crate::stats::{Spread, median_at, ms, percentile};
+use crate::{Args, Error, RingSetup, delete_if_there};
 
 /// The requests timed, in the order run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,22 +91,8 @@ async fn switch(setup: &RingSetup, outsider: &Api<Secret>, on: bool) -> Result<(
             .patch(&name, &apply, &Patch::Apply(&binding))
             .await?;
     } else {
-        for deleted in [
-            bindings
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map(|_| ()),
-            policies
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map(|_| ()),
-        ] {
-            match deleted {
-                Ok(()) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        delete_if_there(&bindings, &name).await?;
+        delete_if_there(&policies, &name).await?;
     }
     static PROBES: AtomicUsize = AtomicUsize::new(0);
     for _ in 0..600 {
@@ -263,16 +249,11 @@ fn markdown(rows: &[Row], args: &Args) -> String {
 /// or within what the p50 of the guard-off rounds moves from round to round (then the rounds
 /// cannot tell the guard from nothing).
 fn goal(rows: &[Row], name: &str, request: Request) -> Goal {
-    let p50s = |on: bool| -> Vec<f64> {
-        rows.iter()
-            .filter(|r| r.0 == (request, on))
-            .map(|r| r.1[0])
-            .collect()
+    let p50s = |on: bool| Spread::of(rows.iter().filter(|r| r.0 == (request, on)).map(|r| r.1[0]));
+    let (added, spread) = match (p50s(true), p50s(false)) {
+        (Some(on), Some(off)) => (on.median - off.median, off.high - off.low),
+        _ => (f64::NAN, 0.0),
     };
-    let off = p50s(false);
-    let spread = off.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-        - off.iter().copied().fold(f64::INFINITY, f64::min);
-    let added = crate::stats::median(p50s(true)) - crate::stats::median(off);
     (
         format!("p50 the label guard adds: {name}"),
         format!(

@@ -353,6 +353,18 @@ fn chart_arena_max(name: &str) -> Result<u32, Error> {
         .ok_or_else(|| Error::Setup(format!("{}: no MALLOC_ARENA_MAX value", path.display())))
 }
 
+/// Deletes object `name` of `api`; gone already is as good.
+pub(crate) async fn delete_if_there<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// One ring over Secrets of its own namespace (a harness [`World`]: the ring is named after the
 /// namespace and selects it), with shard Leases held for an hour.
 struct RingSetup(World);

@@ -39,6 +39,43 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// A figure over a contender's rounds: the median, the lowest and the highest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Spread {
+    /// The median.
+    pub(crate) median: f64,
+    /// The lowest.
+    pub(crate) low: f64,
+    /// The highest.
+    pub(crate) high: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (`None` without any).
+    pub(crate) fn of(values: impl Iterator<Item = f64>) -> Option<Self> {
+        let mut v: Vec<f64> = values.collect();
+        v.sort_by(f64::total_cmp);
+        let (low, high) = (*v.first()?, *v.last()?);
+        Some(Self {
+            median: median(v),
+            low,
+            high,
+        })
+    }
+
+    /// The median with its unit, and the range of the rounds where there was more than one.
+    pub(crate) fn text(&self, unit: &str, rounds: usize) -> String {
+        if rounds > 1 {
+            format!(
+                "{:.2}{unit} [{:.2}-{:.2}]",
+                self.median, self.low, self.high
+            )
+        } else {
+            format!("{:.2}{unit}", self.median)
+        }
+    }
+}
+
 /// Milliseconds of a duration.
 pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
