@@ -1776,9 +1776,10 @@ async fn drain_checks_and_the_list_after_the_drains_are_answered_by_the_watch_ca
     );
     assert_eq!(used.from_etcd, 0.0, "{checks} drain checks: {used:?}");
     // Each check lists the unassigned objects and counts the pending drains, both one page: the
-    // count alone is a consistent read (one check may be cut by the counts read here).
+    // count alone is a consistent read (answered by the cache too). The checks at either end of
+    // the window may be cut by the counts read here, each by one read.
     assert!(
-        used.consistent >= checks as f64 && (used.from_cache - 2.0 * used.consistent).abs() <= 1.0,
+        used.consistent >= checks as f64 && (used.from_cache - 2.0 * used.consistent).abs() <= 2.0,
         "{checks} drain checks: {used:?}"
     );
 
