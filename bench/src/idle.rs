@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use sharder_common::Ring;
 use sharder_harness::ControlPlane;
 use sharder_harness::launch::dump_logs;
-use sharder_harness::wait::{apiserver_metrics, metric_sum};
+use sharder_harness::wait::{Rebalances, apiserver_metrics, metric_sum};
 
 use crate::beside::{REFERENCE_LOG, ReferenceRun, start_reference};
 use crate::progress::progress;
@@ -212,9 +212,9 @@ impl Meter {
         let reconciler = setup
             .start_reconciler(dir.path(), self.cp.kubeconfig(), webhooks, flags, n)
             .await?;
-        let skip = reconciler.process.lines().len();
+        let before = reconciler.rebalances(&setup.id()).await;
         let used = self.measure(async {}).await?;
-        let (count, what) = rebalances(&reconciler.process.lines()[skip..]);
+        let (count, what) = rebalances(&reconciler.rebalances(&setup.id()).await.since(&before));
         Ok((used, count, what))
     }
 
@@ -692,20 +692,16 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
     out + &goals(&all)
 }
 
-/// How many rebalances `lines` hold, and how many by what they listed.
-fn rebalances(lines: &[serde_json::Value]) -> (usize, String) {
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for line in lines.iter().filter(|l| l["message"] == "rebalance") {
-        *counts
-            .entry(line["scopes"].as_str().unwrap_or("?"))
-            .or_default() += 1;
-    }
-    let text: Vec<String> = counts
+/// How many rebalances `counted` (the reconciler's metrics over a window) holds, and how many
+/// ran each list.
+fn rebalances(counted: &Rebalances) -> (usize, String) {
+    let text: Vec<String> = counted
+        .lists
         .iter()
-        .map(|(scopes, n)| format!("{n} x {scopes}"))
+        .map(|(list, n)| format!("{n} x {list}"))
         .collect();
     (
-        counts.values().sum(),
+        counted.count as usize,
         if text.is_empty() {
             "no rebalance".into()
         } else {
@@ -889,18 +885,19 @@ mod tests {
 
     #[test]
     fn rebalances_are_counted_by_what_they_listed() {
-        let line = |scopes: &str| serde_json::json!({"message": "rebalance", "scopes": scopes});
-        let lines = [
-            line("[\"All\"]"),
-            line("[\"Unassigned\"]"),
-            line("[\"Unassigned\"]"),
-            serde_json::json!({"message": "moved"}),
-        ];
+        let counted = Rebalances {
+            count: 3.0,
+            lists: [("all".to_owned(), 1.0), ("unassigned".to_owned(), 2.0)].into(),
+            ..Rebalances::default()
+        };
         assert_eq!(
-            rebalances(&lines),
-            (3, "1 x [\"All\"], 2 x [\"Unassigned\"]".to_owned())
+            rebalances(&counted),
+            (3, "1 x all, 2 x unassigned".to_owned())
         );
-        assert_eq!(rebalances(&[]), (0, "no rebalance".to_owned()));
+        assert_eq!(
+            rebalances(&Rebalances::default()),
+            (0, "no rebalance".to_owned())
+        );
     }
 
     #[test]

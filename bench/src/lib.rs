@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::{Api, ResourceExt};
-use serde_json::Value;
 use sharder_common::{Ring, RingKind};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::RING_NAMESPACE_LABEL;
@@ -564,12 +563,11 @@ impl RingSetup {
         let mut reconciler =
             Reconciler::start(&format!("reconciler-{}", self.ns), &env, &flags).await?;
         reconciler
-            .process
-            .wait_for(
+            .wait_for_rebalances(
+                &self.id(),
                 "the first full rebalance",
-                0,
                 Duration::from_secs(600),
-                |l| rebalanced(l, n),
+                |m| m.listed >= n as f64,
             )
             .await?;
         Ok(reconciler)
@@ -598,12 +596,6 @@ where
             None => return Ok(()),
         }
     }
-}
-
-/// Whether `line` of the reconciler's log is a rebalance summary that listed at least `n`
-/// objects.
-fn rebalanced(line: &Value, n: usize) -> bool {
-    line["message"] == "rebalance" && line["listed"].as_u64().unwrap_or(0) >= n as u64
 }
 
 /// The order the sections run in after section 2 (which needs no control plane and runs

@@ -14,7 +14,7 @@ use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::mib;
 use crate::webhooks::{Webhooks, metadata_cache};
-use crate::{Error, RingSetup, rebalanced};
+use crate::{Error, RingSetup};
 
 /// One size's readings: objects, then the reconciler's RSS after its first full rebalance,
 /// after the scale-out and at peak, and the baseline's RSS (MiB).
@@ -114,23 +114,29 @@ async fn scale_out(
         .await?;
     let pid = reconciler.process.pid();
     let (steady, _) = settled_rss(pid, "reconciler").await?;
-    let skip = reconciler.process.lines().len();
+    let before = reconciler.rebalances(&setup.id()).await;
     setup.add_shard_lease("shard-3", 3600).await;
-    let line = reconciler
-        .process
-        .wait_for(
+    // The scale-out's full list counts as it ends; the drain checks after it come seconds later.
+    let scale_out = reconciler
+        .wait_for_rebalances(
+            &setup.id(),
             "the scale-out's drains",
-            skip,
             Duration::from_secs(600),
-            |l| rebalanced(l, n) && l["drained"].as_u64().unwrap_or(0) > 0,
+            |m| {
+                let since = m.since(&before);
+                since.listed >= n as f64 && since.drains > 0.0
+            },
         )
-        .await?;
+        .await?
+        .since(&before);
     let (after, peak) = settled_rss(pid, "reconciler").await?;
     let sockets = open_sockets(pid).unwrap_or(0);
-    let took = line["duration_ms"].as_f64().unwrap_or(0.0) / 1e3;
     Ok((
         [steady, after, peak],
-        format!("{sockets} | {} | {took:.2}", line["drained"]),
+        format!(
+            "{sockets} | {} | {:.2}",
+            scale_out.drains, scale_out.seconds
+        ),
     ))
 }
 

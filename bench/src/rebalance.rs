@@ -29,6 +29,7 @@ use sharder_common::{Ring, RingKind, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::{Reconciler, dump_logs};
+use sharder_harness::wait::Rebalances;
 use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
@@ -388,21 +389,17 @@ async fn join(
     name: &str,
     names: &[String],
 ) -> Result<(Instant, BTreeMap<String, String>), Error> {
-    let seen = reconciler.process.lines().len();
+    let ring = m.setup.id();
+    let before = reconciler.rebalances(&ring).await;
     m.start_shard(name, OnStop::Release);
     let converged = m.converge(names).await?;
-    let after_drains = |l: &serde_json::Value| {
-        l["message"] == "rebalance"
-            && l["scopes"]
-                .as_str()
-                .is_some_and(|s| s.contains("AfterDrains"))
-            && l["drain_checks"] == false
-            && l["errors"] == 0
+    let after_drains = |now: &Rebalances| {
+        let since = now.since(&before);
+        since.list("after_drains") >= 1.0 && !now.drain_checks
     };
     let (what, wait) = ("its list after the drains", Duration::from_secs(600));
     reconciler
-        .process
-        .wait_for(what, seen, wait, after_drains)
+        .wait_for_rebalances(&ring, what, wait, after_drains)
         .await?;
     Ok(converged)
 }

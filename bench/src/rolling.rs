@@ -60,10 +60,10 @@ pub(crate) async fn run(
             m.converge(&names).await?;
             running = on_stop;
         }
-        let (mark, start, logged, started) = (
+        let (mark, start, counted, started) = (
             cp.audit_mark(),
             Timestamp::now(),
-            logs.process.lines().len(),
+            logs.rebalances(&m.setup.id()).await,
             Instant::now(),
         );
         for i in 0..names.len() {
@@ -83,11 +83,8 @@ pub(crate) async fn run(
         }
         let wall = started.elapsed().as_secs_f64();
         let (_, [reconciler, shards, _]) = m.writes(mark, start, &[]).await;
-        let lines = logs.process.lines();
-        let moves = lines[logged..]
-            .iter()
-            .filter(|l| l["message"] == "moved" || l["message"] == "draining")
-            .count();
+        let moved = logs.rebalances(&m.setup.id()).await.since(&counted);
+        let moves = (moved.movements + moved.drains) as usize;
         let per_object = (reconciler + shards) as f64 / args.rebalance_objects.max(1) as f64;
         progress!("  roll, {mode}: {moves} moves, {reconciler} + {shards} writes");
         rows.push(format!(

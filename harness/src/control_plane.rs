@@ -172,6 +172,9 @@ pub fn audited_write<'a>(
     })
 }
 
+/// The verbs of writes in the audit log.
+const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
+
 /// A position in the apiserver's audit log (see [`ControlPlane::audit_mark`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditMark(u64);
@@ -315,7 +318,8 @@ impl ControlPlane {
         )?;
 
         // Writes (not Lease renewals or Events) are audited, so tests can count the writes a
-        // component makes, by user and object.
+        // component makes, by user and object; and the lists of the test resource `gadgets`, so
+        // they can tell how a component lists.
         let audit_policy = dir.join("audit-policy.yaml");
         let lease_reads = if options.lease_storage_link {
             "- level: Metadata\n  verbs: [list, watch]\n  resources:\n  - group: coordination.k8s.io\n    resources: [leases]\n"
@@ -327,6 +331,7 @@ impl ControlPlane {
             format!(
                 "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n{lease_reads}\
 - level: None\n  resources:\n  - group: coordination.k8s.io\n  - group: events.k8s.io\n  - group: \"\"\n    resources: [events]\n\
+- level: Metadata\n  verbs: [list]\n  resources:\n  - group: test.sharder.dev\n    resources: [gadgets]\n\
 - level: Metadata\n  verbs: [create, update, patch, delete]\n- level: None\n"
             )
             .as_bytes(),
@@ -674,9 +679,10 @@ impl ControlPlane {
         self.audited_requests_since(mark)
             .into_iter()
             .filter(|event| {
-                event["responseStatus"]["code"]
-                    .as_u64()
-                    .is_some_and(|c| c < 300)
+                WRITES.contains(&event["verb"].as_str().unwrap_or_default())
+                    && event["responseStatus"]["code"]
+                        .as_u64()
+                        .is_some_and(|c| c < 300)
             })
             .collect()
     }

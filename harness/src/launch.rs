@@ -16,7 +16,7 @@ use serde_json::Value;
 use sharder_common::{RingId, RingKind};
 
 use crate::binaries::binary;
-use crate::wait::http_get;
+use crate::wait::{Rebalances, http_get};
 use crate::{Error, Supervised};
 
 /// How long a component may take to report its addresses and become ready.
@@ -361,6 +361,40 @@ impl Reconciler {
     /// The reconciler's metrics (Prometheus text).
     pub async fn metrics(&self) -> String {
         metrics(self.admin).await
+    }
+
+    /// What its metrics say of `ring`'s rebalances now.
+    pub async fn rebalances(&self, ring: &RingId) -> Rebalances {
+        Rebalances::of(&self.metrics().await, ring)
+    }
+
+    /// Polls its metrics of `ring` every 50 ms until `check` holds for them (`what` describes
+    /// it) and returns them; fails at once if the process exits first.
+    pub async fn wait_for_rebalances(
+        &mut self,
+        ring: &RingId,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Rebalances) -> bool,
+    ) -> Result<Rebalances, Error> {
+        let started = Instant::now();
+        loop {
+            let now = self.rebalances(ring).await;
+            if check(&now) {
+                return Ok(now);
+            }
+            if let Some(status) = self.process.try_wait() {
+                return Err(self
+                    .process
+                    .failed(&format!("exited with {status} before {what}")));
+            }
+            if started.elapsed() > timeout {
+                return Err(self
+                    .process
+                    .failed(&format!("not {what} within {timeout:?}: {now:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! Waiting for conditions in tests, and a minimal HTTP GET for admin endpoints.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use sharder_common::RingId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Polls `check` every 100 ms until it returns `Ok`, or panics after `timeout` with the last
@@ -82,6 +84,104 @@ pub fn metric_value(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> 
 /// every sample).
 pub fn metric_sum(exposition: &str, metric: &str, labels: &[(&str, &str)]) -> f64 {
     samples(exposition, metric, labels).sum()
+}
+
+/// The lists a rebalance can run, as `sharder_reconciler_rebalances_total` names them.
+pub const LISTS: [&str; 5] = ["all", "on_shard", "unassigned", "stray", "after_drains"];
+
+/// What the reconciler's metrics say of one ring's rebalances: counters since it started (or,
+/// from [`Rebalances::since`], between two readings) and the gauges as they are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rebalances {
+    /// Rebalances ended (`sharder_reconciler_rebalance_duration_seconds_count`).
+    pub count: f64,
+    /// The seconds they took together (its `_sum`).
+    pub seconds: f64,
+    /// Rebalances by each list they ran ([`LISTS`]; absent: none).
+    pub lists: BTreeMap<String, f64>,
+    /// Objects their lists returned.
+    pub listed: f64,
+    /// Drain labels added, every resource.
+    pub drains: f64,
+    /// Objects assigned directly, every resource.
+    pub movements: f64,
+    /// Object writes that failed after retries, by resource.
+    pub failed_writes: BTreeMap<String, f64>,
+    /// Failed rebalances and reconciles by reason (`list`, `write`, `reconcile`).
+    pub failed: BTreeMap<String, f64>,
+    /// Drains pending at the last count (a gauge).
+    pub pending_drains: f64,
+    /// Whether drain checks follow the last rebalance (a gauge).
+    pub drain_checks: bool,
+}
+
+impl Rebalances {
+    /// The figures of `ring` in the reconciler's metrics `exposition`.
+    pub fn of(exposition: &str, ring: &RingId) -> Self {
+        let label = [(ring.kind.lower(), ring.name.as_str())];
+        let sum = |metric: &str| metric_sum(exposition, metric, &label);
+        let by = |metric: &str, key: &str, values: &[&str]| -> BTreeMap<String, f64> {
+            values
+                .iter()
+                .filter_map(|v| {
+                    let labels = [label[0], (key, v)];
+                    metric_value(exposition, metric, &labels).map(|n| ((*v).to_owned(), n))
+                })
+                .collect()
+        };
+        Self {
+            count: sum("sharder_reconciler_rebalance_duration_seconds_count"),
+            seconds: sum("sharder_reconciler_rebalance_duration_seconds_sum"),
+            lists: by("sharder_reconciler_rebalances_total", "list", &LISTS),
+            listed: sum("sharder_reconciler_listed_objects_total"),
+            drains: sum("controller_sharding_drains_total"),
+            movements: sum("controller_sharding_movements_total"),
+            failed_writes: by(
+                "sharder_reconciler_failed_writes_total",
+                "resource",
+                &["secrets", "configmaps", "gizmos"],
+            ),
+            failed: by(
+                "sharder_reconciler_failed_rebalances_total",
+                "reason",
+                &["list", "write", "reconcile"],
+            ),
+            pending_drains: sum("sharder_reconciler_pending_drains"),
+            drain_checks: sum("sharder_reconciler_drain_checks_scheduled") > 0.0,
+        }
+    }
+
+    /// The counters' growth since `earlier`; the gauges as they are now.
+    pub fn since(&self, earlier: &Self) -> Self {
+        let minus = |now: &BTreeMap<String, f64>, then: &BTreeMap<String, f64>| {
+            now.iter()
+                .map(|(k, v)| (k.clone(), v - then.get(k).copied().unwrap_or(0.0)))
+                .filter(|(_, v)| *v != 0.0)
+                .collect()
+        };
+        Self {
+            count: self.count - earlier.count,
+            seconds: self.seconds - earlier.seconds,
+            lists: minus(&self.lists, &earlier.lists),
+            listed: self.listed - earlier.listed,
+            drains: self.drains - earlier.drains,
+            movements: self.movements - earlier.movements,
+            failed_writes: minus(&self.failed_writes, &earlier.failed_writes),
+            failed: minus(&self.failed, &earlier.failed),
+            pending_drains: self.pending_drains,
+            drain_checks: self.drain_checks,
+        }
+    }
+
+    /// Rebalances that ran `list` ([`LISTS`]).
+    pub fn list(&self, list: &str) -> f64 {
+        self.lists.get(list).copied().unwrap_or(0.0)
+    }
+
+    /// Rebalances that ran only `list` and no other: all of them ran it, and no other list.
+    pub fn only(&self, list: &str) -> bool {
+        self.lists.keys().all(|l| l == list) && self.list(list) == self.count
+    }
 }
 
 /// The apiserver's own metrics (`GET /metrics` with `client`'s credentials).

@@ -412,6 +412,18 @@ impl World {
         .await;
     }
 
+    /// Waits until Secret `name` is on the shard `ring` picks (read by a GET, which no list
+    /// count of the apiserver's counts).
+    pub async fn wait_until_assigned(&self, name: &str, ring: &Ring) {
+        let want = ring.shard_for(&self.key(name)).map(str::to_owned);
+        eventually(&format!("{name} on {want:?}"), WAIT, || async {
+            let secret = self.secrets().get(name).await.map_err(|e| e.to_string())?;
+            let shard = self.shard_of(&secret);
+            (shard == want).then_some(()).ok_or(format!("on {shard:?}"))
+        })
+        .await;
+    }
+
     /// Whether every test Secret (`object-*`) is on the shard `ring` picks and not draining, with
     /// each child (`child-*`) on its owner's shard; else which are not.
     pub async fn settled(&self, ring: &Ring) -> Result<(), String> {
@@ -618,19 +630,29 @@ impl World {
     /// Whether an Event of `type_` (`Normal`, `Warning`) with `reason` was published on the
     /// ring.
     pub async fn ring_event(&self, type_: &str, reason: &str) -> bool {
+        self.events(type_, reason, self.kind.kind(), &self.ring)
+            .await
+            > 0
+    }
+
+    /// How often an Event of `type_` with `reason` was published on the object of `kind` named
+    /// `name` (an Event published again counts in its series).
+    pub async fn events(&self, type_: &str, reason: &str, kind: &str, name: &str) -> i32 {
         Api::<k8s_openapi::api::events::v1::Event>::all(self.client.clone())
             .list(&ListParams::default())
             .await
             .expect("events")
             .items
             .into_iter()
-            .any(|e| {
+            .filter(|e| {
                 let regarding = e.regarding.as_ref();
                 e.type_.as_deref() == Some(type_)
                     && e.reason.as_deref() == Some(reason)
-                    && regarding.and_then(|r| r.name.as_deref()) == Some(self.ring.as_str())
-                    && regarding.and_then(|r| r.kind.as_deref()) == Some(self.kind.kind())
+                    && regarding.and_then(|r| r.name.as_deref()) == Some(name)
+                    && regarding.and_then(|r| r.kind.as_deref()) == Some(kind)
             })
+            .map(|e| e.series.map_or(1, |s| s.count))
+            .sum()
     }
 
     /// How many of the test's Secrets (`object-*`) carry no shard label.

@@ -50,7 +50,7 @@ impl Transport {
     /// connections as writes in flight at most (set with [`Self::with_idle_connections`]).
     pub const WRITES: Self = Self {
         reads: Reads::Exact(4 * 1024),
-        idle_connections: crate::DEFAULT_MAX_CONCURRENT_WRITES,
+        idle_connections: crate::args::DEFAULT_MAX_CONCURRENT_WRITES,
     };
 
     /// List pages, read in pieces of at most 16 KiB into the page's body (hyper's default lets

@@ -19,8 +19,10 @@ use sharder_runtime::{Readiness, Tasks};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Args, Error, metrics, ready_when_listed, rebalance, rings, run_controller};
-use crate::{shard_leases, webhook_config};
+use crate::Error;
+use crate::args::Args;
+use crate::controllers::{ready_when_listed, run_controller};
+use crate::{metrics, rebalance, rings, shard_leases, webhook_config};
 
 /// What the leader is handed when it starts leading.
 pub(crate) struct Leader {
@@ -204,6 +206,7 @@ impl Shared {
             kind,
             client: self.client.clone(),
             metrics: self.metrics.clone(),
+            recorder: self.recorder.clone(),
             rings: (!self.selector.is_empty()).then(|| (rings.store(), listed.clone())),
         })
     }

@@ -64,6 +64,16 @@ pub(crate) struct FailedRebalanceLabels {
     pub reason: String,
 }
 
+/// Labels of the rebalance counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RebalanceLabels {
+    /// The ring.
+    #[prometheus(flatten)]
+    pub ring: RingLabel,
+    /// A list the rebalance ran: `all`, `on_shard`, `unassigned`, `stray` or `after_drains`.
+    pub list: String,
+}
+
 /// Labels of the webhook configuration write counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ConfigurationWriteLabels {
@@ -88,8 +98,16 @@ pub(crate) struct Metrics {
     pub movements: Family<ResourceLabels, Counter>,
     /// Drain labels added.
     pub drains: Family<ResourceLabels, Counter>,
-    /// Duration of rebalances.
-    pub resync_duration: Family<RingLabel, Histogram>,
+    /// Duration of rebalances (its count: the rebalances).
+    pub rebalance_duration: Family<RingLabel, Histogram>,
+    /// Rebalances by each list they ran.
+    pub rebalances: Family<RebalanceLabels, Counter>,
+    /// Objects the rebalances' lists returned.
+    pub listed_objects: Family<RingLabel, Counter>,
+    /// Drains not acknowledged yet, as the last rebalance counted them.
+    pub pending_drains: Family<RingLabel, Gauge>,
+    /// 1 while drain checks follow the last rebalance, 0 once its moves are done.
+    pub drain_checks_scheduled: Family<RingLabel, Gauge>,
     /// Each ring's generation, one family per ring kind ([`RingKind::state_metric`]).
     pub metadata_generation: BTreeMap<RingKind, Family<RingLabel, Gauge>>,
     /// The generation the reconciler last observed, per ring and kind.
@@ -156,13 +174,37 @@ impl Metrics {
                 "Drain labels added by the reconciler",
                 Family::default(),
             ),
-            resync_duration: register(
+            rebalance_duration: register(
                 registry,
-                "sharder_reconciler_resync_duration_seconds",
-                "Duration of rebalances per ring",
+                "sharder_reconciler_rebalance_duration_seconds",
+                "Duration of rebalances per ring (its count: the rebalances)",
                 Family::new_with_constructor(|| {
                     Histogram::new(exponential_buckets(0.005, 2.0, 14))
                 }),
+            ),
+            rebalances: register(
+                registry,
+                "sharder_reconciler_rebalances",
+                "Rebalances per ring by each list they ran (all, on_shard, unassigned, stray, after_drains); one that ran two lists counts under each",
+                Family::default(),
+            ),
+            listed_objects: register(
+                registry,
+                "sharder_reconciler_listed_objects",
+                "Objects the rebalances' lists returned, per ring",
+                Family::default(),
+            ),
+            pending_drains: register(
+                registry,
+                "sharder_reconciler_pending_drains",
+                "Drains the ring's shards had not acknowledged yet when its last rebalance counted them",
+                Family::default(),
+            ),
+            drain_checks_scheduled: register(
+                registry,
+                "sharder_reconciler_drain_checks_scheduled",
+                "1 while drain checks follow the ring's last rebalance (drains pending, children waiting for their owners), 0 once its moves are done",
+                Family::default(),
             ),
             metadata_generation: state_gauges(registry, "metadata_generation", "generation"),
             observed_generation: state_gauges(

@@ -20,7 +20,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, ObjectMeta};
-use kube::core::ApiResource;
 use kube::{Api, Client, ResourceExt};
 use sharder_common::{GroupResource, Ring, RingId, RingLabels, Role, is_available};
 use tokio::sync::Semaphore;
@@ -39,7 +38,7 @@ use concurrency::WriteSlots;
 pub(crate) use plan::{Move, Reason};
 
 use crate::metrics::Metrics;
-use crate::rings::namespaces::Namespaces;
+use crate::terms::{Namespaces, ObjectId, Scope, Target};
 
 /// The first wait after a write conflict (409); it doubles (with jitter) up to
 /// [`CONFLICT_BACKOFF_MAX`].
@@ -80,71 +79,6 @@ pub struct Clients {
     pub writes: Client,
 }
 
-/// One resource of a ring, resolved through discovery.
-#[derive(Clone, Debug)]
-pub(crate) struct Target {
-    /// Group and plural name.
-    pub resource: GroupResource,
-    /// Main or controlled.
-    pub role: Role,
-    /// Kind, version and plural for requests.
-    pub api: ApiResource,
-    /// Whether objects live in namespaces.
-    pub namespaced: bool,
-}
-
-/// Which objects one list selects. Every list is consistent (`resourceVersion` unset) and
-/// paginated (`--list-page-size`): from Kubernetes 1.34 on the apiserver answers it from its
-/// watch cache after one read of etcd's current revision (`docs/design.md` §5, "Lists").
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Scope {
-    /// Every object of the resource (a shard was added, the ring changed, periodic resync).
-    All,
-    /// Objects on one shard (`<shard label>=<shard>`), when that shard died.
-    OnShard(String),
-    /// Objects without a shard (`!<shard label>`) at a drain check: objects whose drain was
-    /// acknowledged, new objects the webhook missed, `generateName` objects.
-    Unassigned,
-    /// Objects without a shard or on a shard that is not available (`<shard label> notin
-    /// (<available shards>)`): the sweep of a quiet ring.
-    Stray,
-    /// Every object again, once the drains of a rebalance all ended: what the drain checks'
-    /// lists cannot select. An acknowledged object that a webhook which had not seen the new
-    /// shard's Lease yet put back on its old shard (drained again); a child its owner's old
-    /// shard created while the owner drained (a reconcile begun before the drain label), which
-    /// came after the lists that drained the owner and sits on a live shard.
-    AfterDrains,
-}
-
-impl Scope {
-    /// Whether the list selects every object of the resource that no available shard holds
-    /// (then what it finds of them is their count: [`strays`]).
-    fn finds_strays(&self) -> bool {
-        matches!(self, Self::All | Self::AfterDrains | Self::Stray)
-    }
-
-    /// Whether the list confirms what earlier writes did, so it must see every one of them: the
-    /// list once the drains ended. The others only find work, whose writes are checked by
-    /// their resourceVersion preconditions ([`listing::FROM_THE_CACHE`]).
-    fn confirms(&self) -> bool {
-        matches!(self, Self::AfterDrains)
-    }
-
-    /// The label selector of the list (`None`: every object).
-    fn selector(&self, labels: &RingLabels, available: &BTreeSet<String>) -> Option<String> {
-        match self {
-            Self::All | Self::AfterDrains => None,
-            Self::OnShard(shard) => Some(format!("{}={shard}", labels.shard)),
-            Self::Unassigned => Some(format!("!{}", labels.shard)),
-            Self::Stray => Some(format!(
-                "{} notin ({})",
-                labels.shard,
-                available.iter().cloned().collect::<Vec<_>>().join(",")
-            )),
-        }
-    }
-}
-
 /// Settings of the rebalancer.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
@@ -181,17 +115,6 @@ pub(crate) struct Outcome {
     /// Per resource, the objects no available shard held, as the last list that selects all of
     /// them and listed to its end found them.
     pub strays: BTreeMap<GroupResource, strays::Strays>,
-}
-
-/// One object of a ring's resource: enough to read it again.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct ObjectId {
-    /// Its resource.
-    pub resource: GroupResource,
-    /// Its namespace (`None`: cluster-scoped).
-    pub namespace: Option<String>,
-    /// Its name.
-    pub name: String,
 }
 
 impl Outcome {

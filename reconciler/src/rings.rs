@@ -31,10 +31,11 @@ use tokio::time::Instant;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
-use crate::metrics::{FailedRebalanceLabels, Metrics};
+use crate::metrics::{FailedRebalanceLabels, Metrics, RebalanceLabels};
 use crate::rebalance::strays::Strays;
-use crate::rebalance::{LiveNow, ObjectId, Rebalancer, RingView, Scope, Target};
+use crate::rebalance::{LiveNow, Outcome, Rebalancer, RingView};
 use crate::shard_leases::leases_of;
+use crate::terms::{ObjectId, Scope, Target};
 
 pub(crate) mod acks;
 pub(crate) mod discovery;
@@ -47,9 +48,6 @@ pub(crate) mod triggers;
 pub(crate) use schedule::Intervals;
 use schedule::{Observed, Progress, Ran};
 use status::Counts;
-
-/// Field manager of the reconciler's server-side applies.
-pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 
 /// How long ring and Lease events are collected before a ring is reconciled: events of the
 /// same moment (a relist's Leases) trigger one reconcile; those arriving while it runs, one
@@ -128,6 +126,46 @@ impl Context {
         self.progress().remove(&ring.name);
         self.acks.stop(ring);
         self.publish_strays(ring, &[], &BTreeMap::new());
+        let label = RingLabel::new(ring);
+        self.metrics.pending_drains.remove(&label);
+        self.metrics.drain_checks_scheduled.remove(&label);
+    }
+
+    /// Counts a rebalance of `ring` that ran the lists of `scopes` and took `elapsed`: its
+    /// lists, the objects they returned, the drains it found `pending` and whether
+    /// `drain_checks` follow; its duration last, so that whoever sees it counted sees the rest.
+    fn count_rebalance(
+        &self,
+        ring: &RingId,
+        scopes: &BTreeSet<Scope>,
+        outcome: &Outcome,
+        pending: usize,
+        drain_checks: bool,
+        elapsed: Duration,
+    ) {
+        let m = &self.metrics;
+        let label = RingLabel::new(ring);
+        let lists: BTreeSet<&str> = scopes.iter().map(Scope::list_name).collect();
+        for list in lists {
+            m.rebalances
+                .get_or_create(&RebalanceLabels {
+                    ring: label.clone(),
+                    list: list.to_owned(),
+                })
+                .inc();
+        }
+        m.listed_objects
+            .get_or_create(&label)
+            .inc_by(u64::try_from(outcome.listed).unwrap_or(u64::MAX));
+        m.pending_drains
+            .get_or_create(&label)
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        m.drain_checks_scheduled
+            .get_or_create(&label)
+            .set(i64::from(drain_checks));
+        m.rebalance_duration
+            .get_or_create(&label)
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Sets `ring`'s unassigned-object gauges to what a rebalance's lists `found` (a resource it
@@ -174,7 +212,7 @@ impl Context {
     }
 }
 
-/// Reconciles one object (for `crate::run_controller`).
+/// Reconciles one object (for `crate::controllers::run_controller`).
 pub(crate) async fn reconcile(
     object: Arc<DynamicObject>,
     ctx: Arc<Context>,
@@ -385,6 +423,10 @@ async fn rebalance(
     let scope_list: Vec<_> = scopes.iter().cloned().collect();
     let mut outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
     if !view.is_current() {
+        ctx.metrics
+            .rebalance_duration
+            .get_or_create(&RingLabel::new(&ring.id))
+            .observe(started.elapsed().as_secs_f64());
         info!(
             listed = outcome.listed,
             drained = outcome.drained,
@@ -437,10 +479,6 @@ async fn rebalance(
     }
     ctx.publish_strays(&ring.id, &targets, &outcome.strays);
     let elapsed = started.elapsed();
-    ctx.metrics
-        .resync_duration
-        .get_or_create(&RingLabel::new(&ring.id))
-        .observe(elapsed.as_secs_f64());
     let writes = report::WriteStats {
         limit: ctx.rebalancer.write_limit(),
         mean_in_flight: ctx.rebalancer.busy().mean_since(&busy),
@@ -452,6 +490,14 @@ async fn rebalance(
         refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: std::mem::take(&mut outcome.awaiting),
     };
+    ctx.count_rebalance(
+        &ring.id,
+        &listed,
+        &outcome,
+        pending,
+        ran.drain_checks(),
+        elapsed,
+    );
     if ran.drain_checks() {
         let children = !ran.awaiting.is_empty();
         ctx.acks
@@ -492,7 +538,7 @@ async fn rebalance(
     Ok(Some(ran))
 }
 
-/// What to do after a failed reconcile (for `crate::run_controller`).
+/// What to do after a failed reconcile (for `crate::controllers::run_controller`).
 pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
     let ring = RingId::new(ctx.kind, object.name_any());
     warn!(%ring, error = %error, "ring reconcile failed, retrying");
@@ -523,7 +569,7 @@ pub(crate) fn controller(
     Store<Lease>,
     acks::Acks,
 ) {
-    let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
+    let (controller, listed) = crate::controllers::ring_controller(client.clone(), kind, selector);
     let writer = reflector::store::Writer::default();
     let leases = writer.as_reader();
     let events = reflector::reflector(

@@ -12,9 +12,10 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource as _, ResourceExt};
 use serde_json::json;
 use sharder_common::labels::STATE_LABEL;
 use sharder_common::labels::shard_name_problem;
@@ -46,6 +47,8 @@ pub(crate) struct Context {
     pub client: Client,
     /// Metrics.
     pub metrics: Metrics,
+    /// Publishes Events on Leases.
+    pub recorder: Recorder,
     /// The managed rings of the kind when `--ring-selector` limits them (`None`: all rings),
     /// and when their watch listed; Leases of other rings are left alone.
     pub rings: Option<(Store<DynamicObject>, sharder_runtime::controller::Listed)>,
@@ -114,7 +117,7 @@ fn requeue(wake: Option<Duration>) -> Action {
     wake.map_or_else(Action::await_change, Action::requeue)
 }
 
-/// Reconciles one object (for `crate::run_controller`).
+/// Reconciles one object (for `crate::controllers::run_controller`).
 pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lease.name_any();
     let namespace = lease.namespace().unwrap_or_default();
@@ -191,6 +194,19 @@ pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Ac
                         info!(state = %state, "shard state");
                         if let Some(problem) = refused_name(&lease) {
                             warn!(%problem, "shard lease held under a name that cannot be a label value: the shard is not on the ring");
+                            let event = Event {
+                                type_: EventType::Warning,
+                                reason: "InvalidShardName".into(),
+                                note: Some(format!(
+                                    "{problem}: the shard is not on the ring {ring}"
+                                )),
+                                action: "Label".into(),
+                                secondary: None,
+                            };
+                            let reference = lease.object_ref(&());
+                            if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+                                warn!(error = %e, "cannot publish an Event on the Lease");
+                            }
                         }
                     }
                     Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
@@ -245,7 +261,7 @@ fn record_state(
     }
 }
 
-/// What to do after a failed reconcile (for `crate::run_controller`).
+/// What to do after a failed reconcile (for `crate::controllers::run_controller`).
 pub(crate) fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) -> Action {
     warn!(shard = %lease.name_any(), error = %error, "shard lease reconcile failed, retrying");
     Action::requeue(ERROR_REQUEUE)
@@ -402,10 +418,12 @@ mod tests {
             RingKind::ClusterRing.lease_label().to_owned(),
             "ring".into(),
         );
+        let client = Client::new(service, "default");
         let ctx = Arc::new(Context {
             kind: RingKind::ClusterRing,
-            client: Client::new(service, "default"),
+            client: client.clone(),
             metrics: Metrics::new(&mut prometheus_client::registry::Registry::default()),
+            recorder: Recorder::new(client, "test".into()),
             rings: None,
         });
         let apiserver = tokio::spawn(async move {

@@ -33,7 +33,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::rebalance::Target;
+use crate::terms::Target;
 
 /// The shortest time between two wakes of one ring by its acknowledgements.
 pub(crate) const COALESCE: Duration = Duration::from_millis(250);

@@ -8,7 +8,7 @@ use kube::discovery::{ApiGroup, Scope as DiscoveryScope};
 use sharder_common::Roles;
 use tracing::warn;
 
-use crate::rebalance::Target;
+use crate::terms::Target;
 
 /// The ring's resources as the apiserver serves them. Resources (or groups) it does not serve
 /// are skipped with a warning: they may be installed later, and the next sweep picks them up

@@ -9,7 +9,8 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use sharder_common::RingObject;
 use tracing::{info, warn};
 
-use crate::rebalance::{Outcome, Scope};
+use crate::rebalance::Outcome;
+use crate::terms::Scope;
 
 /// How a rebalance's writes went (the reconciler's, every ring's).
 #[derive(Clone, Copy, Debug, PartialEq)]

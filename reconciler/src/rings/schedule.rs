@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::rebalance::{ObjectId, Scope};
+use crate::terms::{ObjectId, Scope};
 
 /// The most controlled objects remembered as waiting for their owners; beyond it they are not
 /// remembered one by one and the next drain check lists everything again.

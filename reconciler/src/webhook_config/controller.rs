@@ -28,8 +28,8 @@ use tracing::{info, warn};
 use super::drift::{drift, previous_managers};
 use super::guard::Guards;
 use crate::Error;
+use crate::controllers::FIELD_MANAGER;
 use crate::metrics::{ConfigurationWriteLabels, Metrics};
-use crate::rings::FIELD_MANAGER;
 use sharder_common::webhook_configuration::{WebhookSettings, webhook_configuration};
 
 /// When to retry after a failed reconcile.
@@ -66,7 +66,7 @@ pub(crate) fn ring_of(kind: RingKind, mwc: &MutatingWebhookConfiguration) -> Opt
         .map(|o| RingId::new(kind, o.name.as_str()))
 }
 
-/// Reconciles one object (for `crate::run_controller`).
+/// Reconciles one object (for `crate::controllers::run_controller`).
 pub(crate) async fn reconcile(
     object: Arc<DynamicObject>,
     ctx: Arc<Context>,
@@ -180,7 +180,7 @@ async fn delete_reference_configuration(
     Ok(())
 }
 
-/// What to do after a failed reconcile (for `crate::run_controller`).
+/// What to do after a failed reconcile (for `crate::controllers::run_controller`).
 pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
     let ring = RingId::new(ctx.kind, object.name_any());
     warn!(%ring, error = %error, "webhook configuration reconcile failed, retrying");
@@ -205,7 +205,7 @@ pub(crate) fn controller(
     let ca_changes = futures::stream::unfold(ca, |mut ca| async move {
         ca.changed().await.ok().map(|()| ((), ca))
     });
-    let (controller, listed) = crate::ring_controller(client.clone(), kind, selector);
+    let (controller, listed) = crate::controllers::ring_controller(client.clone(), kind, selector);
     let resource = kind.api_resource();
     let to_ring = {
         let resource = resource.clone();

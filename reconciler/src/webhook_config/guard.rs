@@ -20,8 +20,9 @@ use sharder_common::label_guard::{GuardSettings, label_guard};
 use sharder_common::{RingObject, Roles};
 use tracing::info;
 
-use crate::rings::FIELD_MANAGER;
-use crate::{Error, LabelGuard};
+use crate::Error;
+use crate::args::LabelGuard;
+use crate::controllers::FIELD_MANAGER;
 
 /// The API group and version of ValidatingAdmissionPolicies.
 const API: &str = "admissionregistration.k8s.io/v1";

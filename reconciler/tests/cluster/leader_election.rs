@@ -60,7 +60,6 @@ async fn a_standby_reconciler_takes_over_when_the_leader_is_killed() {
     w.create_ring().await;
     w.configuration_of("the new leader configures the new ring")
         .await;
-    assert!(w.reconciler_log(1 - index).contains("leading"));
     eventually("the new leader is ready and says so", WAIT, || async {
         leading_and_ready(&w.reconcilers[1 - index]).await
     })
@@ -111,7 +110,6 @@ async fn sigterm_releases_leadership_and_the_standby_takes_over() {
         .stop(Duration::from_secs(20))
         .expect("exits after SIGTERM");
     assert!(status.success(), "{status:?}");
-    assert!(w.reconciler_log(0).contains("lease released"));
     eventually(
         "replica-1 leads without waiting for expiry",
         Duration::from_secs(10),

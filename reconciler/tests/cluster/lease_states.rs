@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::PostParams;
 use sharder_common::labels::STATE_LABEL;
 use sharder_harness::fixtures::shard_lease;
-use sharder_harness::wait::eventually;
+use sharder_harness::wait::{eventually, metric_value};
 use sharder_harness::world::set_lease_holder;
 
 use crate::{Test, WAIT};
@@ -157,13 +157,20 @@ async fn lease_states_are_labelled_and_a_silent_shard_is_taken_over_then_deleted
         },
     )
     .await;
-    // The log line follows the delete call, so it can land a moment after the Lease is gone.
-    eventually("the deletion is logged", WAIT, || async {
-        w.reconciler_log(0)
-            .contains("deleted orphaned shard lease")
-            .then_some(())
-            .ok_or("not logged yet")
-    })
+    // Its state leaves the metrics once it is deleted.
+    eventually(
+        "the deleted Lease's state gone from the metrics",
+        WAIT,
+        || async {
+            let metrics = w.reconcilers[0].metrics().await;
+            let state = metric_value(
+                &metrics,
+                "controller_sharding_shard_state",
+                &[("shard", "silent")],
+            );
+            state.map_or(Ok(()), |v| Err(format!("still there: {v}")))
+        },
+    )
     .await;
 }
 
@@ -228,10 +235,10 @@ async fn hostile_shard_leases_stay_off_the_ring_and_everything_else_keeps_moving
     })
     .await;
     assert_eq!(w.desired_ring().await.shards(), ["good"]);
-    let log = w.reconciler_log(0);
-    let reported = log.matches("cannot be a label value").count();
-    assert_eq!(reported, 1, "the long name is reported once:\n{log}");
-    assert!(log.contains(&long), "the report names the Lease");
+    let reported = w
+        .events("Warning", "InvalidShardName", "Lease", &long)
+        .await;
+    assert_eq!(reported, 1, "the long name is reported once, on its Lease");
     assert!(
         w.reconcilers[0].process.try_wait().is_none(),
         "the reconciler keeps running"

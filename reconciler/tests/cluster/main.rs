@@ -14,7 +14,7 @@ use kube::Api;
 use sharder_common::{Ring, RingKind};
 use sharder_harness::control_plane::{AuditMark, ControlPlane};
 use sharder_harness::launch::{Env, Reconciler, Webhook};
-use sharder_harness::wait::eventually;
+use sharder_harness::wait::{Rebalances, eventually};
 use sharder_harness::world::World;
 
 mod clients;
@@ -183,17 +183,40 @@ impl Test {
         self.world.log(&format!("reconciler-{i}"))
     }
 
-    /// Waits until reconciler replica `i` has reported `n` more rebalances (every sweep is
-    /// one) than it had now: whatever those could have written is written.
-    async fn wait_for_rebalances(&mut self, i: usize, n: usize) {
-        let process = &mut self.reconcilers[i].process;
-        for _ in 0..n {
-            let seen = process.lines().len();
-            process
-                .wait_for_message("rebalance", seen, WAIT)
-                .await
-                .expect("another rebalance");
-        }
+    /// Waits until reconciler replica `i` has ended `n` more rebalances of the ring (every sweep
+    /// is one) than it had now, as its metrics count them: whatever those could have written is
+    /// written. Returns what they did.
+    async fn wait_for_rebalances(&mut self, i: usize, n: usize) -> Rebalances {
+        let ring = self.id();
+        let before = self.reconcilers[i].rebalances(&ring).await;
+        let what = format!("{n} more rebalances");
+        let now = self.reconcilers[i]
+            .wait_for_rebalances(&ring, &what, WAIT, |now| {
+                now.count >= before.count + n as f64
+            })
+            .await
+            .expect("more rebalances");
+        now.since(&before)
+    }
+
+    /// Waits until what reconciler replica `i`'s metrics say of the ring satisfies `check`
+    /// (`what` describes it), and returns them.
+    async fn wait_for_metrics(
+        &mut self,
+        i: usize,
+        what: &str,
+        check: impl Fn(&Rebalances) -> bool,
+    ) -> Rebalances {
+        let ring = self.id();
+        self.reconcilers[i]
+            .wait_for_rebalances(&ring, what, WAIT, check)
+            .await
+            .expect(what)
+    }
+
+    /// What reconciler replica `i`'s metrics say of the ring now.
+    async fn rebalances(&self, i: usize) -> Rebalances {
+        self.reconcilers[i].rebalances(&self.id()).await
     }
 
     /// Waits until the webhook configuration of the world's ring exists (`what` names the

@@ -28,17 +28,9 @@ use sharder_harness::fixtures::{
 };
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
-use sharder_harness::wait::{ListReads, eventually, list_reads};
+use sharder_harness::wait::{ListReads, Rebalances, eventually, list_reads};
 
 use crate::{Test, WAIT};
-
-/// Whether reconciler log line `l` is a rebalance that listed everything once the drains ended.
-fn listed_after_drains(l: &serde_json::Value) -> bool {
-    l["message"] == "rebalance"
-        && l["scopes"]
-            .as_str()
-            .is_some_and(|s| s.contains("AfterDrains"))
-}
 
 #[tokio::test]
 async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_written() {
@@ -56,6 +48,7 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         .collect();
     assert!(!moving.is_empty() && moving.len() < 150);
 
+    let counted = w.rebalances(0).await;
     w.add_shard_lease("shard-d", 3600).await;
     eventually("every moving object is drained", WAIT, || async {
         let now = w.list_secrets().await;
@@ -65,8 +58,14 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
             .ok_or(format!("{drained} of {} drained", moving.len()))
     })
     .await;
-    // Two more sweeps later (a straggling write has shown up by then), check what was written.
-    w.wait_for_rebalances(0, 2).await;
+    // Two more rebalances later (a straggling write has shown up by then), check what was
+    // written. The drains wait, counted, with drain checks to follow.
+    let checks = w.wait_for_rebalances(0, 2).await;
+    assert_eq!(
+        (checks.pending_drains, checks.drain_checks),
+        (moving.len() as f64, true),
+        "{checks:?}"
+    );
     let after = w.list_secrets().await;
     for (name, secret) in &after {
         if moving.contains(name) {
@@ -105,23 +104,19 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         || w.settled(&four),
     )
     .await;
-    // Each summary says whether drain checks follow: every one while drains were pending, none
-    // after the list of everything once they ended.
-    let done = w.reconcilers[0]
-        .process
-        .wait_for("the list after the drains", 0, WAIT, listed_after_drains)
-        .await
-        .expect("everything listed once the drains ended");
-    assert_eq!(done["drain_checks"], false, "{done}");
-    let lines = w.reconcilers[0].process.lines();
-    let pending: Vec<&serde_json::Value> = lines
-        .iter()
-        .filter(|l| l["message"] == "rebalance" && l["pending_drains"].as_u64() > Some(0))
-        .collect();
-    assert!(
-        !pending.is_empty() && pending.iter().all(|l| l["drain_checks"] == true),
-        "{pending:?}"
+    // Once the drains ended, everything is listed again and no drain check follows.
+    let done = w
+        .wait_for_metrics(0, "everything listed once the drains ended", |m| {
+            m.since(&counted).list("after_drains") >= 1.0
+        })
+        .await;
+    assert_eq!(
+        (done.pending_drains, done.drain_checks),
+        (0.0, false),
+        "{done:?}"
     );
+    // One drain label per moving object, none on a child (children follow their owners).
+    assert_eq!(done.since(&counted).drains, moving.len() as f64);
     let used: BTreeSet<String> = w
         .list_secrets()
         .await
@@ -130,10 +125,9 @@ async fn scale_out_drains_exactly_the_objects_that_move_and_nothing_else_is_writ
         .collect();
     assert_eq!(used.len(), 4);
     let log = w.reconciler_log(0);
-    assert!(
-        log.contains("draining") && log.contains(r#""reason":"drain""#),
-        "moves are logged:\n{log}"
-    );
+    for name in &moving {
+        assert!(log.contains(name.as_str()), "{name}'s moves are logged");
+    }
 
     // Writes since the scale-out, from the apiserver's audit log: the reconciler wrote once per
     // drained object and once per child following its owner (after the owner's
@@ -237,13 +231,10 @@ async fn a_new_leader_that_meets_drains_lists_the_children_once_they_ended() {
     // drained among them, before any child of a draining owner exists.
     w.reconcilers[0].process.stop(Duration::from_secs(20));
     w.start_reconciler().await;
-    w.reconcilers[1]
-        .process
-        .wait_for("the new leader's first list", 0, WAIT, |l| {
-            l["message"] == "rebalance" && l["listed"].as_u64() >= Some(40)
-        })
-        .await
-        .expect("the new leader lists the ring");
+    w.wait_for_metrics(1, "the new leader's first list of the ring", |m| {
+        m.listed >= 40.0
+    })
+    .await;
     create_late_children(&w).await;
 
     w.settle_acknowledging("each child with its owner", &three)
@@ -289,17 +280,17 @@ async fn a_new_leader_lists_the_children_after_drains_acknowledged_before_its_co
     // Its children are listed: children created now, then every drain acknowledged.
     create_late_children(&w).await;
     assert!(w.acknowledge_drains().await > 0);
-    let first = w.reconcilers[1]
-        .process
-        .wait_for("the new leader's first rebalance", 0, WAIT, |l| {
-            l["message"] == "rebalance"
+    // Acknowledged before its count, the drains it met end in its first rebalance: it lists
+    // everything again with no drain check before.
+    let first = w
+        .wait_for_metrics(1, "the new leader's list after the drains", |m| {
+            m.list("after_drains") >= 1.0
         })
-        .await
-        .expect("the new leader rebalances");
-    assert_eq!(first["pending_drains"], 0, "acknowledged before the count");
-    assert!(
-        listed_after_drains(&first),
-        "everything listed again once the drains ended: {first}"
+        .await;
+    assert_eq!(
+        first.list("unassigned"),
+        0.0,
+        "no drain check came first: {first:?}"
     );
     w.settle_acknowledging("each child with its owner", &three)
         .await;
@@ -341,35 +332,23 @@ async fn a_failed_list_of_the_children_after_the_drains_is_listed_again() {
 
     // Once the scale-out listed, the reconciler may no longer list ConfigMaps.
     w.revoke(&listing).await;
-    let seen = w.reconcilers[0].process.lines().len();
-    w.reconcilers[0]
-        .process
-        .wait_for(
-            "a drain check's list of ConfigMaps refused",
-            seen,
-            WAIT,
-            |l| {
-                l["message"] == "cannot list objects"
-                    && l["resource"]
-                        .as_str()
-                        .is_some_and(|r| r.contains("configmaps"))
-            },
-        )
-        .await
-        .expect("the revocation holds");
+    let failed_lists = |m: &Rebalances| m.failed.get("list").copied().unwrap_or(0.0);
+    let before = w.rebalances(0).await;
+    w.wait_for_metrics(0, "a drain check's list of ConfigMaps refused", |m| {
+        failed_lists(m) > failed_lists(&before)
+    })
+    .await;
 
     // Children created on the draining owners' shards, then the acknowledgements: the list of
     // the children once the drains ended fails.
     create_late_children(&w).await;
-    let seen = w.reconcilers[0].process.lines().len();
+    let before = w.rebalances(0).await;
     assert!(w.acknowledge_drains().await > 0);
-    w.reconcilers[0]
-        .process
-        .wait_for("the children's list failing", seen, WAIT, |l| {
-            listed_after_drains(l) && l["errors"].as_u64() > Some(0)
-        })
-        .await
-        .expect("the list of the children fails");
+    w.wait_for_metrics(0, "the children's list after the drains failing", |m| {
+        let since = m.since(&before);
+        since.list("after_drains") >= 1.0 && failed_lists(&since) > 0.0
+    })
+    .await;
 
     // Allowed again, the next drain check lists them: each follows its owner.
     w.grant(&listing, account, list_configmaps()).await;
@@ -386,15 +365,10 @@ async fn scale_out_to_three(w: &mut Test) -> Ring {
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
     let moving = w.moving(&two, &three).await;
     assert!(!moving.is_empty());
-    let seen = w.reconcilers[0].process.lines().len();
+    let before = w.rebalances(0).await;
     w.add_shard_lease("shard-c", 3600).await;
-    w.reconcilers[0]
-        .process
-        .wait_for("the scale-out's rebalance", seen, WAIT, |l| {
-            l["message"] == "rebalance" && l["drained"].as_u64() > Some(0)
-        })
-        .await
-        .expect("the scale-out drains");
+    w.wait_for_metrics(0, "the scale-out's drains", |m| m.drains > before.drains)
+        .await;
     w.wait_until_drained(&moving).await;
     three
 }
@@ -445,6 +419,7 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         assert_eq!(three.shard_for(&w.key(name)), Some("mortal"));
     }
 
+    let before = w.rebalances(0).await;
     keep_alive.abort();
     let stopped = Instant::now();
     eventually(
@@ -484,7 +459,14 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
             "{name} follows its owner"
         );
     }
-    assert!(w.reconciler_log(0).contains(r#""reason":"dead-shard""#));
+    // Listed by the dead shard's label and moved directly, no drain.
+    let moved = w.rebalances(0).await.since(&before);
+    assert!(
+        moved.list("on_shard") >= 1.0
+            && moved.drains == 0.0
+            && moved.movements >= on_mortal.len() as f64,
+        "{moved:?}"
+    );
     // One write per object moved off the dead shard (audit log), none for the others.
     let by_reconciler = w.writes_by_since(&w.reconciler_user(), mark);
     for name in w.list_secrets().await.keys() {
@@ -661,11 +643,11 @@ async fn a_child_whose_move_failed_follows_its_owner_once_writes_go_through_agai
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
     eventually("a child's move refused", WAIT, || async {
         w.acknowledge_drains().await;
-        let log = w.reconciler_log(0);
-        log.lines()
-            .any(|l| l.contains(r#""message":"move failed""#) && l.contains("/child-"))
+        let failed = w.rebalances(0).await.failed_writes;
+        failed
+            .contains_key("configmaps")
             .then_some(())
-            .ok_or("no refused move yet")
+            .ok_or(format!("no refused move yet: {failed:?}"))
     })
     .await;
 
@@ -697,10 +679,11 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
             .expect("create");
     }
     w.refuse_updates("secrets").await;
+    let shard_label = w.labels.shard.clone();
     let on_mortal = |secrets: &std::collections::BTreeMap<String, Secret>| {
         secrets
             .values()
-            .filter(|s| w.shard_of(*s).as_deref() == Some("mortal"))
+            .filter(|s| s.labels().get(&shard_label).map(String::as_str) == Some("mortal"))
             .count()
     };
     assert!(on_mortal(&w.list_secrets().await) > 0, "objects on mortal");
@@ -709,16 +692,8 @@ async fn a_dead_shards_refused_moves_are_tried_again_long_before_the_next_sweep(
     // at once when the ring's status changes with it; after that nothing changes until the dead
     // Lease is deleted, a minute after it expired.
     keep_alive.abort();
-    eventually("two rebalances with refused moves", WAIT, || async {
-        let failed = w.reconcilers[0]
-            .process
-            .lines()
-            .iter()
-            .filter(|l| l["message"] == "rebalance" && l["errors"].as_u64() > Some(0))
-            .count();
-        (failed >= 2)
-            .then_some(())
-            .ok_or(format!("{failed} failed rebalances"))
+    w.wait_for_metrics(0, "two rebalances with refused moves", |m| {
+        m.failed.get("write").copied().unwrap_or(0.0) >= 2.0
     })
     .await;
     w.accept_updates().await;
@@ -834,29 +809,19 @@ async fn a_scale_out_refused_for_good_is_listed_again_at_its_retries_not_at_ever
 
     // The scale-out: the small gizmos that move are drained (nothing acknowledges them), the
     // big ones refused.
-    let skip = w.reconcilers[0].process.lines().len();
+    let before = w.rebalances(0).await;
     w.add_shard_lease("shard-c", 3600).await;
-    let scopes = |process: &sharder_harness::launch::Process| -> Vec<String> {
-        process.lines()[skip..]
-            .iter()
-            .filter(|l| l["message"] == "rebalance")
-            .map(|l| l["scopes"].as_str().unwrap_or_default().to_owned())
-            .collect()
-    };
-    let full = r#"["All"]"#;
-    let seen = eventually("three full lists since the scale-out", WAIT, || async {
-        let seen = scopes(&w.reconcilers[0].process);
-        match seen.iter().filter(|s| *s == full).count() {
-            3.. => Ok(seen),
-            n => Err(format!("{n} full lists: {seen:?}")),
-        }
-    })
-    .await;
-    let checks = seen.iter().filter(|s| *s == r#"["Unassigned"]"#).count();
+    let seen = w
+        .wait_for_metrics(0, "three full lists since the scale-out", |m| {
+            m.since(&before).list("all") >= 3.0
+        })
+        .await
+        .since(&before);
+    let checks = seen.list("unassigned");
     println!("rebalances since the scale-out: {seen:?}");
     assert!(
-        checks >= 2,
-        "between 3 full lists only {checks} drain checks listed the unassigned gizmos only (every 500 ms, the retries after 2 and 4 s): {seen:?}"
+        checks >= 2.0,
+        "between 3 full lists only {checks} drain checks listed the unassigned gizmos (every 500 ms, the retries after 2 and 4 s): {seen:?}"
     );
     let all_drained = |of: Vec<usize>| async {
         for i in of {
@@ -1078,11 +1043,8 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
     }
     let untouched = elsewhere.list(&Default::default()).await.expect("list");
 
-    w.start_reconciler_with(
-        Duration::from_secs(1),
-        &[("--log-level", "info,sharder_reconciler=debug")],
-    )
-    .await;
+    let mark = w.audit_mark();
+    w.start_reconciler_with(Duration::from_secs(1), &[]).await;
     eventually("the ring's gadgets are assigned", WAIT, || async {
         for name in &names {
             let gadget = mine.get(name).await.map_err(|e| e.to_string())?;
@@ -1100,15 +1062,16 @@ async fn a_ring_over_most_namespaces_lists_across_the_cluster_and_leaves_the_res
 
     // What the reconciler listed: gadgets across the cluster, never namespace by namespace.
     w.wait_for_rebalances(0, 2).await;
-    let log = w.reconcilers[0].process.lines();
+    let lists = w.cp.audited_requests_since(mark);
+    let reconciler = w.reconciler_user();
     let pages = |namespace: &str| {
-        log.iter()
-            .filter(|l| {
-                l["message"] == "listed a page"
-                    && l["resource"]
-                        .as_str()
-                        .is_some_and(|r| r.contains("gadgets"))
-                    && l["namespace"] == namespace
+        lists
+            .iter()
+            .filter(|e| {
+                e["verb"] == "list"
+                    && e["user"]["username"] == reconciler.as_str()
+                    && e["objectRef"]["resource"] == "gadgets"
+                    && e["objectRef"]["namespace"].as_str().unwrap_or_default() == namespace
             })
             .count()
     };
@@ -1613,14 +1576,10 @@ async fn a_list_page_is_read_whole_however_slowly_its_objects_are_written() {
     )
     .await;
 
-    let log = w.reconciler_log(0);
+    let failed = w.rebalances(0).await.failed;
     assert!(
-        !log.contains("cannot list objects"),
-        "a list failed while its objects were written:\n{}",
-        log.lines()
-            .filter(|l| l.contains("cannot list"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        !failed.contains_key("list"),
+        "a list failed while its objects were written: {failed:?}"
     );
     let by_reconciler = w.writes_by(&w.reconciler_user());
     for i in 0..OBJECTS {
@@ -1665,22 +1624,13 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_alone_and_strays_still_find_
     // namespace's Secrets.
     w.wait_for_rebalances(0, 1).await;
     let lists = secret_lists(&w).await;
-    let seen = w.reconcilers[0].process.lines().len();
-    w.wait_for_rebalances(0, 3).await;
-    let sweeps: Vec<(String, u64)> = w.reconcilers[0].process.lines()[seen..]
-        .iter()
-        .filter(|l| l["message"] == "rebalance")
-        .map(|l| {
-            let scopes = l["scopes"].as_str().unwrap_or_default().to_owned();
-            (scopes, l["listed"].as_u64().unwrap_or(u64::MAX))
-        })
-        .collect();
+    let sweeps = w.wait_for_rebalances(0, 3).await;
     assert!(
-        sweeps.iter().all(|(s, _)| s == r#"["Stray"]"#),
+        sweeps.only("stray"),
         "quiet sweeps list strays only: {sweeps:?}"
     );
-    assert!(
-        sweeps.iter().all(|(_, listed)| *listed == 0),
+    assert_eq!(
+        sweeps.listed, 0.0,
         "a quiet sweep lists the ring's namespace, not the cluster: {sweeps:?}"
     );
     let used = secret_lists(&w).await.since(lists);
@@ -1689,10 +1639,10 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_alone_and_strays_still_find_
         "sweeps read no list from etcd: {used:?}"
     );
     assert!(
-        used.from_cache >= sweeps.len() as f64 && used.consistent == 0.0,
+        used.from_cache >= sweeps.count && used.consistent == 0.0,
         "each sweep is a list the watch cache answers as it is, none a consistent read: {used:?} \
          for {} sweeps",
-        sweeps.len()
+        sweeps.count
     );
 
     // What the webhook missed, and an object labelled with a shard that is not in the ring
@@ -1708,16 +1658,8 @@ async fn a_quiet_ring_is_swept_from_the_watch_cache_alone_and_strays_still_find_
     let mut stray = secret("object-stray");
     stray.metadata.labels = Some([(w.id().labels().shard, "shard-gone".to_owned())].into());
     w.secrets().create(&pp, &stray).await.expect("create");
-    let seen = w.reconcilers[0].process.lines().len();
     for name in ["object-missed", "object-stray"] {
-        let object = format!("{}/{name}", w.ns);
-        w.reconcilers[0]
-            .process
-            .wait_for("the stray moved", seen, WAIT, |l| {
-                l["message"] == "moved" && l["object"] == object.as_str()
-            })
-            .await
-            .expect("moved");
+        w.wait_until_assigned(name, &two).await;
     }
     // Counted before this test lists anything again.
     let used = secret_lists(&w).await.since(lists);
@@ -1752,28 +1694,17 @@ async fn drain_checks_and_the_list_after_the_drains_are_answered_by_the_watch_ca
     eventually("settled", WAIT, || w.settled(&two)).await;
 
     // A shard joins; its drains wait unacknowledged, drain checks every 500 ms.
+    let before = w.rebalances(0).await;
     w.add_shard_lease("shard-c", 3600).await;
-    let seen = eventually("the scale-out's drains", WAIT, || async {
-        let lines = w.reconcilers[0].process.lines();
-        let drained = lines
-            .iter()
-            .position(|l| l["message"] == "rebalance" && l["drained"].as_u64() > Some(0));
-        drained.map(|i| i + 1).ok_or("no drain yet")
+    w.wait_for_metrics(0, "the scale-out's drains", |m| {
+        m.drains > before.drains && m.count > before.count
     })
     .await;
     let lists = secret_lists(&w).await;
     let checks = 6;
-    w.wait_for_rebalances(0, checks).await;
+    let seen = w.wait_for_rebalances(0, checks).await;
     let used = secret_lists(&w).await.since(lists);
-    let scopes: Vec<_> = w.reconcilers[0].process.lines()[seen..]
-        .iter()
-        .filter(|l| l["message"] == "rebalance")
-        .map(|l| l["scopes"].clone())
-        .collect();
-    assert!(
-        scopes.len() >= checks && scopes.iter().all(|s| s == r#"["Unassigned"]"#),
-        "drain checks: {scopes:?}"
-    );
+    assert!(seen.only("unassigned"), "drain checks: {seen:?}");
     assert_eq!(used.from_etcd, 0.0, "{checks} drain checks: {used:?}");
     // Each check lists the unassigned objects and counts the pending drains, both one page: the
     // count alone is a consistent read (answered by the cache too). The checks at either end of
@@ -1786,18 +1717,22 @@ async fn drain_checks_and_the_list_after_the_drains_are_answered_by_the_watch_ca
     // Drains acknowledged with no webhook to assign them: the checks assign them, and the
     // last one, once none is pending, lists everything again, from the watch cache too.
     w.stop_webhook();
-    let seen = w.reconcilers[0].process.lines().len();
+    let before = w.rebalances(0).await;
     let lists = secret_lists(&w).await;
     let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
     w.settle_acknowledging("the acknowledged objects on their new shard", &three)
         .await;
-    w.reconcilers[0]
-        .process
-        .wait_for("the last drain check", seen, WAIT, |l| {
-            l["message"] == "rebalance" && l["scopes"] == r#"["Unassigned", "AfterDrains"]"#
+    let last = w
+        .wait_for_metrics(0, "the last drain check lists everything", |m| {
+            m.since(&before).list("after_drains") >= 1.0
         })
         .await
-        .expect("the last drain check lists everything");
+        .since(&before);
+    assert_eq!(
+        last.list("unassigned"),
+        last.count,
+        "every rebalance a drain check, the last one listing everything too: {last:?}"
+    );
     let used = secret_lists(&w).await.since(lists);
     assert_eq!(
         used.from_etcd, 0.0,
@@ -1834,14 +1769,11 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
     w.reconciler_env = Env::new(w.dir(), lagging.kubeconfig());
     let two = w.start_swept_ring(10).await;
     // Quiet first: beside busy neighbours the first full rebalance was still ending.
-    let seen = w.reconcilers[0].process.lines().len();
-    w.reconcilers[0]
-        .process
-        .wait_for("a quiet sweep", seen, WAIT, |l| {
-            l["message"] == "rebalance" && l["scopes"] == r#"["Stray"]"#
-        })
-        .await
-        .expect("quiet");
+    let before = w.rebalances(0).await;
+    w.wait_for_metrics(0, "a quiet sweep", |m| {
+        m.since(&before).list("stray") >= 1.0
+    })
+    .await;
 
     link.blackhole(true);
     let hidden = w
@@ -1868,15 +1800,7 @@ async fn an_object_or_an_acknowledgement_a_lagging_watch_cache_hides_reaches_its
         "the lagging cache lacks the new object: {names:?}"
     );
     link.blackhole(false);
-    let seen = w.reconcilers[0].process.lines().len();
-    let object = format!("{}/object-hidden", w.ns);
-    w.reconcilers[0]
-        .process
-        .wait_for("the hidden object moved", seen, WAIT, |l| {
-            l["message"] == "moved" && l["object"] == object.as_str()
-        })
-        .await
-        .expect("assigned once the cache caught up");
+    w.wait_until_assigned("object-hidden", &two).await;
     eventually("settled", WAIT, || w.settled(&two)).await;
 
     // Drains acknowledged while the cache lags: nothing is lost meanwhile, and the
