@@ -33,7 +33,7 @@ pub(crate) fn goals(goals: &[Goal]) -> String {
     });
     let mut out = table("goal | figure | bound | verdict", rows);
     if goals.iter().any(|g| !g.3) {
-        out += "What is known about a missed goal (profiles, the parts of the work one by one) is in `docs/performance-notes.md`.\n\n";
+        out += "Why the defaults are what they are: `docs/performance-notes.md`; what earlier runs found about missed goals (profiles, the parts of the work one by one) is in its git history.\n\n";
     }
     out
 }

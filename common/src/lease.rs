@@ -24,8 +24,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::Error;
 use crate::labels::shard_name_problem;
+use crate::{Error, RingId, RingKind};
 
 /// Holder identity the reconciler writes when it takes over an `uncertain` lease.
 pub const LEASE_CONTROLLER_HOLDER: &str = "shardlease-controller";
@@ -121,6 +121,31 @@ pub fn is_held_by_shard(lease: &Lease) -> bool {
 /// instant (property-tested).
 pub fn is_available(lease: &Lease) -> bool {
     is_held_by_shard(lease)
+}
+
+/// What a ring reads of one of its shard Leases: the ring the Lease is labelled for, its
+/// shard (the Lease's name) and whether that shard holds it ([`is_available`]). Only a change
+/// of these can change a ring's shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardLease {
+    /// The ring.
+    pub ring: RingId,
+    /// The shard.
+    pub shard: String,
+    /// Whether the shard is on the ring.
+    pub available: bool,
+}
+
+impl ShardLease {
+    /// What a ring of `kind` reads of `lease`; `None` when it carries no ring label of `kind`.
+    pub fn of(kind: RingKind, lease: &Lease) -> Option<Self> {
+        let ring = lease.metadata.labels.as_ref()?.get(kind.lease_label())?;
+        Some(Self {
+            ring: RingId::new(kind, ring.as_str()),
+            shard: lease.metadata.name.clone().unwrap_or_default(),
+            available: is_available(lease),
+        })
+    }
 }
 
 /// The lease's expiry instant and duration, or `None` when renewTime or a positive duration is
@@ -500,5 +525,29 @@ mod tests {
                 expected
             );
         }
+    }
+
+    #[test]
+    fn a_ring_reads_of_a_lease_its_ring_label_its_name_and_whether_its_shard_holds_it() {
+        let kind = RingKind::ControllerRing;
+        let mut lease = Lease::default();
+        lease.metadata.name = Some("shard-a".into());
+        assert_eq!(ShardLease::of(kind, &lease), None, "no ring label");
+        lease.metadata.labels = Some([(kind.lease_label().to_owned(), "ring".to_owned())].into());
+        let read = ShardLease::of(kind, &lease).expect("labelled");
+        assert_eq!(
+            (read.ring, read.shard.as_str(), read.available),
+            (RingId::new(kind, "ring"), "shard-a", false),
+        );
+        assert_eq!(
+            ShardLease::of(RingKind::ClusterRing, &lease),
+            None,
+            "the label of the other kind"
+        );
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some("shard-a".into()),
+            ..LeaseSpec::default()
+        });
+        assert!(ShardLease::of(kind, &lease).expect("labelled").available);
     }
 }

@@ -20,7 +20,7 @@ pub use cluster_ring::{
 pub use handover::OwnerState;
 pub use key::ObjectKey;
 pub use labels::RingLabels;
-pub use lease::{LeaseStatus, ShardState, is_available, shard_state};
+pub use lease::{LeaseStatus, ShardLease, ShardState, is_available, shard_state};
 pub use ring::Ring;
 pub use ring_kind::{RingId, RingKind, RingObject};
 

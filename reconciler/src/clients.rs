@@ -5,9 +5,10 @@
 //! slows down (`rebalance::concurrency`). Timeouts are the caller's.
 //!
 //! Why HTTP/1.1: kube-apiserver (Go) serves an HTTP/1.1 request on the connection's own
-//! goroutine, an HTTP/2 stream through its connection's frame loop; object writes were measured
-//! faster over HTTP/1.1 (docs/performance-notes.md). The price is a connection per write in
-//! flight, which the pool's idle limit keeps from growing past the writes in flight at most.
+//! goroutine, an HTTP/2 stream through its connection's frame loop, so object writes go faster
+//! over HTTP/1.1 (docs/performance-notes.md, "Transport and memory"). The price is a
+//! connection per write in flight, which the pool's idle limit keeps from growing past the
+//! writes in flight at most.
 //! Writes read in exact 4 KiB pieces ([`Reads::Exact`]): an answer's head is a few hundred bytes
 //! and its body (one object's metadata) is read piece by piece, where hyper's default reserves
 //! 8 KiB per read and often a second buffer while the previous answer still holds the first.

@@ -22,7 +22,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::{GroupResource, Ring, RingId, RingLabels, Role, is_available};
-use tokio::sync::Semaphore;
 use tracing::warn;
 
 pub(crate) mod concurrency;
@@ -373,24 +372,15 @@ impl Rebalancer {
         target: &Target,
         scope: &Scope,
     ) -> Outcome {
-        // What waits between the lister and the writers: at most a page and LISTED_AHEAD
-        // objects, each holding a place in `room` until a writer takes it.
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let room = Arc::new(Semaphore::new(
-            self.settings.page_size as usize + LISTED_AHEAD,
-        ));
-        let lister = self.list_into(view, target, scope, &room, tx);
+        let (tx, mut rx) =
+            tokio::sync::mpsc::channel(listing::channel_capacity(self.settings.page_size));
+        let lister = self.list_into(view, target, scope, tx);
         let writers = async {
             let mut outcome = Outcome::default();
             let mut results = std::pin::pin!(
-                futures::stream::unfold(rx, |mut rx| async move {
-                    rx.recv().await.map(|waiting| (waiting, rx))
-                })
-                .map(|(meta, place): listing::Queued| {
-                    drop(place);
-                    self.handle(view, targets, target, meta.into())
-                })
-                .buffer_unordered(self.parallel())
+                futures::stream::poll_fn(|cx| rx.poll_recv(cx))
+                    .map(|meta: pages::Waiting| self.handle(view, targets, target, meta.into()))
+                    .buffer_unordered(self.parallel())
             );
             while let Some(result) = results.next().await {
                 outcome.count(result);

@@ -404,8 +404,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_takeover_from_a_stale_view_is_refused_and_the_lease_looked_at_again() {
-        // The reconciler's Lease watch may lag (it came back 26 s after an apiserver restart in
-        // a fault test) and show a renewing shard's Lease as uncertain: the takeover carries the
+        // The reconciler's Lease watch may lag (after an apiserver restart, for seconds) and
+        // show a renewing shard's Lease as uncertain: the takeover carries the
         // resourceVersion it saw, so the apiserver refuses it (409) instead of taking a live
         // shard's Lease.
         use http::{Method, Request, Response};

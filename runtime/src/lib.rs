@@ -19,6 +19,7 @@ pub mod logging;
 pub mod metrics;
 pub mod retry;
 pub mod tasks;
+pub mod watched;
 
 pub use admin::{AdminArgs, Readiness};
 pub use duration::parse_duration;

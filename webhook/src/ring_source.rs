@@ -19,10 +19,11 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::lease::conflicting_names;
-use sharder_common::{ClusterRingSpec, RingId, RingKind, RingObject, is_available};
+use sharder_common::{ClusterRingSpec, RingId, RingKind, RingObject, ShardLease};
 use sharder_runtime::Readiness;
 use sharder_runtime::controller::watch;
 use sharder_runtime::metrics::RingLabel;
+use sharder_runtime::watched::Watched;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -66,45 +67,14 @@ fn ring_input(kind: RingKind, object: &DynamicObject) -> (RingId, RingInput) {
     (ring.id, input)
 }
 
-/// What the source keeps of one shard Lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct ShardLease {
-    ring: RingId,
-    shard: String,
-    available: bool,
-}
-
-impl ShardLease {
-    fn of(kind: RingKind, lease: &Lease) -> Option<Self> {
-        let ring = lease.labels().get(kind.lease_label())?;
-        Some(Self {
-            ring: RingId::new(kind, ring.as_str()),
-            shard: lease.name_any(),
-            available: is_available(lease),
-        })
-    }
-}
-
-/// A Lease as one kind's watch sees it: a Lease labelled for rings of both kinds counts once for
-/// each.
-type LeaseKey = (RingKind, String, String);
-
-fn lease_key(kind: RingKind, lease: &Lease) -> LeaseKey {
-    (
-        kind,
-        lease.namespace().unwrap_or_default(),
-        lease.name_any(),
-    )
-}
-
-/// The pure state behind the snapshots: ring specs and shard leases, and the inputs each
-/// published snapshot was built from (to rebuild only on change).
+/// The pure state behind the snapshots: per ring kind, the rings' specs and what the rings
+/// read of their shard Leases (`ShardLease`, by namespace and name; a Lease labelled for rings
+/// of both kinds counts once for each); and the inputs each published snapshot was built from
+/// (to rebuild only on change).
 #[derive(Debug, Default)]
 pub struct RingState {
-    specs: BTreeMap<RingId, RingInput>,
-    leases: HashMap<LeaseKey, ShardLease>,
-    init_specs: HashMap<RingKind, BTreeMap<RingId, RingInput>>,
-    init_leases: HashMap<RingKind, HashMap<LeaseKey, ShardLease>>,
+    specs: BTreeMap<RingKind, Watched<RingId, RingInput>>,
+    leases: BTreeMap<RingKind, Watched<(String, String), ShardLease>>,
     built: HashMap<RingId, (RingInput, BTreeSet<String>, Arc<RingSnapshot>)>,
 }
 
@@ -120,67 +90,27 @@ pub struct Changes {
 impl RingState {
     /// Applies one watch event of the rings of `kind`.
     pub fn apply_ring_event(&mut self, kind: RingKind, event: Event<DynamicObject>) {
-        match event {
-            Event::Apply(object) => {
-                let (id, input) = ring_input(kind, &object);
-                self.specs.insert(id, input);
-            }
-            Event::Delete(object) => {
-                self.specs.remove(&RingId::new(kind, object.name_any()));
-            }
-            Event::Init => {
-                self.init_specs.insert(kind, BTreeMap::new());
-            }
-            Event::InitApply(object) => {
-                let (id, input) = ring_input(kind, &object);
-                self.init_specs.entry(kind).or_default().insert(id, input);
-            }
-            Event::InitDone => {
-                let listed = self.init_specs.remove(&kind).unwrap_or_default();
-                self.specs.retain(|id, _| id.kind != kind);
-                self.specs.extend(listed);
-            }
-        }
+        let entry = |object: &DynamicObject| {
+            let (id, input) = ring_input(kind, object);
+            (id, Some(input))
+        };
+        self.specs.entry(kind).or_default().apply(event, entry);
     }
 
     /// Applies one watch event of the shard Leases of rings of `kind`.
     pub fn apply_lease_event(&mut self, kind: RingKind, event: Event<Lease>) {
-        match event {
-            Event::Apply(lease) => match ShardLease::of(kind, &lease) {
-                Some(shard) => {
-                    self.leases.insert(lease_key(kind, &lease), shard);
-                }
-                None => {
-                    self.leases.remove(&lease_key(kind, &lease));
-                }
-            },
-            Event::Delete(lease) => {
-                self.leases.remove(&lease_key(kind, &lease));
-            }
-            Event::Init => {
-                self.init_leases.insert(kind, HashMap::new());
-            }
-            Event::InitApply(lease) => {
-                if let Some(shard) = ShardLease::of(kind, &lease) {
-                    self.init_leases
-                        .entry(kind)
-                        .or_default()
-                        .insert(lease_key(kind, &lease), shard);
-                }
-            }
-            Event::InitDone => {
-                let listed = self.init_leases.remove(&kind).unwrap_or_default();
-                self.leases.retain(|(k, _, _), _| *k != kind);
-                self.leases.extend(listed);
-            }
-        }
+        let entry = |lease: &Lease| {
+            let key = (lease.namespace().unwrap_or_default(), lease.name_any());
+            (key, ShardLease::of(kind, lease))
+        };
+        self.leases.entry(kind).or_default().apply(event, entry);
     }
 
     /// The available shards per ring; a name held in more than one namespace of a ring is
     /// ambiguous and left out (`sharder_common::lease::conflicting_names`).
     fn available(&self) -> HashMap<RingId, BTreeSet<String>> {
         let mut by_ring: HashMap<&RingId, Vec<(&str, &ShardLease)>> = HashMap::new();
-        for ((_, namespace, _), lease) in &self.leases {
+        for ((namespace, _), lease) in self.leases.values().flat_map(Watched::iter) {
             by_ring
                 .entry(&lease.ring)
                 .or_default()
@@ -206,8 +136,8 @@ impl RingState {
     pub fn snapshots(&mut self) -> (HashMap<RingId, Arc<RingSnapshot>>, Changes) {
         let mut available = self.available();
         let mut changes = Changes::default();
-        let mut built = HashMap::with_capacity(self.specs.len());
-        for (id, input) in &self.specs {
+        let mut built = HashMap::with_capacity(self.specs.values().map(Watched::len).sum());
+        for (id, input) in self.specs.values().flat_map(Watched::iter) {
             let shards = available.remove(id).unwrap_or_default();
             let entry = match self.built.remove(id) {
                 Some(entry) if entry.0 == *input && entry.1 == shards => entry,

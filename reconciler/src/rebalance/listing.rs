@@ -1,21 +1,19 @@
 //! Listing for a rebalance: each range of a target's objects (across the cluster or one
 //! namespace) page by page, label-selected to what can need work, metadata only. A page is read
-//! whole and parsed ([`super::pages`]), and its objects are handed to the writers one by one; the
-//! next page is requested at once and opens when the current one's objects have room to wait for
-//! a write slot (a page and [`LISTED_AHEAD`] more), so a page is read to its end at the
-//! apiserver's speed, however slowly its objects are written.
+//! whole and parsed ([`super::pages`]), and its objects that need work go to the writers through
+//! one bounded channel of a page and [`LISTED_AHEAD`] places. A page is requested only once the
+//! channel has a place for each object it may hold, so it is read to its end at the
+//! apiserver's speed, however slowly its objects are written, and what waits for a write is at
+//! most the channel's capacity.
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::Arc;
 
 use futures::AsyncBufReadExt;
 use kube::Client;
 use kube::api::{ListParams, ObjectMeta, VersionMatch};
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
-use tokio::sync::mpsc::UnboundedSender;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::task::AbortOnDropHandle;
+use tokio::sync::mpsc::Sender;
 use tracing::{debug, warn};
 
 use sharder_common::RingLabels;
@@ -23,7 +21,7 @@ use sharder_runtime::retry::retry_after;
 
 use super::pages;
 use super::strays::Strays;
-use super::{OVERLOAD_RETRIES, Outcome, Rebalancer, RingView, Scope, Target};
+use super::{LISTED_AHEAD, OVERLOAD_RETRIES, Outcome, Rebalancer, RingView, Scope, Target};
 
 /// The resource version a list that needs no confirmed state starts at, with
 /// `resourceVersionMatch=NotOlderThan`: any state at least that new, which the apiserver's
@@ -122,83 +120,85 @@ async fn as_told<T, F: Future<Output = Result<T, kube::Error>>>(
     }
 }
 
-/// One list of a target's objects: across the cluster (`namespace` `None`) or in one
-/// namespace, its pages continuing `first`.
-#[derive(Clone, Copy, Debug)]
-struct ListRange<'a> {
-    target: &'a Target,
-    namespace: Option<&'a str>,
-    first: &'a ListParams,
-    /// Places for listed objects waiting for a write slot.
-    room: &'a Arc<Semaphore>,
+/// The capacity of the channel between the lister and the writers for pages of `page_size`:
+/// a page, and [`LISTED_AHEAD`] objects of the page before it still waiting when it is
+/// requested.
+pub(super) fn channel_capacity(page_size: u32) -> usize {
+    page_size as usize + LISTED_AHEAD
 }
-
-/// How listing a page ended.
-enum PageEnd {
-    /// Every object was handed over; the next page, already requested, if there is one.
-    Page(Option<Opening>),
-    /// The writers stopped taking objects.
-    Stopped,
-}
-
-/// A list page being requested in the background, with the places its objects may take
-/// (dropping it cancels the request).
-type Opening = AbortOnDropHandle<Result<(Page, OwnedSemaphorePermit), kube::Error>>;
-
-/// A listed object waiting for a write slot, holding its place in the room.
-pub(super) type Queued = (pages::Waiting, OwnedSemaphorePermit);
 
 impl Rebalancer {
-    /// Lists `target`'s objects in `scope` page by page into `tx`, across the cluster or
-    /// namespace by namespace ([`Namespaces::list_ranges`]; objects in namespaces the ring
-    /// does not shard are left out), each page once `room` has a place for each of its objects;
-    /// the outcome counts what was listed and failed lists, and, when `scope` selects every
-    /// object no available shard holds and was listed to its end, those objects
-    /// ([`Outcome::strays`]).
+    /// Lists `target`'s objects in `scope` page by page into `tx` (of
+    /// [`channel_capacity`]), across the cluster or namespace by namespace
+    /// ([`Namespaces::list_ranges`]; objects in namespaces the ring does not shard are left
+    /// out), each page once `tx` has a place for each of its objects; main objects that stay
+    /// are done here. The outcome counts what was listed, the main objects already draining and
+    /// failed lists, and, when `scope` selects every object no available shard holds and was
+    /// listed to its end, those objects ([`Outcome::strays`]).
     pub(super) async fn list_into(
         &self,
         view: &RingView<'_>,
         target: &Target,
         scope: &Scope,
-        room: &Arc<Semaphore>,
-        tx: UnboundedSender<Queued>,
+        tx: Sender<pages::Waiting>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut strays = scope.finds_strays().then(Strays::default);
-        let first = first_page(scope, view.labels, view.available, self.settings.page_size);
+        let page_size = self.settings.page_size;
+        let first = first_page(scope, view.labels, view.available, page_size);
         for namespace in view.namespaces.list_ranges(target) {
-            let range = ListRange {
-                target,
-                namespace,
-                first: &first,
-                room,
-            };
-            let mut opening = self.open_page(&range, None);
+            let mut params = first.clone();
             loop {
                 if !view.is_current() {
                     return outcome;
                 }
-                let listing = std::time::Instant::now();
-                let before = outcome.listed;
-                let page = self
-                    .list_page(view, &range, opening, &tx, &mut outcome, strays.as_mut())
-                    .await;
-                let objects = outcome.listed - before;
-                match page {
-                    Ok(PageEnd::Stopped) => return outcome,
-                    Ok(PageEnd::Page(next)) => {
-                        debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects, list_ms = listing.elapsed().as_secs_f64() * 1e3, "listed a page");
-                        match next {
-                            Some(next) => opening = next,
-                            None => break,
-                        }
-                    }
+                // The writers stopped taking objects: nothing more to list.
+                let Ok(mut places) = tx.reserve_many(page_size as usize).await else {
+                    return outcome;
+                };
+                let page =
+                    as_told(|| Page::open(&self.lists, &target.api, namespace, &params)).await;
+                let mut page = match page {
+                    Ok(page) => page,
                     Err(e) => {
                         warn!(resource = %target.resource, namespace = namespace.unwrap_or(""), error = %e, "cannot list objects");
                         outcome.errors += 1;
                         outcome.failed_lists += 1;
                         return outcome;
                     }
+                };
+                let before = outcome.listed;
+                while let Some(meta) = page.next() {
+                    outcome.listed += 1;
+                    if !view.namespaces.holds(target, meta.namespace.as_deref()) {
+                        continue;
+                    }
+                    if let Some(strays) = strays.as_mut() {
+                        strays.see(&meta, view.labels, view.available);
+                    }
+                    if self.stays(view, target, &meta) {
+                        let labels = meta.labels.as_ref();
+                        outcome.draining +=
+                            usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
+                        continue;
+                    }
+                    // A page longer than asked for (an apiserver that ignores `limit`) waits
+                    // for places.
+                    let sent = match places.next() {
+                        Some(place) => {
+                            place.send(meta.into());
+                            true
+                        }
+                        None => tx.send(meta.into()).await.is_ok(),
+                    };
+                    if !sent {
+                        return outcome;
+                    }
+                }
+                debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects = outcome.listed - before, "listed a page");
+                match page.continue_token() {
+                    Some(token) => params = first.clone().continue_token(token),
+                    None => break,
                 }
             }
         }
@@ -206,80 +206,6 @@ impl Rebalancer {
             outcome.strays.insert(target.resource.clone(), strays);
         }
         outcome
-    }
-
-    /// Requests a page of `range` in the background (its first, or the one `token`
-    /// continues) once its room has a place for each object the page may hold.
-    fn open_page(&self, range: &ListRange<'_>, token: Option<&str>) -> Opening {
-        let client = self.lists.clone();
-        let api = range.target.api.clone();
-        let namespace = range.namespace.map(str::to_owned);
-        let params = match token {
-            Some(token) => range.first.clone().continue_token(token),
-            None => range.first.clone(),
-        };
-        let room = Arc::clone(range.room);
-        let page_size = self.settings.page_size;
-        AbortOnDropHandle::new(tokio::spawn(async move {
-            let places = room
-                .acquire_many_owned(page_size)
-                .await
-                .expect("the room is never closed");
-            let page = as_told(|| Page::open(&client, &api, namespace.as_deref(), &params)).await?;
-            Ok((page, places))
-        }))
-    }
-
-    /// Lists the page `opening` into `tx` (counting its objects, and the main objects already
-    /// draining, in `outcome`, and those no available shard holds in `strays`), leaving out
-    /// objects in namespaces the ring does not shard and main objects that stay; each object
-    /// handed over takes one of the page's places (the rest are given back when the page ends).
-    /// The next page (the range's first page continued) is requested at once, and opens once its
-    /// places are free.
-    async fn list_page(
-        &self,
-        view: &RingView<'_>,
-        range: &ListRange<'_>,
-        opening: Opening,
-        tx: &UnboundedSender<Queued>,
-        outcome: &mut Outcome,
-        mut strays: Option<&mut Strays>,
-    ) -> Result<PageEnd, kube::Error> {
-        let target = range.target;
-        let (mut page, mut places) = opening
-            .await
-            .map_err(|e| kube::Error::Service(e.into()))??;
-        // The next page is requested at once; it opens once its places are free.
-        let next = page
-            .continue_token()
-            .map(|token| self.open_page(range, Some(token)));
-        while let Some(meta) = page.next() {
-            outcome.listed += 1;
-            if !view.namespaces.holds(target, meta.namespace.as_deref()) {
-                continue;
-            }
-            if let Some(strays) = strays.as_deref_mut() {
-                strays.see(&meta, view.labels, view.available);
-            }
-            // A main object that stays is done here; only work goes to the writers.
-            if self.stays(view, target, &meta) {
-                let labels = meta.labels.as_ref();
-                outcome.draining += usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
-                continue;
-            }
-            // A page longer than asked for (an apiserver that ignores `limit`) waits for places.
-            let place = match places.split(1) {
-                Some(place) => place,
-                None => Arc::clone(range.room)
-                    .acquire_owned()
-                    .await
-                    .expect("the room is never closed"),
-            };
-            if tx.send((meta.into(), place)).is_err() {
-                return Ok(PageEnd::Stopped);
-            }
-        }
-        Ok(PageEnd::Page(next))
     }
 }
 

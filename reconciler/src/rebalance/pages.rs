@@ -6,7 +6,7 @@
 //! A page is read whole, kept as the chunks it arrived in ([`Chunks`]) and parsed with one
 //! `serde_json::from_reader` that frees each chunk once it is read: kube's `request_text` would
 //! copy the chunks into one piece and that piece into a `String` first (the choice against a
-//! streaming scanner: `docs/performance-notes.md`, list pages).
+//! streaming scanner: `docs/performance-notes.md`, "Transport and memory").
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -3,46 +3,23 @@
 //! reconcile back at each event it gets, so with renewals as triggers a ring with many shards
 //! (or a short renew interval) would wait for a quiet moment that may not come, and a dead
 //! shard's objects would wait with it. What a ring reads of a Lease is its ring label and
-//! whether it is held by its shard ([`is_available`]); only a change of those, a new Lease, a
+//! whether it is held by its shard ([`ShardLease`]); only a change of those, a new Lease, a
 //! deleted one, or a relist passes. A list's Leases wake their rings once it is done: the
 //! store it fills (see `rings::controller`) takes them at its end, all at once.
-
-use std::collections::HashMap;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::watcher::{self, Event};
-use sharder_common::{RingKind, is_available};
-
-/// What a ring reads of a Lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Signature {
-    ring: Option<String>,
-    available: bool,
-}
-
-impl Signature {
-    fn of(kind: RingKind, lease: &Lease) -> Self {
-        Self {
-            ring: lease.labels().get(kind.lease_label()).cloned(),
-            available: is_available(lease),
-        }
-    }
-}
-
-/// Leases by namespace and name, with what the rings read of them.
-type Seen = HashMap<(String, String), Signature>;
+use sharder_common::{RingKind, ShardLease};
+use sharder_runtime::watched::{Update, Watched};
 
 /// The Leases of rings of one kind seen, by namespace and name, with what the rings read of
 /// them.
 #[derive(Debug)]
 pub(crate) struct LeaseTriggers {
     kind: RingKind,
-    seen: Seen,
-    /// During a list: the Leases seen before it (those it does not return were deleted
-    /// meanwhile), and the ones it returned so far.
-    listing: Option<(Seen, Vec<Lease>)>,
+    seen: Watched<(String, String), ShardLease>,
 }
 
 impl LeaseTriggers {
@@ -50,56 +27,44 @@ impl LeaseTriggers {
     pub(crate) fn new(kind: RingKind) -> Self {
         Self {
             kind,
-            seen: HashMap::new(),
-            listing: None,
+            seen: Watched::default(),
         }
     }
 
     /// The Leases whose rings `event` should wake.
     pub(crate) fn admit(&mut self, event: Event<Lease>) -> Vec<Lease> {
-        let key = |l: &Lease| (l.namespace().unwrap_or_default(), l.name_any());
-        match event {
-            Event::Init => {
-                self.listing = Some((std::mem::take(&mut self.seen), Vec::new()));
-                Vec::new()
-            }
-            // A relist wakes every ring once (it may follow missed events), at its end.
-            Event::InitApply(lease) => {
-                self.seen
-                    .insert(key(&lease), Signature::of(self.kind, &lease));
-                if let Some((_, listed)) = self.listing.as_mut() {
-                    listed.push(lease);
+        let kind = self.kind;
+        let deleted = matches!(event, Event::Delete(_));
+        let entry = |l: &Lease| {
+            let key = (l.namespace().unwrap_or_default(), l.name_any());
+            (key, ShardLease::of(kind, l))
+        };
+        match self.seen.apply(event, entry) {
+            None => Vec::new(),
+            Some(Update::Changed {
+                object,
+                before,
+                after,
+            }) => {
+                if deleted || before != after {
+                    vec![object]
+                } else {
+                    Vec::new()
                 }
-                Vec::new()
             }
-            Event::InitDone => {
-                let Some((before, mut listed)) = self.listing.take() else {
-                    return Vec::new();
-                };
-                let gone = before
-                    .into_iter()
-                    .filter(|(key, _)| !self.seen.contains_key(key))
-                    .filter_map(|((namespace, name), signature)| {
-                        Some(self.stand_in(namespace, name, signature.ring?))
-                    });
-                listed.extend(gone);
-                listed
-            }
-            Event::Apply(lease) => {
-                let signature = Signature::of(self.kind, &lease);
-                let changed = self.seen.get(&key(&lease)) != Some(&signature);
-                self.seen.insert(key(&lease), signature);
-                if changed { vec![lease] } else { Vec::new() }
-            }
-            Event::Delete(lease) => {
-                self.seen.remove(&key(&lease));
-                vec![lease]
-            }
+            // A relist wakes every ring once (it may follow missed events), at its end: the
+            // rings of the Leases it returned and of those it no longer did.
+            Some(Update::Relisted { gone }) => self
+                .seen
+                .iter()
+                .map(|(key, lease)| (key.clone(), lease.clone()))
+                .chain(gone)
+                .map(|((namespace, name), lease)| self.stand_in(namespace, name, lease.ring.name))
+                .collect(),
         }
     }
 
-    /// A Lease of `ring` named `name` in `namespace` that a relist no longer returned: what
-    /// wakes its ring.
+    /// A Lease of `ring` named `name` in `namespace`: what wakes its ring.
     fn stand_in(&self, namespace: String, name: String, ring: String) -> Lease {
         Lease {
             metadata: kube::api::ObjectMeta {
