@@ -21,6 +21,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, ResourceExt};
+use sharder_common::handover::OwnerState;
 use sharder_common::{GroupResource, Ring, RingId, RingLabels, Role, is_available};
 use tracing::warn;
 
@@ -31,7 +32,7 @@ pub(crate) mod plan;
 pub(crate) mod strays;
 mod writing;
 
-use writing::{RateLimiter, Written};
+use writing::{Handled, RateLimiter};
 
 use concurrency::WriteSlots;
 pub(crate) use plan::{Move, Reason};
@@ -96,7 +97,7 @@ pub(crate) struct Outcome {
     pub drained: usize,
     /// Main objects listed that were draining already (drains this rebalance did not make,
     /// such as a previous leader's).
-    pub draining: usize,
+    pub already_draining: usize,
     /// Direct assignments, by reason.
     pub assigned: BTreeMap<Reason, usize>,
     /// Lists and writes that failed (writes after retries).
@@ -126,7 +127,7 @@ impl Outcome {
     pub(crate) fn add(&mut self, other: Outcome) {
         self.listed += other.listed;
         self.drained += other.drained;
-        self.draining += other.draining;
+        self.already_draining += other.already_draining;
         self.errors += other.errors;
         self.failed_lists += other.failed_lists;
         self.refused += other.refused;
@@ -139,20 +140,20 @@ impl Outcome {
         self.strays.extend(other.strays);
     }
 
-    fn count(&mut self, written: Written) {
-        match written {
-            Written::Moved(Move::Drain { .. }) => self.drained += 1,
-            Written::Moved(Move::Assign { reason, .. }) => {
+    fn count(&mut self, handled: Handled) {
+        match handled {
+            Handled::Moved(Move::Drain { .. }) => self.drained += 1,
+            Handled::Moved(Move::Assign { reason, .. }) => {
                 *self.assigned.entry(reason).or_default() += 1;
             }
-            Written::Awaiting(object) => self.awaiting.push(object),
-            Written::Stayed => {}
-            Written::Failed { object, permanent } => {
+            Handled::Awaiting(object) => self.awaiting.push(object),
+            Handled::Stayed => {}
+            Handled::Failed { object, permanent } => {
                 self.errors += 1;
                 self.refused += usize::from(permanent);
                 self.awaiting.extend(object);
             }
-            Written::Abandoned => self.abandoned += 1,
+            Handled::Abandoned => self.abandoned += 1,
         }
     }
 }
@@ -180,6 +181,27 @@ impl RingView<'_> {
     /// Whether the ring is still the one this rebalance is for.
     pub(crate) fn is_current(&self) -> bool {
         (self.current)()
+    }
+
+    /// What object `meta` of `target` needs on this ring ([`plan::decide`]; `owner`: its
+    /// owner's state once read).
+    fn decide(
+        &self,
+        target: &Target,
+        meta: &ObjectMeta,
+        owner: Option<&OwnerState>,
+    ) -> plan::Decision {
+        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
+        let (ring, available, labels) = (self.ring, self.available, self.labels);
+        plan::decide(
+            meta,
+            key.as_ref(),
+            target.role,
+            ring,
+            available,
+            labels,
+            owner,
+        )
     }
 }
 
@@ -274,8 +296,7 @@ impl Rebalancer {
         if target.role != Role::Main {
             return false;
         }
-        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
-        plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels).is_none()
+        view.decide(target, meta, None) == plan::Decision::Stay
     }
 
     /// Rebalances every target over every scope: main resources first, so that controlled
@@ -293,7 +314,7 @@ impl Rebalancer {
             .chain(targets.iter().filter(|t| t.role == Role::Controlled));
         for target in ordered {
             for scope in scopes {
-                outcome.add(self.rebalance(view, targets, target, scope).await);
+                outcome.add(self.list_and_write(view, targets, target, scope).await);
             }
         }
         outcome
@@ -309,18 +330,18 @@ impl Rebalancer {
         awaiting: Vec<ObjectId>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
-        let results: Vec<Written> = futures::stream::iter(awaiting)
+        let results: Vec<Handled> = futures::stream::iter(awaiting)
             .map(|object| async move {
                 let Some(target) = targets.iter().find(|t| t.resource == object.resource) else {
-                    return Written::Stayed;
+                    return Handled::Stayed;
                 };
                 let api = self.api(target, object.namespace.as_deref());
                 match api.get_metadata_opt(&object.name).await {
                     Ok(Some(fresh)) => self.handle(view, targets, target, fresh.metadata).await,
-                    Ok(None) => Written::Stayed,
+                    Ok(None) => Handled::Stayed,
                     Err(e) => {
                         warn!(resource = %target.resource, object = %object.name, error = %e, "cannot read a waiting object");
-                        Written::Awaiting(object)
+                        Handled::Awaiting(object)
                     }
                 }
             })
@@ -365,7 +386,9 @@ impl Rebalancer {
         Ok(pending)
     }
 
-    async fn rebalance(
+    /// One list of `target`'s objects in `scope`, its objects that need a write handed to the
+    /// writers through one bounded channel ([`listing::channel_capacity`]) as they are listed.
+    async fn list_and_write(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
@@ -379,7 +402,7 @@ impl Rebalancer {
             let mut outcome = Outcome::default();
             let mut results = std::pin::pin!(
                 futures::stream::poll_fn(|cx| rx.poll_recv(cx))
-                    .map(|meta: pages::Waiting| self.handle(view, targets, target, meta.into()))
+                    .map(|meta: pages::ListedMeta| self.handle(view, targets, target, meta.into()))
                     .buffer_unordered(self.parallel())
             );
             while let Some(result) = results.next().await {
@@ -408,15 +431,15 @@ mod tests {
     #[test]
     fn a_controlled_object_whose_write_failed_is_looked_at_again_and_a_main_one_is_not() {
         let mut outcome = Outcome::default();
-        outcome.count(Written::Failed {
+        outcome.count(Handled::Failed {
             object: Some(object("child-1")),
             permanent: false,
         });
-        outcome.count(Written::Failed {
+        outcome.count(Handled::Failed {
             object: None,
             permanent: true,
         });
-        outcome.count(Written::Awaiting(object("child-2")));
+        outcome.count(Handled::Awaiting(object("child-2")));
         assert_eq!((outcome.errors, outcome.refused), (2, 1));
         assert_eq!(outcome.awaiting, [object("child-1"), object("child-2")]);
     }

@@ -301,15 +301,15 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let scopes = schedule::scopes(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
     let same = schedule::same_ring(previous.as_ref(), &observed);
     let awaiting = same.map(|p| p.awaiting.clone()).unwrap_or_default();
-    let (draining, drains_pending) =
-        same.map_or((false, false), |p| (p.draining, p.drains_pending));
+    let (drain_checks_due, drains_pending) =
+        same.map_or((false, false), |p| (p.drain_checks_due, p.drains_pending));
     let ran = if available.is_empty() || (scopes.is_empty() && awaiting.is_empty()) {
         None
     } else {
         let work = Work {
             scopes: &scopes,
             awaiting,
-            draining,
+            drain_checks_due,
             drains_pending,
         };
         match rebalance(ctx, ring, &roles, &available, work).await? {
@@ -322,7 +322,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         }
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
-    if !progress.draining {
+    if !progress.drain_checks_due {
         ctx.acks.stop(&ring.id);
     }
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
@@ -367,7 +367,7 @@ struct Work<'a> {
     awaiting: Vec<ObjectId>,
     /// Whether drain checks were due after the last rebalance (drains pending or children
     /// waiting).
-    draining: bool,
+    drain_checks_due: bool,
     /// Whether drains were pending after the last rebalance.
     drains_pending: bool,
 }
@@ -387,7 +387,7 @@ async fn rebalance(
     let Work {
         scopes,
         awaiting,
-        draining,
+        drain_checks_due,
         drains_pending,
     } = work;
     let started = Instant::now();
@@ -446,7 +446,7 @@ async fn rebalance(
         outcome.add(ctx.rebalancer.recheck(&view, &targets, rest).await);
     }
     let mut pending = 0;
-    let drains_possible = draining || outcome.drained > 0 || scopes.contains(&Scope::All);
+    let drains_possible = drain_checks_due || outcome.drained > 0 || scopes.contains(&Scope::All);
     for target in targets
         .iter()
         .filter(|t| t.role == Role::Main && drains_possible)
@@ -461,14 +461,16 @@ async fn rebalance(
     let mut listed = scopes.clone();
     // Once no drain is pending, everything again: what the drain checks cannot select (`Scope::AfterDrains`). Drained again or failed: it comes again.
     let mut again = false;
-    if let Some(last) =
-        schedule::closing_scope(pending, drains_pending, outcome.drained + outcome.draining)
-    {
+    if let Some(last) = schedule::closing_scope(
+        pending,
+        drains_pending,
+        outcome.drained + outcome.already_draining,
+    ) {
         let after = ctx
             .rebalancer
             .run(&view, &targets, std::slice::from_ref(&last))
             .await;
-        again = after.failed_lists > 0 || after.drained + after.draining > 0;
+        again = after.failed_lists > 0 || after.drained + after.already_draining > 0;
         if after.failed_lists == 0 {
             // Every child was planned again after the drains ended: those still waiting are
             // in `after`.
@@ -485,7 +487,7 @@ async fn rebalance(
     };
     let ran = Ran {
         full: scopes.contains(&Scope::All),
-        draining: pending > 0 || again,
+        drains_pending: pending > 0 || again,
         failed: outcome.errors > 0,
         refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: std::mem::take(&mut outcome.awaiting),

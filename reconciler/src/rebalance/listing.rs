@@ -55,7 +55,7 @@ fn first_page(
 /// One page of a metadata-only list, read whole and parsed into what a move needs
 /// ([`pages::parse`]).
 pub(super) struct Page {
-    objects: std::vec::IntoIter<pages::Waiting>,
+    objects: std::vec::IntoIter<pages::ListedMeta>,
     continue_token: Option<String>,
 }
 
@@ -140,7 +140,7 @@ impl Rebalancer {
         view: &RingView<'_>,
         target: &Target,
         scope: &Scope,
-        tx: Sender<pages::Waiting>,
+        tx: Sender<pages::ListedMeta>,
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut strays = scope.finds_strays().then(Strays::default);
@@ -178,7 +178,7 @@ impl Rebalancer {
                     }
                     if self.stays(view, target, &meta) {
                         let labels = meta.labels.as_ref();
-                        outcome.draining +=
+                        outcome.already_draining +=
                             usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
                         continue;
                     }

@@ -23,7 +23,7 @@ use sharder_common::labels::is_sharding_label;
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct ParsedPage {
     /// The page's objects, in order.
-    pub objects: Vec<Waiting>,
+    pub objects: Vec<ListedMeta>,
     /// The token of the next page.
     pub continue_token: Option<String>,
 }
@@ -92,7 +92,7 @@ struct ListMeta {
 #[derive(Deserialize)]
 struct Item {
     #[serde(default)]
-    metadata: Waiting,
+    metadata: ListedMeta,
 }
 
 /// The metadata fields a move needs (and the creation time, for the count of objects no shard
@@ -101,7 +101,7 @@ struct Item {
 /// Converting to an `ObjectMeta` and back gives the same value.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Waiting {
+pub struct ListedMeta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
@@ -119,7 +119,7 @@ fn sharding_labels<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<
     Ok(Option::<ShardingLabels>::deserialize(deserializer)?.map(|l| l.0))
 }
 
-impl From<ObjectMeta> for Waiting {
+impl From<ObjectMeta> for ListedMeta {
     fn from(meta: ObjectMeta) -> Self {
         Self {
             name: meta.name,
@@ -132,15 +132,15 @@ impl From<ObjectMeta> for Waiting {
     }
 }
 
-impl From<Waiting> for ObjectMeta {
-    fn from(waiting: Waiting) -> Self {
+impl From<ListedMeta> for ObjectMeta {
+    fn from(listed: ListedMeta) -> Self {
         ObjectMeta {
-            name: waiting.name,
-            namespace: waiting.namespace,
-            resource_version: waiting.resource_version,
-            creation_timestamp: waiting.creation_timestamp,
-            labels: waiting.labels.map(|l| l.into_vec().into_iter().collect()),
-            owner_references: waiting.owner_references,
+            name: listed.name,
+            namespace: listed.namespace,
+            resource_version: listed.resource_version,
+            creation_timestamp: listed.creation_timestamp,
+            labels: listed.labels.map(|l| l.into_vec().into_iter().collect()),
+            owner_references: listed.owner_references,
             ..ObjectMeta::default()
         }
     }
@@ -348,7 +348,7 @@ mod tests {
             prop_assert_eq!(got, names);
             prop_assert_eq!(continue_token, (!token.is_empty()).then_some(token));
             for meta in objects {
-                prop_assert_eq!(ObjectMeta::from(Waiting::from(meta.clone())), meta);
+                prop_assert_eq!(ObjectMeta::from(ListedMeta::from(meta.clone())), meta);
             }
         }
     }
@@ -374,7 +374,7 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_object_converts_back_to_the_same_metadata() {
+    fn a_listed_object_converts_back_to_the_same_metadata() {
         let ring = sharder_common::RingId::cluster_ring("ring").labels();
         let child = ObjectMeta {
             name: Some("child".into()),
@@ -404,7 +404,7 @@ mod tests {
             ..ObjectMeta::default()
         };
         for meta in [child, unlabelled, ObjectMeta::default()] {
-            assert_eq!(ObjectMeta::from(Waiting::from(meta.clone())), meta);
+            assert_eq!(ObjectMeta::from(ListedMeta::from(meta.clone())), meta);
         }
     }
 }

@@ -85,7 +85,7 @@ pub(crate) fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> 
 
 /// The move a **main** object `meta` needs, or `None` if it stays: no key, no shard available,
 /// already on its desired shard, or already draining (its shard acknowledges).
-pub(crate) fn plan(
+fn plan(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
     ring: &Ring,
@@ -123,16 +123,40 @@ pub(crate) fn plan(
     }
 }
 
-/// What a controlled object needs.
+/// What one object needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ChildPlan {
+pub(crate) enum Decision {
     /// This write.
     Move(Move),
     /// Nothing now.
     Stay,
-    /// Nothing yet: it waits on a live shard for its owner to settle on its new shard (look
-    /// again soon).
+    /// Nothing yet: a controlled object waits on a live shard for its owner to settle on its
+    /// new shard (look again soon).
     AwaitOwner,
+    /// A controlled object whose owner's state decides: read the owner, then decide again.
+    ReadOwner,
+}
+
+/// What object `meta` (its key on the ring `key`, its resource's `role`) needs, as a pure
+/// function of its labels, the ring, the `available` shards and, for a controlled object
+/// whose owner decides, the owner's state (`None`: not read yet, then [`Decision::ReadOwner`]).
+pub(crate) fn decide(
+    meta: &ObjectMeta,
+    key: Option<&ObjectKey>,
+    role: Role,
+    ring: &Ring,
+    available: &BTreeSet<String>,
+    labels: &RingLabels,
+    owner: Option<&OwnerState>,
+) -> Decision {
+    if role == Role::Main {
+        return plan(meta, key, ring, available, labels).map_or(Decision::Stay, Decision::Move);
+    }
+    match (plan_child(meta, key, ring, available, labels), owner) {
+        (Some(decided), _) => decided,
+        (None, None) => Decision::ReadOwner,
+        (None, Some(owner)) => follow_owner(meta, key, ring, available, labels, owner),
+    }
 }
 
 /// The first step for a **controlled** object `meta`: what can be decided without its owner
@@ -140,28 +164,28 @@ pub(crate) enum ChildPlan {
 ///
 /// A child on its desired shard stays; a leftover drain label is cleared; a child on a dead
 /// shard moves to its desired shard at once (1 write; its owner moves there directly too).
-pub(crate) fn plan_child(
+fn plan_child(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
     ring: &Ring,
     available: &BTreeSet<String>,
     labels: &RingLabels,
-) -> Option<ChildPlan> {
+) -> Option<Decision> {
     let Some(desired) = key.and_then(|k| ring.shard_for(k.as_str())) else {
-        return Some(ChildPlan::Stay);
+        return Some(Decision::Stay);
     };
     let object_labels = meta.labels.as_ref();
     let current = object_labels.and_then(|l| l.get(&labels.shard));
     let draining = object_labels.is_some_and(|l| l.contains_key(&labels.drain));
     let assign = |reason| {
-        Some(ChildPlan::Move(Move::Assign {
+        Some(Decision::Move(Move::Assign {
             from: current.cloned(),
             to: desired.to_owned(),
             reason,
         }))
     };
     match current {
-        Some(current) if current == desired && !draining => Some(ChildPlan::Stay),
+        Some(current) if current == desired && !draining => Some(Decision::Stay),
         Some(current) if current == desired => assign(Reason::Drain),
         Some(current) if !available.contains(current) => assign(Reason::DeadShard),
         _ => None,
@@ -173,24 +197,24 @@ pub(crate) fn plan_child(
 /// yet to move, or is draining off that shard): it waits. No holder: an assigned child waits,
 /// an unassigned one stays unassigned until the next sweep; a child whose owner is missing
 /// stays (the garbage collector removes it, or the owner appears).
-pub(crate) fn follow_owner(
+fn follow_owner(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
     ring: &Ring,
     available: &BTreeSet<String>,
     labels: &RingLabels,
     owner: &OwnerState,
-) -> ChildPlan {
+) -> Decision {
     let Some(desired) = key.and_then(|k| ring.shard_for(k.as_str())) else {
-        return ChildPlan::Stay;
+        return Decision::Stay;
     };
     let current = meta.labels.as_ref().and_then(|l| l.get(&labels.shard));
     match (
         child_shard(owner, desired, |s| available.contains(s)),
         current,
     ) {
-        (Some(to), Some(current)) if current == to => ChildPlan::AwaitOwner,
-        (Some(to), current) => ChildPlan::Move(Move::Assign {
+        (Some(to), Some(current)) if current == to => Decision::AwaitOwner,
+        (Some(to), current) => Decision::Move(Move::Assign {
             from: current.cloned(),
             to: to.to_owned(),
             reason: if current.is_some() {
@@ -199,8 +223,8 @@ pub(crate) fn follow_owner(
                 Reason::Unassigned
             },
         }),
-        (None, Some(_)) if *owner != OwnerState::Missing => ChildPlan::AwaitOwner,
-        (None, _) => ChildPlan::Stay,
+        (None, Some(_)) if *owner != OwnerState::Missing => Decision::AwaitOwner,
+        (None, _) => Decision::Stay,
     }
 }
 
@@ -331,8 +355,8 @@ mod tests {
         (child, key)
     }
 
-    fn assign(from: Option<&str>, to: &str, reason: Reason) -> ChildPlan {
-        ChildPlan::Move(Move::Assign {
+    fn assign(from: Option<&str>, to: &str, reason: Reason) -> Decision {
+        Decision::Move(Move::Assign {
             from: from.map(Into::into),
             to: to.into(),
             reason,
@@ -340,11 +364,67 @@ mod tests {
     }
 
     #[test]
+    fn one_decision_per_object_reads_the_owner_only_when_it_decides() {
+        let ring = Ring::new(["a", "b"]);
+        let available = set(&["a", "b"]);
+        let on_b = name_on(&ring, "b");
+        let main = meta(&on_b, Some("a"), false);
+        let main_key = key_of(&main, Role::Main, "", "Secret");
+        let (on_its_shard, key) = child_on(&ring, Some("a"), false);
+        let (elsewhere, elsewhere_key) = child_on(&ring, Some("b"), false);
+        let settled = OwnerState::Settled("a".into());
+        let table = [
+            (
+                "a main object on a live wrong shard: drained, no owner read",
+                &main,
+                main_key.as_ref(),
+                Role::Main,
+                None,
+                Decision::Move(Move::Drain {
+                    from: "a".into(),
+                    to: "b".into(),
+                }),
+            ),
+            (
+                "a child on its owner's desired shard: stays, no owner read",
+                &on_its_shard,
+                key.as_ref(),
+                Role::Controlled,
+                None,
+                Decision::Stay,
+            ),
+            (
+                "a child on another live shard, owner not read yet",
+                &elsewhere,
+                elsewhere_key.as_ref(),
+                Role::Controlled,
+                None,
+                Decision::ReadOwner,
+            ),
+            (
+                "the same, its owner settled on a",
+                &elsewhere,
+                elsewhere_key.as_ref(),
+                Role::Controlled,
+                Some(&settled),
+                assign(Some("b"), "a", Reason::Drain),
+            ),
+        ];
+        for (what, object, key, role, owner, want) in table {
+            assert_eq!(
+                decide(object, key, role, &ring, &available, &labels(), owner),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
     fn children_decided_without_their_owner() {
         let ring = Ring::new(["a", "b"]);
         let available = set(&["a", "b"]);
         let table = [
-            ("on its shard", Some("a"), false, Some(ChildPlan::Stay)),
+            ("on its shard", Some("a"), false, Some(Decision::Stay)),
             (
                 "leftover drain label",
                 Some("a"),
@@ -376,7 +456,7 @@ mod tests {
         let orphan = meta("child", Some("b"), false);
         assert_eq!(
             plan_child(&orphan, None, &ring, &available, &labels()),
-            Some(ChildPlan::Stay),
+            Some(Decision::Stay),
             "no controller reference"
         );
     }
@@ -394,13 +474,13 @@ mod tests {
                 "owner draining, child on its shard",
                 Some("b"),
                 draining("b"),
-                ChildPlan::AwaitOwner,
+                Decision::AwaitOwner,
             ),
             (
                 "owner not drained yet",
                 Some("b"),
                 settled("b"),
-                ChildPlan::AwaitOwner,
+                Decision::AwaitOwner,
             ),
             (
                 "owner settled on its new shard",
@@ -412,7 +492,7 @@ mod tests {
                 "owner unassigned (acknowledged)",
                 Some("b"),
                 OwnerState::Unassigned,
-                ChildPlan::AwaitOwner,
+                Decision::AwaitOwner,
             ),
             // Unassigned children go where the owner is held now.
             (
@@ -431,13 +511,13 @@ mod tests {
                 "unassigned child, unassigned owner",
                 None,
                 OwnerState::Unassigned,
-                ChildPlan::Stay,
+                Decision::Stay,
             ),
             (
                 "owner missing",
                 Some("b"),
                 OwnerState::Missing,
-                ChildPlan::Stay,
+                Decision::Stay,
             ),
             // An owner on a dead shard moves to the ring's choice directly, and so does its child.
             (

@@ -19,10 +19,10 @@ use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use super::concurrency::Answer;
-use super::plan::{ChildPlan, Move, Reason};
+use super::plan::{Decision, Move, Reason};
 use super::{
     CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_MIN, CONFLICT_RETRIES, OVERLOAD_RETRIES, ObjectId,
-    Rebalancer, RingView, Target, WRITE_TIMEOUT, plan,
+    Rebalancer, RingView, Target, WRITE_TIMEOUT,
 };
 
 use crate::metrics::FailedWriteLabels;
@@ -64,7 +64,7 @@ impl RateLimiter {
 }
 
 /// What handling one object ended with.
-pub(super) enum Written {
+pub(super) enum Handled {
     Moved(Move),
     Awaiting(ObjectId),
     Stayed,
@@ -80,16 +80,16 @@ pub(super) enum Written {
     Abandoned,
 }
 
-/// A failed write of `meta` (named `name`) of `target`: see [`Written::Failed`]. A controlled
+/// A failed write of `meta` (named `name`) of `target`: see [`Handled::Failed`]. A controlled
 /// object is remembered unless the apiserver refused the write for good (`permanent`): trying
 /// it again at every drain check would only repeat the refusal; the next full list does.
-fn failed(target: &Target, meta: &ObjectMeta, name: String, permanent: bool) -> Written {
+fn failed(target: &Target, meta: &ObjectMeta, name: String, permanent: bool) -> Handled {
     let object = (target.role == Role::Controlled && !permanent).then(|| ObjectId {
         resource: target.resource.clone(),
         namespace: meta.namespace.clone(),
         name,
     });
-    Written::Failed { object, permanent }
+    Handled::Failed { object, permanent }
 }
 
 /// Whether `error` refuses a write for good: forbidden (RBAC), invalid or malformed. Anything
@@ -97,13 +97,6 @@ fn failed(target: &Target, meta: &ObjectMeta, name: String, permanent: bool) -> 
 /// its retries) may go through the next time.
 fn permanent(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422))
-}
-
-/// What one object needs.
-enum Planned {
-    Move(Move),
-    Await,
-    Stay,
 }
 
 impl Rebalancer {
@@ -126,13 +119,13 @@ impl Rebalancer {
         targets: &[Target],
         target: &Target,
         meta: &ObjectMeta,
-    ) -> Planned {
+    ) -> Decision {
         let planned = self.plan_on_snapshot(view, targets, target, meta).await;
         // The ring's snapshot of Leases predates the objects it lists: an object may sit on a
         // shard that joined since (the webhook saw its Lease first). Only a shard whose Lease
         // is not held now is dead; an object on a live one waits for the rebalance its Lease
         // brings (a move now would take it from a shard that may be reconciling it).
-        if let Planned::Move(Move::Assign {
+        if let Decision::Move(Move::Assign {
             from: Some(from),
             reason: Reason::DeadShard,
             ..
@@ -140,45 +133,26 @@ impl Rebalancer {
             && view.live_now.holds(&self.lists, view.id, from).await
         {
             debug!(ring = %view.id, shard = %from, "shard joined after the ring's snapshot; its objects wait");
-            return Planned::Stay;
+            return Decision::Stay;
         }
         planned
     }
 
-    /// What [`plan`](Self::plan) decides from the ring's snapshot alone.
+    /// What [`plan`](Self::plan) decides from the ring's snapshot alone (and the owner, read
+    /// when it decides).
     async fn plan_on_snapshot(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
         target: &Target,
         meta: &ObjectMeta,
-    ) -> Planned {
-        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
-        if target.role == Role::Main {
-            return match plan::plan(meta, key.as_ref(), view.ring, view.available, view.labels) {
-                Some(mv) => Planned::Move(mv),
-                None => Planned::Stay,
-            };
-        }
-        let child =
-            match plan::plan_child(meta, key.as_ref(), view.ring, view.available, view.labels) {
-                Some(decided) => decided,
-                None => {
-                    let owner = self.owner_state(view, targets, meta).await;
-                    plan::follow_owner(
-                        meta,
-                        key.as_ref(),
-                        view.ring,
-                        view.available,
-                        view.labels,
-                        &owner,
-                    )
-                }
-            };
-        match child {
-            ChildPlan::Move(mv) => Planned::Move(mv),
-            ChildPlan::AwaitOwner => Planned::Await,
-            ChildPlan::Stay => Planned::Stay,
+    ) -> Decision {
+        match view.decide(target, meta, None) {
+            Decision::ReadOwner => {
+                let owner = self.owner_state(view, targets, meta).await;
+                view.decide(target, meta, Some(&owner))
+            }
+            decided => decided,
         }
     }
 
@@ -231,7 +205,7 @@ impl Rebalancer {
         targets: &[Target],
         target: &Target,
         mut meta: ObjectMeta,
-    ) -> Written {
+    ) -> Handled {
         let name = meta.name.clone().unwrap_or_default();
         let api = self.api(target, meta.namespace.as_deref());
         let backoff = || {
@@ -244,14 +218,15 @@ impl Rebalancer {
         let mut overloads = backoff().with_max_times(OVERLOAD_RETRIES).build();
         loop {
             if !view.is_current() {
-                return Written::Abandoned;
+                return Handled::Abandoned;
             }
             let mv = match self.plan(view, targets, target, &meta).await {
-                Planned::Move(mv) => mv,
-                Planned::Stay => return Written::Stayed,
-                Planned::Await => {
+                Decision::Move(mv) => mv,
+                // `ReadOwner` does not come back: the owner was read.
+                Decision::Stay | Decision::ReadOwner => return Handled::Stayed,
+                Decision::AwaitOwner => {
                     debug!(object = %display_name(&meta), "waiting for its owner to settle");
-                    return Written::Awaiting(ObjectId {
+                    return Handled::Awaiting(ObjectId {
                         resource: target.resource.clone(),
                         namespace: meta.namespace.clone(),
                         name,
@@ -268,7 +243,7 @@ impl Rebalancer {
                 // Checked again just before sending: a ring deleted while its writes waited
                 // for a slot or the rate limit gets none of them.
                 if !view.is_current() {
-                    return Written::Abandoned;
+                    return Handled::Abandoned;
                 }
                 let sent = tokio::time::Instant::now();
                 let result = tokio::time::timeout(
@@ -300,9 +275,9 @@ impl Rebalancer {
             match result {
                 Ok(_) => {
                     self.log_and_count(view, target, &meta, &mv);
-                    return Written::Moved(mv);
+                    return Handled::Moved(mv);
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => return Written::Stayed,
+                Err(kube::Error::Api(s)) if s.code == 404 => return Handled::Stayed,
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let Some(delay) = conflicts.next() else {
                         warn!(object = %display_name(&meta), "move still conflicting after retries");
@@ -312,7 +287,7 @@ impl Rebalancer {
                     tokio::time::sleep(delay).await;
                     meta = match api.get_metadata_opt(&name).await {
                         Ok(Some(fresh)) => fresh.metadata,
-                        Ok(None) => return Written::Stayed,
+                        Ok(None) => return Handled::Stayed,
                         Err(e) => {
                             warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");
                             self.count_failure(view, target, "error");

@@ -43,7 +43,8 @@ pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(2);
 pub(crate) struct Intervals {
     /// Full resync of every ring.
     pub resync: Duration,
-    /// Unassigned sweep (`!<shard label>`), for objects the webhook missed.
+    /// The sweep of a quiet ring: the objects no available shard holds
+    /// (`<shard label> notin (<available>)`), such as those the webhook missed.
     pub sweep: Duration,
     /// Follow-up sweeps while drains are not acknowledged yet.
     pub drain_check: Duration,
@@ -72,10 +73,10 @@ pub(crate) struct Progress {
     /// When the last full list ended.
     pub last_full: Instant,
     /// When the last rebalance of any scope ended.
-    pub last_sweep: Instant,
+    pub last_rebalance: Instant,
     /// Whether drain checks are due: drains were pending after the last rebalance, or
     /// controlled objects wait.
-    pub draining: bool,
+    pub drain_checks_due: bool,
     /// Whether drains were pending after the last rebalance (waiting children aside): the
     /// rebalance that finds none pending any more lists everything again
     /// ([`Scope::AfterDrains`]).
@@ -103,7 +104,7 @@ pub(crate) struct Ran {
     pub full: bool,
     /// Whether drains are still pending (or the list of everything after them failed or
     /// drained again: it comes again).
-    pub draining: bool,
+    pub drains_pending: bool,
     /// Whether any list or write failed (the same work is then tried again).
     pub failed: bool,
     /// Whether it failed only through writes the apiserver refused for good.
@@ -116,7 +117,7 @@ impl Ran {
     /// Whether drain checks follow it: drains still pending (or the list after them comes
     /// again), or controlled objects waiting for their owners.
     pub(crate) fn drain_checks(&self) -> bool {
-        self.draining || !self.awaiting.is_empty()
+        self.drains_pending || !self.awaiting.is_empty()
     }
 }
 
@@ -152,10 +153,10 @@ pub(crate) fn scopes(
         .difference(observed.available)
         .map(|dead| Scope::OnShard(dead.clone()))
         .collect();
-    if p.draining {
+    if p.drain_checks_due {
         scopes.insert(Scope::Unassigned);
     } else if (p.failures > 0 && !p.relist && scopes.is_empty())
-        || now.saturating_duration_since(p.last_sweep) >= intervals.sweep
+        || now.saturating_duration_since(p.last_rebalance) >= intervals.sweep
     {
         // A failed sweep is swept again at the retry (a dead shard's list, listed again while
         // the shard's objects were not all moved, selects what failed there).
@@ -184,8 +185,8 @@ pub(crate) fn progress_after(
         generation: observed.generation,
         available: observed.available.clone(),
         last_full: previous.map_or(now, |p| p.last_full),
-        last_sweep: previous.map_or(now, |p| p.last_sweep),
-        draining: previous.is_some_and(|p| p.draining),
+        last_rebalance: previous.map_or(now, |p| p.last_rebalance),
+        drain_checks_due: previous.is_some_and(|p| p.drain_checks_due),
         drains_pending: previous.is_some_and(|p| p.drains_pending),
         awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
         relist: previous.is_some_and(|p| p.relist),
@@ -197,16 +198,16 @@ pub(crate) fn progress_after(
         if ran.full {
             next.last_full = now;
         }
-        next.last_sweep = now;
+        next.last_rebalance = now;
         let too_many = ran.awaiting.len() > MAX_AWAITING;
-        next.draining = ran.drain_checks();
+        next.drain_checks_due = ran.drain_checks();
         // What a failed full list did not reach is known nowhere else (a resync or a spec
         // change would not come again): everything is listed again, until a full list goes
         // through.
         next.relist = too_many || if ran.full { ran.failed } else { held };
         next.refused = !too_many && if ran.full { ran.refused } else { held };
         next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
-        next.drains_pending = ran.draining;
+        next.drains_pending = ran.drains_pending;
         if ran.failed {
             if !next.refused {
                 next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
@@ -252,9 +253,9 @@ pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Ins
         .saturating_sub(now.saturating_duration_since(progress.last_full));
     let until_sweep = intervals
         .sweep
-        .saturating_sub(now.saturating_duration_since(progress.last_sweep));
+        .saturating_sub(now.saturating_duration_since(progress.last_rebalance));
     let mut wait = until_resync.min(until_sweep);
-    if progress.draining {
+    if progress.drain_checks_due {
         wait = wait.min(intervals.drain_check);
     }
     let since = now.saturating_duration_since(progress.last_failure);
@@ -295,8 +296,8 @@ mod tests {
             generation: 1,
             available: set(available),
             last_full: at,
-            last_sweep: at,
-            draining: false,
+            last_rebalance: at,
+            drain_checks_due: false,
             drains_pending: false,
             awaiting: Vec::new(),
             relist: false,
@@ -311,7 +312,7 @@ mod tests {
     fn ran(full: bool, failed: bool) -> Ran {
         Ran {
             full,
-            draining: false,
+            drains_pending: false,
             failed,
             refused: false,
             awaiting: Vec::new(),
@@ -356,7 +357,7 @@ mod tests {
             [Scope::Stray].into()
         );
         let draining = Progress {
-            draining: true,
+            drain_checks_due: true,
             ..known.clone()
         };
         assert_eq!(
@@ -380,7 +381,7 @@ mod tests {
             [Scope::OnShard("b".into()), Scope::OnShard("c".into())].into()
         );
         let draining = Progress {
-            draining: true,
+            drain_checks_due: true,
             ..progress(&["a"], t0)
         };
         assert_eq!(
@@ -401,7 +402,7 @@ mod tests {
         assert_eq!(idle, known, "nothing ran: nothing changes");
 
         let full = Ran {
-            draining: true,
+            drains_pending: true,
             ..ran(true, false)
         };
         let after = progress_after(Some(&known), &observed(&abc, 1), Some(full.clone()), later);
@@ -409,8 +410,8 @@ mod tests {
             (
                 after.available.clone(),
                 after.last_full,
-                after.last_sweep,
-                after.draining
+                after.last_rebalance,
+                after.drain_checks_due
             ),
             (abc.clone(), later, later, true)
         );
@@ -422,7 +423,7 @@ mod tests {
             later,
         );
         assert_eq!(
-            (ended.draining, ended.drains_pending),
+            (ended.drain_checks_due, ended.drains_pending),
             (false, false),
             "once no drain is pending"
         );
@@ -451,7 +452,7 @@ mod tests {
         let at = |seconds| t0 + Duration::from_secs(seconds);
         // The scale-out's full list: some moves forbidden, drains pending.
         let refused = Ran {
-            draining: true,
+            drains_pending: true,
             refused: true,
             ..ran(true, true)
         };
@@ -462,7 +463,7 @@ mod tests {
             "the added shard is not new again"
         );
         let drain_check = Ran {
-            draining: true,
+            drains_pending: true,
             ..ran(false, false)
         };
         assert_eq!(
@@ -516,7 +517,7 @@ mod tests {
             "a retry due with no shard to list for waits for the shards, not at every turn"
         );
         let idle = Progress {
-            draining: false,
+            drain_checks_due: false,
             ..checked.clone()
         };
         assert!(
@@ -526,7 +527,7 @@ mod tests {
 
         // Refused again at the retry: the backoff doubles.
         let again = Ran {
-            draining: true,
+            drains_pending: true,
             refused: true,
             ..ran(true, true)
         };
@@ -555,7 +556,7 @@ mod tests {
         // A full list that failed otherwise (a list, or a write that may go through the next
         // time: the apiserver away) is listed again at every drain check, as before.
         let away = Ran {
-            draining: true,
+            drains_pending: true,
             ..ran(true, true)
         };
         let away = progress_after(Some(&known), &observed(&abc, 1), Some(away), at(0));
@@ -566,7 +567,7 @@ mod tests {
         );
         // So is a refused one whose retry then fails otherwise.
         let away = Ran {
-            draining: true,
+            drains_pending: true,
             ..ran(true, true)
         };
         let away = progress_after(Some(&checked), &observed(&abc, 1), Some(away), at(2));
@@ -597,7 +598,7 @@ mod tests {
             "listed again"
         );
         assert!(
-            !after.draining,
+            !after.drain_checks_due,
             "at the next reconcile, not at every drain check"
         );
         let listed = progress_after(
@@ -709,7 +710,10 @@ mod tests {
         };
         let after = progress_after(Some(&known), &observed(&ab, 1), Some(waiting), t0);
         assert_eq!(after.awaiting, [child("c-1")]);
-        assert!(after.draining, "a waiting child keeps the ring draining");
+        assert!(
+            after.drain_checks_due,
+            "a waiting child keeps the ring draining"
+        );
         assert!(
             !after.drains_pending,
             "but no drain is pending: the children are not listed again"
@@ -746,7 +750,7 @@ mod tests {
         );
         assert_eq!(requeue_after(&known, &INTERVALS, after(45)), MIN_REQUEUE);
         let draining = Progress {
-            draining: true,
+            drain_checks_due: true,
             ..known.clone()
         };
         assert_eq!(
