@@ -2,7 +2,8 @@
 //! client from the same configuration (KUBECONFIG or in-cluster: server, TLS, credentials,
 //! impersonation headers), over HTTP/1.1 through hyper-util's connection pool, and without a
 //! retry layer: an overloaded apiserver's 429, 503 and 504 answers reach the rebalancer, which
-//! slows down (`rebalance::concurrency`). Timeouts are the caller's.
+//! slows down (`rebalance::concurrency`). Timeouts are the caller's. Why not kube's own client
+//! with its retries off: docs/performance-notes.md, "Transport and memory".
 //!
 //! Why HTTP/1.1: kube-apiserver (Go) serves an HTTP/1.1 request on the connection's own
 //! goroutine, an HTTP/2 stream through its connection's frame loop, so object writes go faster
