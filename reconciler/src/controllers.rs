@@ -1,6 +1,5 @@
-//! What the reconciler's controllers share: how one runs until shutdown, the watch of the
-//! rings that two of them are built on, when the leader counts as ready, and the field manager
-//! of their writes.
+//! What the reconciler's controllers share: how one runs, the watch of the rings two of them
+//! are built on, when the leader is ready, and the field manager of their writes.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -13,8 +12,8 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use sharder_common::RingKind;
-use sharder_runtime::Readiness;
 use sharder_runtime::controller::{self, Listed, listed_controller_with};
+use sharder_runtime::{Readiness, Tasks};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -28,34 +27,33 @@ pub(crate) const FIELD_MANAGER: &str = "sharder-reconciler";
 /// the leader goes.
 pub const CONTROLLERS_SYNCED: &str = "controllers-synced";
 
-/// Runs `controller` (named `name` in errors; its main watch `listed`) with `reconcile` and
-/// `error_policy` until `shutdown` (see [`controller::drive`]); its stream ending before that is
-/// an error ([`Error::ControllerEnded`]).
-pub(crate) async fn run_controller<K, C, F, Fut>(
+/// Spawns `controller` (its main watch `listed`) into `tasks` as `name`, with `reconcile` and
+/// `error_policy`, until `shutdown` ([`controller::drive`]); `tasks` reports it if it ends
+/// before that.
+pub(crate) fn spawn_controller<K, C, F, Fut>(
+    tasks: &mut Tasks,
     name: &'static str,
     (controller, listed): (Controller<K>, Listed),
     reconcile: F,
-    error_policy: impl Fn(Arc<K>, &Error, Arc<C>) -> Action,
+    error_policy: impl Fn(Arc<K>, &Error, Arc<C>) -> Action + Send + Sync + 'static,
     ctx: Arc<C>,
-    shutdown: CancellationToken,
-) -> Result<(), Error>
-where
+    shutdown: &CancellationToken,
+) where
     K: Clone + kube::Resource + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Debug + Unpin + Send + Sync,
     C: Send + Sync + 'static,
-    F: FnMut(Arc<K>, Arc<C>) -> Fut,
+    F: FnMut(Arc<K>, Arc<C>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
 {
-    let running = controller
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {});
-    controller::drive(running, &listed, &shutdown).await;
-    if shutdown.is_cancelled() {
-        Ok(())
-    } else {
-        Err(Error::ControllerEnded(name))
-    }
+    let shutdown = shutdown.clone();
+    tasks.spawn(name, async move {
+        let running = controller
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(reconcile, error_policy, ctx)
+            .for_each(|_| async {});
+        controller::drive(running, &listed, &shutdown).await;
+        Ok::<(), Error>(())
+    });
 }
 
 /// A controller over the rings of `kind` matching `selector` (`--ring-selector`; empty: all),

@@ -4,11 +4,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::DynamicObject;
-use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
 use sharder_common::RingKind;
 use sharder_common::label_guard::GuardSettings;
 use sharder_common::webhook_configuration::{
@@ -21,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::args::Args;
-use crate::controllers::{ready_when_listed, run_controller};
+use crate::controllers::{ready_when_listed, spawn_controller};
 use crate::{metrics, rebalance, rings, shard_leases, webhook_config};
 
 /// What the leader is handed when it starts leading.
@@ -138,11 +134,9 @@ impl Shared {
         }
     }
 
-    /// Spawns the three controllers of `kind` into `tasks`; returns their watches.
-    ///
-    /// They start at once. A ring reconciled before all its shard Leases are in the store sees
-    /// fewer shards: it moves nothing off them, and each shard appearing later counts as added,
-    /// which triggers a full resync; no shard is ever taken for dead by it.
+    /// Spawns the three controllers of `kind` into `tasks`; returns their watches. They start
+    /// at once: a ring reconciled before all its shard Leases are in the store sees fewer
+    /// shards, moves nothing off them, and takes each one appearing later as added.
     fn spawn_controllers(&self, kind: RingKind, tasks: &mut Tasks) -> [Listed; 3] {
         let (rings, ring_leases, acks) =
             rings::controller(self.client.clone(), kind, &self.selector);
@@ -155,88 +149,29 @@ impl Shared {
             self.guard.is_some(),
         );
         let watches = [leases.1.clone(), rings.1.clone(), configurations.1.clone()];
-        let lease_ctx = self.lease_context(kind, &rings);
-        let ring_ctx = self.ring_context(kind, &rings.0, ring_leases, acks);
-        let configuration_ctx = self.configuration_context(kind);
-        let stop = &self.stop;
-        tasks.spawn(
-            "shard lease controller",
-            run_controller(
-                "shard lease controller",
-                leases,
-                shard_leases::reconcile,
-                shard_leases::error_policy,
-                lease_ctx,
-                stop.clone(),
-            ),
-        );
-        tasks.spawn(
-            "ring controller",
-            run_controller(
-                "ring controller",
-                rings,
-                rings::reconcile,
-                rings::error_policy,
-                ring_ctx,
-                stop.clone(),
-            ),
-        );
-        tasks.spawn(
-            "webhook configuration controller",
-            run_controller(
-                "webhook configuration controller",
-                configurations,
-                webhook_config::controller::reconcile,
-                webhook_config::controller::error_policy,
-                configuration_ctx,
-                stop.clone(),
-            ),
-        );
-        watches
-    }
-
-    /// The shard lease controller's context; with a ring selector it reads the ring
-    /// controller's store to leave the Leases of unselected rings alone.
-    fn lease_context(
-        &self,
-        kind: RingKind,
-        (rings, listed): &(Controller<DynamicObject>, Listed),
-    ) -> Arc<shard_leases::Context> {
-        Arc::new(shard_leases::Context {
+        let lease_ctx = shard_leases::Context {
             kind,
             client: self.client.clone(),
             metrics: self.metrics.clone(),
             recorder: self.recorder.clone(),
-            rings: (!self.selector.is_empty()).then(|| (rings.store(), listed.clone())),
-        })
-    }
-
-    /// The ring controller's context: the rings' and the shard Leases' stores, the rebalancer,
-    /// the acknowledgement watches.
-    fn ring_context(
-        &self,
-        kind: RingKind,
-        rings: &Controller<DynamicObject>,
-        leases: Store<Lease>,
-        acks: rings::acks::Acks,
-    ) -> Arc<rings::Context> {
-        Arc::new(rings::Context::new(
+            // With a ring selector, the Leases of unselected rings are left alone.
+            rings: (!self.selector.is_empty()).then(|| (rings.0.store(), rings.1.clone())),
+        };
+        let ring_ctx = rings::Context {
             kind,
-            self.client.clone(),
-            rings.store(),
-            leases,
-            self.webhook.namespace_selector.clone(),
-            self.rebalancer.clone(),
-            self.intervals,
-            self.metrics.clone(),
-            self.recorder.clone(),
+            client: self.client.clone(),
+            rings: rings.0.store(),
+            leases: ring_leases,
+            namespace_selector: self.webhook.namespace_selector.clone(),
+            rebalancer: self.rebalancer.clone(),
+            intervals: self.intervals,
+            metrics: self.metrics.clone(),
+            recorder: self.recorder.clone(),
             acks,
-        ))
-    }
-
-    /// The webhook configuration controller's context.
-    fn configuration_context(&self, kind: RingKind) -> Arc<webhook_config::controller::Context> {
-        Arc::new(webhook_config::controller::Context {
+            progress: Default::default(),
+            strays: Default::default(),
+        };
+        let configuration_ctx = webhook_config::controller::Context {
             kind,
             client: self.client.clone(),
             settings: self.webhook.clone(),
@@ -244,6 +179,37 @@ impl Shared {
             resync: self.intervals.resync,
             metrics: self.metrics.clone(),
             guards: webhook_config::guard::Guards::new(self.guard.clone()),
-        })
+        };
+        use webhook_config::controller as configuration;
+        let stop = &self.stop;
+        let (lease_ctx, ring_ctx) = (Arc::new(lease_ctx), Arc::new(ring_ctx));
+        spawn_controller(
+            tasks,
+            "shard lease controller",
+            leases,
+            shard_leases::reconcile,
+            shard_leases::error_policy,
+            lease_ctx,
+            stop,
+        );
+        spawn_controller(
+            tasks,
+            "ring controller",
+            rings,
+            rings::reconcile,
+            rings::error_policy,
+            ring_ctx,
+            stop,
+        );
+        spawn_controller(
+            tasks,
+            "webhook configuration controller",
+            configurations,
+            configuration::reconcile,
+            configuration::error_policy,
+            Arc::new(configuration_ctx),
+            stop,
+        );
+        watches
     }
 }

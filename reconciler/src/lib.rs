@@ -99,7 +99,7 @@ pub enum Error {
     #[error("leadership lost")]
     LeadershipLost,
 
-    /// A controller ended without being asked to stop (its watch ended).
+    /// The leader's work ended without being asked to stop.
     #[error("the {0} ended without being asked to stop")]
     ControllerEnded(&'static str),
 }

@@ -1,17 +1,7 @@
-//! Rebalancing (docs/design.md §5): lists a ring's objects (metadata only, page by page,
-//! label-selected to what can need work; across the cluster or namespace by namespace, see
-//! [`Namespaces`]) and drains or assigns those not on their desired shard, each write with the
-//! object's resourceVersion, bounded in concurrency and rate. Every move is logged.
-//!
-//! Lists and writes run as a pipeline: the next page is read while the current one's objects
-//! are written, and a page is never left waiting for the writes. A page is requested once its objects have room to wait
-//! for a write slot (a page and [`LISTED_AHEAD`] more), so it is read to its end as fast as
-//! the apiserver sends it, however slowly its objects are written: the apiserver ends a
-//! request that outlives its `--request-timeout` by closing the connection. What a page holds
-//! is cut down to the fields a move needs when it is parsed (no managedFields, annotations or the
-//! like), and only objects that need a write wait, so memory grows with the page size and
-//! never with the number of objects. How many writes are in flight adapts to the apiserver's
-//! answers ([`concurrency`]).
+//! Rebalancing (docs/design.md §5, §8 steps 3-5): lists a ring's objects, metadata only, page
+//! by page, and drains or assigns those not on their desired shard, each write with the object's
+//! resourceVersion. Lists and writes overlap through one bounded channel, so a page is read to
+//! its end however slowly its objects are written and memory follows the page size.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -40,37 +30,29 @@ pub(crate) use plan::{Move, Reason};
 use crate::metrics::Metrics;
 use crate::terms::{Namespaces, ObjectId, Scope, Target};
 
-/// The first wait after a write conflict (409); it doubles (with jitter) up to
-/// [`CONFLICT_BACKOFF_MAX`].
+/// The first wait after a write conflict (409); it doubles, with jitter.
 pub(crate) const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 
 /// The longest wait between two attempts of a conflicting write.
 pub(crate) const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// How often a conflicting write is re-read, re-planned and retried before it counts as failed
-/// (the next rebalance tries again).
+/// How often a conflicting write is re-read, decided again and retried before it fails.
 pub(crate) const CONFLICT_RETRIES: usize = 5;
 
-/// How often a write the apiserver was too busy for (429, 503, 504, a failed connection) is
-/// sent again, after its Retry-After or a backoff, before it counts as failed; and how often a
-/// list page answered with a Retry-After is asked for again after that wait.
+/// How often a write or a list page the apiserver was too busy for is sent again.
 pub(crate) const OVERLOAD_RETRIES: usize = 5;
 
-/// How long a write may take before it counts as unanswered (an overload: it is sent again,
-/// and a write that did land meanwhile makes the next attempt conflict, re-read and stay).
+/// How long a write may take before it counts as unanswered (an overload: it is sent again).
 pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Writes in flight when the reconciler starts; the limit adapts from there (up to
-/// `--max-concurrent-writes`).
+/// Writes in flight when the reconciler starts; the limit adapts from there.
 pub(crate) const INITIAL_CONCURRENT_WRITES: usize = 16;
 
-/// Listed objects that may still wait for a write slot when the next page is requested (on
-/// top of the page's own): the writers work through them while the apiserver prepares the
-/// page, so they do not run dry at a page boundary. One round of the default write slots.
+/// Listed objects that may wait for a write slot beyond a page, so the writers do not run dry
+/// while the next page is prepared.
 pub(crate) const LISTED_AHEAD: usize = 64;
 
-/// The rebalancer's clients: list pages and object writes (with the small reads around them:
-/// owners, re-reads after a conflict) each on connections of their own.
+/// The rebalancer's clients: list pages, and object writes with the reads around them.
 #[derive(Clone)]
 pub struct Clients {
     /// List pages.
@@ -95,8 +77,7 @@ pub(crate) struct Outcome {
     pub listed: usize,
     /// Drain labels added.
     pub drained: usize,
-    /// Main objects listed that were draining already (drains this rebalance did not make,
-    /// such as a previous leader's).
+    /// Main objects listed that were draining already (such as a previous leader's drains).
     pub already_draining: usize,
     /// Direct assignments, by reason.
     pub assigned: BTreeMap<Reason, usize>,
@@ -104,16 +85,13 @@ pub(crate) struct Outcome {
     pub errors: usize,
     /// Of those, failed lists.
     pub failed_lists: usize,
-    /// Of those, writes the apiserver refused for good (forbidden, invalid): the same write
-    /// would be refused again.
+    /// Of those, writes refused for good (forbidden, invalid).
     pub refused: usize,
-    /// Controlled objects waiting on a live shard for their owner to settle on its new shard,
-    /// or whose move failed (looked at again at every drain check until they followed it).
+    /// Controlled objects waiting for their owner, or whose move failed.
     pub awaiting: Vec<ObjectId>,
     /// Objects that needed a write but were left because the ring was gone by then.
     pub abandoned: usize,
-    /// Per resource, the objects no available shard held, as the last list that selects all of
-    /// them and listed to its end found them.
+    /// Per resource, the objects no available shard held, as the last list of all of them found.
     pub strays: BTreeMap<GroupResource, strays::Strays>,
 }
 
@@ -172,8 +150,7 @@ pub(crate) struct RingView<'a> {
     pub namespaces: &'a Namespaces,
     /// The shards holding their Leases now, read once when first needed.
     pub live_now: &'a LiveNow,
-    /// Whether the ring is still the one this rebalance is for (not deleted, not replaced by a
-    /// ring of the same name): once it is not, nothing more is listed or written.
+    /// Whether the ring is still the one this rebalance is for (not deleted or replaced).
     pub current: &'a (dyn Fn() -> bool + Send + Sync),
 }
 
@@ -205,15 +182,13 @@ impl RingView<'_> {
     }
 }
 
-/// The ring's shards whose Leases are held now, read from the apiserver (not the snapshot the
-/// rebalance started with) the first time an object sits on a shard the snapshot does not count
-/// as available; one list of the ring's Leases per rebalance at most.
+/// The ring's shards whose Leases are held now: one list of the ring's Leases, the first time
+/// an object sits on a shard the rebalance's snapshot does not count as available.
 #[derive(Debug, Default)]
 pub(crate) struct LiveNow(tokio::sync::OnceCell<Option<BTreeSet<String>>>);
 
 impl LiveNow {
-    /// Whether `shard`'s Lease is held by it now; `true` when the Leases cannot be read (the
-    /// safe answer: the object stays until a later rebalance).
+    /// Whether `shard`'s Lease is held now; `true` when the Leases cannot be read (it stays).
     pub(crate) async fn holds(&self, client: &Client, ring: &RingId, shard: &str) -> bool {
         let live = self
             .0
@@ -284,14 +259,12 @@ impl Rebalancer {
         self.slots.busy()
     }
 
-    /// How many objects are handled at once: as many as there are write slots (objects that
-    /// stay never get here, see [`Self::stays`]).
+    /// How many objects are handled at once: as many as there are write slots.
     fn parallel(&self) -> usize {
         self.settings.max_concurrent_writes.max(1)
     }
 
-    /// Whether `meta` is a main object of `target` that needs no write (decided without any
-    /// request; a controlled object may need its owner read, so it is never decided here).
+    /// Whether `meta` is a main object of `target` that needs no write (no request needed).
     fn stays(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta) -> bool {
         if target.role != Role::Main {
             return false;
@@ -299,8 +272,7 @@ impl Rebalancer {
         view.decide(target, meta, None) == plan::Decision::Stay
     }
 
-    /// Rebalances every target over every scope: main resources first, so that controlled
-    /// objects are planned against their owners' state after this pass's drains.
+    /// Rebalances every target over every scope, main resources first (children follow them).
     pub(crate) async fn run(
         &self,
         view: &RingView<'_>,
@@ -320,9 +292,7 @@ impl Rebalancer {
         outcome
     }
 
-    /// Looks again at controlled objects that were waiting for their owners: each one that can
-    /// follow its owner now is moved (one write), the others stay in the returned outcome's
-    /// `awaiting`.
+    /// Looks again at controlled objects that waited for their owners.
     pub(crate) async fn recheck(
         &self,
         view: &RingView<'_>,
@@ -354,9 +324,7 @@ impl Rebalancer {
         outcome
     }
 
-    /// Counts objects of `target` carrying the drain label (drains not acknowledged yet), up to
-    /// a page of them: the count ends with the first page that holds any (what a drain check
-    /// needs is whether any is pending; the log shows the count).
+    /// Counts `target`'s objects carrying the drain label, up to the first page holding any.
     pub(crate) async fn pending_drains(
         &self,
         view: &RingView<'_>,
@@ -386,8 +354,8 @@ impl Rebalancer {
         Ok(pending)
     }
 
-    /// One list of `target`'s objects in `scope`, its objects that need a write handed to the
-    /// writers through one bounded channel ([`listing::channel_capacity`]) as they are listed.
+    /// One list of `target`'s objects in `scope`, handed to the writers through one bounded
+    /// channel ([`listing::channel_capacity`]).
     async fn list_and_write(
         &self,
         view: &RingView<'_>,

@@ -1,13 +1,7 @@
-//! The ring controller, one per ring kind: per ring, keeps its status and rebalances its objects when the
-//! set of available shards changes, when the ring changes, periodically, and with follow-up
-//! sweeps after drains.
-//!
-//! It is triggered by the ring's events and by the shard Lease events that can change a ring's
-//! shards ([`triggers`]), and reads Leases from the shard lease controller's store; it never
-//! watches or caches sharded objects. Its parts: [`schedule`] (when to list what: pure),
-//! [`discovery`], [`namespaces`], [`status`], [`report`]; the lists and
-//! writes are [`crate::rebalance`]. The webhook configurations have their own controller
-//! ([`crate::webhook_config::controller`]).
+//! The ring controller, one per ring kind (docs/design.md §8): per ring, keeps its status and
+//! rebalances its objects when its available shards or its spec change, periodically, and while
+//! drains are pending. Woken by the ring's events and its shard Leases' ([`triggers`]); it never
+//! watches or caches sharded objects.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -49,9 +43,8 @@ pub(crate) use schedule::Intervals;
 use schedule::{Observed, Progress, Ran};
 use status::Counts;
 
-/// How long ring and Lease events are collected before a ring is reconciled: events of the
-/// same moment (a relist's Leases) trigger one reconcile; those arriving while it runs, one
-/// more after it. Lease renewals trigger nothing (see [`triggers`]).
+/// How long ring and Lease events are collected before a ring is reconciled (a relist's Leases
+/// trigger one reconcile).
 pub(crate) const DEBOUNCE: Duration = Duration::from_millis(10);
 
 /// When to retry after a failed reconcile: as soon as after a failed rebalance's first failure.
@@ -63,8 +56,7 @@ pub(crate) struct Context {
     pub kind: RingKind,
     /// Client for discovery, lists and status.
     pub client: Client,
-    /// The rings of the kind (from this controller's own watch), to tell whether a ring is
-    /// still there during its rebalance.
+    /// The rings of the kind, to tell whether a ring is still there during its rebalance.
     pub rings: Store<DynamicObject>,
     /// Shard Leases of rings of the kind, from the watch that wakes the rings ([`controller`]).
     pub leases: Store<Lease>,
@@ -80,42 +72,13 @@ pub(crate) struct Context {
     pub recorder: Recorder,
     /// Wakes rings as their drains are acknowledged.
     pub acks: acks::Acks,
-    progress: Mutex<HashMap<String, Progress>>,
+    /// Per ring, what the controller remembers ([`schedule`]).
+    pub progress: Mutex<HashMap<String, Progress>>,
     /// Per ring, the resources whose unassigned-object gauges are set.
-    strays: Mutex<HashMap<String, BTreeSet<GroupResource>>>,
+    pub strays: Mutex<HashMap<String, BTreeSet<GroupResource>>>,
 }
 
 impl Context {
-    /// A context for the rings of `kind` that remembers no ring yet.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        kind: RingKind,
-        client: Client,
-        rings: Store<DynamicObject>,
-        leases: Store<Lease>,
-        namespace_selector: LabelSelector,
-        rebalancer: Rebalancer,
-        intervals: Intervals,
-        metrics: Metrics,
-        recorder: Recorder,
-        acks: acks::Acks,
-    ) -> Self {
-        Self {
-            kind,
-            client,
-            rings,
-            leases,
-            namespace_selector,
-            rebalancer,
-            intervals,
-            metrics,
-            recorder,
-            acks,
-            progress: Mutex::new(HashMap::new()),
-            strays: Mutex::new(HashMap::new()),
-        }
-    }
-
     fn progress(&self) -> std::sync::MutexGuard<'_, HashMap<String, Progress>> {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -131,9 +94,8 @@ impl Context {
         self.metrics.drain_checks_scheduled.remove(&label);
     }
 
-    /// Counts a rebalance of `ring` that ran the lists of `scopes` and took `elapsed`: its
-    /// lists, the objects they returned, the drains it found `pending` and whether
-    /// `drain_checks` follow; its duration last, so that whoever sees it counted sees the rest.
+    /// Counts a rebalance of `ring` in the metrics; its duration last, so that whoever sees it
+    /// counted sees the rest.
     fn count_rebalance(
         &self,
         ring: &RingId,
@@ -168,8 +130,8 @@ impl Context {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Sets `ring`'s unassigned-object gauges to what a rebalance's lists `found` (a resource it
-    /// did not list whole keeps its gauges) and removes those of resources not in `targets`.
+    /// Sets `ring`'s unassigned-object gauges to what its lists `found`; removes those of
+    /// resources not in `targets`.
     fn publish_strays(
         &self,
         ring: &RingId,
@@ -212,7 +174,7 @@ impl Context {
     }
 }
 
-/// Reconciles one object (for `crate::controllers::run_controller`).
+/// Reconciles one object (for `crate::controllers::spawn_controller`).
 pub(crate) async fn reconcile(
     object: Arc<DynamicObject>,
     ctx: Arc<Context>,
@@ -335,8 +297,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     Ok(Action::requeue(wait))
 }
 
-/// Whether `ring`'s `Ready` condition already reports `reason` with a message holding `what`
-/// (then the log and the Event said it already).
+/// Whether `ring`'s `Ready` condition already reports `reason` about `what` (logged already).
 fn reports(ring: &RingObject, reason: &str, what: &str) -> bool {
     ring.object
         .status
@@ -365,18 +326,15 @@ struct Work<'a> {
     scopes: &'a BTreeSet<Scope>,
     /// Controlled objects waiting for their owners, to look at again.
     awaiting: Vec<ObjectId>,
-    /// Whether drain checks were due after the last rebalance (drains pending or children
-    /// waiting).
+    /// Whether drain checks were due after the last rebalance.
     drain_checks_due: bool,
     /// Whether drains were pending after the last rebalance.
     drains_pending: bool,
 }
 
-/// Lists and moves what `work.scopes` select, looks again at the controlled objects awaiting
-/// their owners (unless everything was listed), then counts the drains still pending (only
-/// where there can be some: drains were pending, this rebalance drained, or it listed
-/// everything, as after a change of leader), lists everything again once the drains ended ([`Scope::AfterDrains`]), and reports. `None`: the ring was deleted or replaced
-/// meanwhile, and the rest of the rebalance was left (logged once).
+/// Lists and moves what `work.scopes` select, looks again at the children awaiting their
+/// owners, counts the drains still pending where there can be some, lists everything once they
+/// ended ([`Scope::AfterDrains`]) and reports. `None`: the ring was deleted or replaced meanwhile.
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
@@ -540,7 +498,7 @@ async fn rebalance(
     Ok(Some(ran))
 }
 
-/// What to do after a failed reconcile (for `crate::controllers::run_controller`).
+/// What to do after a failed reconcile (for `crate::controllers::spawn_controller`).
 pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
     let ring = RingId::new(ctx.kind, object.name_any());
     warn!(%ring, error = %error, "ring reconcile failed, retrying");
@@ -554,11 +512,10 @@ pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<C
     Action::requeue(ERROR_REQUEUE)
 }
 
-/// The controller over the rings of `kind` matching `selector` (empty: all), triggered by
-/// their shard Leases too, when a Lease's shard can have changed ([`triggers`]), and by their
-/// drains' acknowledgements ([`acks`]); with whether its rings' watch listed, the store of that
-/// Lease watch, for [`Context::leases`] (a change is in it before it wakes a ring; the store of
-/// another watch may not have it yet), and the acknowledgement watches, for [`Context::acks`].
+/// The controller over the rings of `kind` matching `selector` (empty: all), woken by their
+/// shard Leases ([`triggers`]) and drain acknowledgements ([`acks`]); with the store of that
+/// Lease watch for [`Context::leases`] (it holds a change before the change wakes a ring) and
+/// the acknowledgement watches for [`Context::acks`].
 pub(crate) fn controller(
     client: Client,
     kind: RingKind,

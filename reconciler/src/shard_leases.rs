@@ -117,7 +117,7 @@ fn requeue(wake: Option<Duration>) -> Action {
     wake.map_or_else(Action::await_change, Action::requeue)
 }
 
-/// Reconciles one object (for `crate::controllers::run_controller`).
+/// Reconciles one object (for `crate::controllers::spawn_controller`).
 pub(crate) async fn reconcile(lease: Arc<Lease>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = lease.name_any();
     let namespace = lease.namespace().unwrap_or_default();
@@ -261,7 +261,7 @@ fn record_state(
     }
 }
 
-/// What to do after a failed reconcile (for `crate::controllers::run_controller`).
+/// What to do after a failed reconcile (for `crate::controllers::spawn_controller`).
 pub(crate) fn error_policy(lease: Arc<Lease>, error: &Error, _: Arc<Context>) -> Action {
     warn!(shard = %lease.name_any(), error = %error, "shard lease reconcile failed, retrying");
     Action::requeue(ERROR_REQUEUE)

@@ -1,22 +1,8 @@
-//! Drain acknowledgements as they happen. While a ring has drain checks due (drains pending or
-//! children waiting for their owners), one metadata watch per main resource of the ring selects
-//! only the objects carrying the ring's drain label, what is draining now and never the ring's
-//! other objects, and wakes the ring when an object leaves the selection (its shard acknowledged
-//! the drain, or it was deleted): while children wait for their owners at once (they follow
-//! now), otherwise once the acknowledgements pause (the ring counts what is still pending and,
-//! when nothing is, lists everything once more). A ring is not rebalanced per acknowledgement
-//! when no child waits: the webhook assigns each acknowledged object in the shard's own request,
-//! and a rebalance per acknowledgement would only load the apiserver the shards are
-//! acknowledging through. The watches keep no object and list none: each begins with a list of
-//! one object (is anything draining, and from which version to watch), and one that finds
-//! nothing draining wakes the ring too (its drains ended before the watch began); a watch that
-//! ends begins again the same way. The drain checks
-//! (`--drain-check-interval`) stay the fallback: a watch that is refused (no `watch` permission
-//! on a resource) ends, and they carry on alone.
-//!
-//! Wakes are coalesced to one per [`COALESCE`]: a shard acknowledges its drains one object after
-//! the other, and the ring controller's debounce would push a ring woken more often than that
-//! back until the acknowledgements ended.
+//! Drain acknowledgements as they happen (docs/design.md §8, step 1). While a ring's drain
+//! checks are due, one metadata watch per main resource selects only the objects carrying its
+//! drain label and wakes the ring as they leave it: at once while children wait for their
+//! owners, otherwise once the acknowledgements pause. It keeps and lists no object (a list of
+//! one tells whether any drains and from where to watch); the drain checks stay the fallback.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -95,9 +81,8 @@ impl Acks {
         self.watching.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Follows the acknowledgements of `ring` (drain label `drain`) on the main resources of
-    /// `targets`, `children` telling whether children wait for their owners: starts its
-    /// watches, unless they run for the same already.
+    /// Follows `ring`'s acknowledgements (drain label `drain`) on the main resources of
+    /// `targets`, unless its watches run for the same already.
     pub(crate) fn follow(&self, ring: &RingId, drain: &str, targets: &[Target], children: bool) {
         let selection = Selection {
             drain: drain.to_owned(),
@@ -187,8 +172,7 @@ enum Signal {
     Left,
 }
 
-/// What a ring's watches saw of its draining objects, without keeping any: per resource,
-/// whether nothing drains there as far as its last list and the events since tell.
+/// Per resource of a ring, whether nothing drains there as its last list and events since tell.
 #[derive(Debug, Default)]
 struct Lists {
     empty: Vec<Option<bool>>,
@@ -230,9 +214,7 @@ impl Lists {
     }
 }
 
-/// What an event does: an object left while children wait (a wake now or at the end of the
-/// quiet time), one left while none waits (a wake once the acknowledgements pause), nothing
-/// draining at all (a wake now).
+/// What an event does, with or without `children` waiting for their owners.
 fn wakes(seen: Seen, children: bool) -> Wake {
     match (seen, children) {
         (Seen::NoneDraining, _) => Wake::Now,
@@ -252,8 +234,7 @@ enum Wake {
 }
 
 /// Watches `selection` and sends `ring`'s name on `wake` when it matters ([`wakes`],
-/// [`Coalesce`]). Ends when a watch is forbidden (the drain checks carry on without it) or
-/// nobody takes the wakes any more.
+/// [`Coalesce`]); ends when a watch is forbidden or nobody takes the wakes.
 async fn watch(
     client: Client,
     ring: RingId,
@@ -308,11 +289,8 @@ async fn watch(
 /// The longest wait before a failed list or watch of [`follow`] begins again.
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
-/// Follows the objects of `api` carrying label `drain`, sending resource `i`'s [`Signal`]s
-/// (and its errors) on `signals`: a list of one object tells whether any drains and from which
-/// version to watch; the watch (metadata only) tells what begins draining and what leaves. A
-/// watch that ends begins again with such a list; a failed request after a backoff. Ends when
-/// nobody takes the signals.
+/// Follows the objects of `api` carrying label `drain`, sending resource `i`'s [`Signal`]s and
+/// errors on `signals`; begins again when its watch ends, after a backoff when it failed.
 async fn follow(
     api: Api<DynamicObject>,
     drain: String,

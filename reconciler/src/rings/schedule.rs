@@ -1,25 +1,7 @@
-//! When the ring controller rebalances and what it lists, as pure functions of what it
-//! remembers of a ring ([`Progress`]), what it observes now ([`Observed`]), and a given instant:
-//! no clock is read here, so every rule is unit-tested with chosen instants.
-//!
-//! - A full list ([`Scope::All`]) when the ring is new to this leader, was recreated (new uid),
-//!   its spec changed (generation), a shard was added, or the resync interval passed.
-//! - A list of a dead shard's objects ([`Scope::OnShard`]) for every shard that left the ring.
-//! - While drains are pending, the unassigned objects ([`Scope::Unassigned`]) at every
-//!   reconcile: acknowledged drains leave their objects unassigned. Once none is pending,
-//!   everything again ([`Scope::AfterDrains`], chosen by the ring controller after its count of
-//!   the pending drains).
-//! - Otherwise the sweep every sweep interval: the objects without a shard or on a shard that
-//!   left the ring ([`Scope::Stray`]), so a quiet ring lists only what needs work between
-//!   resyncs.
-//! - After a rebalance in which a list or a write failed, its work again after a backoff
-//!   ([`FIRST_RETRY`], doubled at each failure in a row, at most the sweep interval): the same
-//!   lists (a failed sweep is a sweep again). A failed full list is listed again at every drain
-//!   check while drains are pending, unless its only failures were writes the apiserver refused
-//!   for good (forbidden, invalid): then it waits for its retry, and the drain checks in between
-//!   list the unassigned objects only.
-//!
-//! A full list covers everything the others would, so it replaces them.
+//! When a ring is rebalanced and what is listed (docs/design.md §8, step 2): pure functions of
+//! what the controller remembers of the ring ([`Progress`]), what it observes ([`Observed`]) and
+//! a given instant, so every rule is tested with chosen instants. A full list covers what the
+//! others would and replaces them; a failed rebalance's lists come again after a backoff.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -28,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::terms::{ObjectId, Scope};
 
-/// The most controlled objects remembered as waiting for their owners; beyond it they are not
-/// remembered one by one and the next drain check lists everything again.
+/// The most controlled objects remembered as waiting for their owners; beyond it the next drain
+/// check lists everything.
 pub(crate) const MAX_AWAITING: usize = 10_000;
 
 /// The shortest requeue, so a busy ring never spins.
@@ -43,8 +25,7 @@ pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(2);
 pub(crate) struct Intervals {
     /// Full resync of every ring.
     pub resync: Duration,
-    /// The sweep of a quiet ring: the objects no available shard holds
-    /// (`<shard label> notin (<available>)`), such as those the webhook missed.
+    /// The sweep of a quiet ring: the objects no available shard holds ([`Scope::Stray`]).
     pub sweep: Duration,
     /// Follow-up sweeps while drains are not acknowledged yet.
     pub drain_check: Duration,
@@ -74,26 +55,22 @@ pub(crate) struct Progress {
     pub last_full: Instant,
     /// When the last rebalance of any scope ended.
     pub last_rebalance: Instant,
-    /// Whether drain checks are due: drains were pending after the last rebalance, or
-    /// controlled objects wait.
+    /// Whether drain checks are due (drains pending, or controlled objects waiting).
     pub drain_checks_due: bool,
-    /// Whether drains were pending after the last rebalance (waiting children aside): the
-    /// rebalance that finds none pending any more lists everything again
-    /// ([`Scope::AfterDrains`]).
+    /// Whether drains were pending after the last rebalance (then [`Scope::AfterDrains`] follows
+    /// once none is).
     pub drains_pending: bool,
-    /// Controlled objects waiting on a live shard for their owner to settle, or whose write
-    /// failed (looked at again at every reconcile until they followed it).
+    /// Controlled objects waiting for their owner, or whose write failed.
     pub awaiting: Vec<ObjectId>,
-    /// More objects waited than [`MAX_AWAITING`], or a full list failed: the next reconcile
-    /// lists everything (after a [`Progress::refused`] one, once its retry is due).
+    /// The next reconcile lists everything: a full list failed, or more than [`MAX_AWAITING`]
+    /// objects waited.
     pub relist: bool,
-    /// Rebalances in a row in which a list or a write failed (their work is tried again after
-    /// [`retry_delay`]); a refused full list's count lasts until a full list goes through.
+    /// Failed rebalances in a row (their work comes again after [`retry_delay`]).
     pub failures: u32,
     /// When the last failed rebalance ended.
     pub last_failure: Instant,
-    /// The full list to be listed again failed only through writes the apiserver refused for
-    /// good: listing it again before its retry would meet the same refusals.
+    /// The full list to come again failed only through writes refused for good: it waits for
+    /// its retry.
     pub refused: bool,
 }
 
@@ -102,8 +79,7 @@ pub(crate) struct Progress {
 pub(crate) struct Ran {
     /// Whether it listed everything.
     pub full: bool,
-    /// Whether drains are still pending (or the list of everything after them failed or
-    /// drained again: it comes again).
+    /// Whether drains are still pending (or the list after them must come again).
     pub drains_pending: bool,
     /// Whether any list or write failed (the same work is then tried again).
     pub failed: bool,
@@ -114,8 +90,7 @@ pub(crate) struct Ran {
 }
 
 impl Ran {
-    /// Whether drain checks follow it: drains still pending (or the list after them comes
-    /// again), or controlled objects waiting for their owners.
+    /// Whether drain checks follow it: drains pending or controlled objects waiting.
     pub(crate) fn drain_checks(&self) -> bool {
         self.drains_pending || !self.awaiting.is_empty()
     }
@@ -165,13 +140,9 @@ pub(crate) fn scopes(
     scopes
 }
 
-/// What to remember after a reconcile at `now`: the observed ring and how the rebalance went
-/// (`None`: nothing was listed). After a failed rebalance the previous shard set is kept and a
-/// failed full list is listed again, so the next reconcile retries the same work; controlled
-/// objects whose write failed are in `ran.awaiting`, looked at again at every drain check; the
-/// failures in a row are counted for the retry's backoff. A full list refused for good keeps
-/// the observed shards (a shard added since is still new) and is listed again at its retry;
-/// the drain checks before it neither clear it nor push it back.
+/// What to remember after a reconcile at `now` (`ran`: `None` if nothing was listed). A failed
+/// rebalance keeps the previous shards so its work comes again; a full list refused for good
+/// keeps the observed ones and waits for its own retry, which drain checks do not push back.
 pub(crate) fn progress_after(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
@@ -225,18 +196,14 @@ pub(crate) fn progress_after(
     next
 }
 
-/// What a rebalance lists last, once its count found `pending` drains still pending (the count
-/// comes after its other lists): everything again ([`Scope::AfterDrains`]), once the
-/// drains that were pending before (`drains_pending`) or that it made or listed (`drains`: a new
-/// leader's first list meets its predecessor's) all ended. If that list fails or drains again,
-/// the ring counts as draining still, so the drain checks go on and it comes again.
+/// What a rebalance lists last: everything ([`Scope::AfterDrains`]) once no drain is `pending`
+/// of those pending before (`drains_pending`) or made or met by this one (`drains`).
 pub(crate) fn closing_scope(pending: usize, drains_pending: bool, drains: usize) -> Option<Scope> {
     (pending == 0 && (drains_pending || drains > 0)).then_some(Scope::AfterDrains)
 }
 
 /// The wait after `failures` failed rebalances in a row: [`FIRST_RETRY`] doubled for each
-/// failure after the first, at most the sweep interval (a refusal that lasts is tried again as
-/// often as a quiet ring is swept).
+/// failure after the first, at most the sweep interval.
 pub(crate) fn retry_delay(failures: u32, intervals: &Intervals) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     FIRST_RETRY
@@ -244,9 +211,7 @@ pub(crate) fn retry_delay(failures: u32, intervals: &Intervals) -> Duration {
         .min(intervals.sweep)
 }
 
-/// How long until the ring needs the controller again: the next resync or sweep, every drain
-/// check while drains are pending, and the retry after a failed rebalance; at least
-/// [`MIN_REQUEUE`].
+/// How long until the ring's next resync, sweep, drain check or retry; at least [`MIN_REQUEUE`].
 pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Instant) -> Duration {
     let until_resync = intervals
         .resync

@@ -66,7 +66,7 @@ pub(crate) fn ring_of(kind: RingKind, mwc: &MutatingWebhookConfiguration) -> Opt
         .map(|o| RingId::new(kind, o.name.as_str()))
 }
 
-/// Reconciles one object (for `crate::controllers::run_controller`).
+/// Reconciles one object (for `crate::controllers::spawn_controller`).
 pub(crate) async fn reconcile(
     object: Arc<DynamicObject>,
     ctx: Arc<Context>,
@@ -180,7 +180,7 @@ async fn delete_reference_configuration(
     Ok(())
 }
 
-/// What to do after a failed reconcile (for `crate::controllers::run_controller`).
+/// What to do after a failed reconcile (for `crate::controllers::spawn_controller`).
 pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
     let ring = RingId::new(ctx.kind, object.name_any());
     warn!(%ring, error = %error, "webhook configuration reconcile failed, retrying");
