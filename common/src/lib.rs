@@ -10,6 +10,7 @@ pub mod key;
 pub mod label_guard;
 pub mod labels;
 pub mod lease;
+pub mod ranges;
 pub mod ring;
 pub mod ring_kind;
 pub mod webhook_configuration;
@@ -57,6 +58,10 @@ pub enum Error {
     /// A ring kind that is neither `clusterring` nor `controllerring`.
     #[error("unknown ring kind {0:?} (expected clusterring, controllerring)")]
     UnknownRingKind(String),
+
+    /// A `shardSelector` the apiserver would refuse; the message says what is wrong.
+    #[error("invalid shard selector: {0}")]
+    InvalidShardSelector(String),
 
     /// The CRD could not be serialized.
     #[error("cannot serialize the ClusterRing CRD: {0}")]

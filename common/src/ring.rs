@@ -36,17 +36,26 @@ impl Ring {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        Self::with_tokens(shards, TOKENS_PER_SHARD)
+    }
+
+    /// [`Ring::new`] with `per_shard` tokens per shard (tokens `0..per_shard` of each).
+    pub fn with_tokens<I, S>(shards: I, per_shard: usize) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
         let shards: Vec<String> = shards
             .into_iter()
             .map(Into::into)
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(shards.len() * TOKENS_PER_SHARD);
+        let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(shards.len() * per_shard);
         let mut buf = String::new();
         for (index, shard) in shards.iter().enumerate() {
             let index = u32::try_from(index).unwrap_or(u32::MAX);
-            for i in 0..TOKENS_PER_SHARD {
+            for i in 0..per_shard {
                 buf.clear();
                 buf.push_str(shard);
                 let _ = write!(buf, "{i}");
@@ -79,6 +88,14 @@ impl Ring {
             i = 0;
         }
         self.shards.get(self.owners[i] as usize).map(String::as_str)
+    }
+
+    /// The tokens in ascending order, each with its shard.
+    pub fn tokens(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.tokens
+            .iter()
+            .zip(&self.owners)
+            .filter_map(|(t, o)| Some((*t, self.shards.get(*o as usize)?.as_str())))
     }
 
     /// The shard names on the ring, sorted.
