@@ -201,6 +201,9 @@ pub struct Options {
     /// The proxy runs on the runtime of the test that starts the control plane: a test that
     /// blocks (reading the audit log) should run on a multi-thread runtime.
     pub lease_storage_link: bool,
+    /// The apiserver runs without the `ShardedListAndWatch` feature gate (range mode's
+    /// `shardSelector`), which is on otherwise.
+    pub without_sharded_list_and_watch: bool,
 }
 
 /// One of the control plane's two processes (see [`ControlPlane::restart`]).
@@ -397,6 +400,9 @@ impl ControlPlane {
                     // The `kubernetes` Service's endpoints would be a loopback address, which
                     // the apiserver refuses; nothing in a cluster without a node uses them.
                     apiserver.args(["--endpoint-reconciler-type", "none"]);
+                }
+                if !options.without_sharded_list_and_watch {
+                    apiserver.arg("--feature-gates=ShardedListAndWatch=true");
                 }
                 if let Some(limit) = options.max_mutating_in_flight {
                     apiserver.arg(format!("--max-mutating-requests-inflight={limit}"));

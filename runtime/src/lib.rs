@@ -1,8 +1,8 @@
 //! The runtime pieces shared by Sharder's components and sharded controllers: the admin server
 //! (probes and Prometheus metrics), logging setup, graceful shutdown on signals, supervised
-//! tasks, controllers that stop when asked ([`controller`]), the Lease keeper, and
+//! tasks, controllers that stop when asked ([`controller`]), the Lease keeper,
 //! [`lease::hold`], which runs work only while a Lease is held (the reconciler's leader election
-//! and a shard's membership alike).
+//! and a shard's membership alike), and range mode's sharded lists ([`sharded`]).
 //!
 //! The webhook and the reconciler depend on this crate alone; sharded controllers use it
 //! through the shard SDK (`sharder-sdk`), which re-exports it.
@@ -18,6 +18,7 @@ pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod retry;
+pub mod sharded;
 pub mod tasks;
 pub mod watched;
 
