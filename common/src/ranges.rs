@@ -8,7 +8,29 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+use k8s_openapi::api::coordination::v1::Lease;
+
 use crate::{Error, Ring};
+
+/// On a ring: selects range mode and its key (`uid` or `namespace`). An annotation, so that it
+/// survives on the reference's CRDs, whose schema would prune an unknown spec field.
+pub const RANGE_KEY_ANNOTATION: &str = "sharder.dev/range-key";
+
+/// On a shard Lease, written by the reconciler: the ranges the shard may serve, as a selector
+/// ([`ShardSelector`]; empty: none).
+pub const ASSIGNED_ANNOTATION: &str = "sharder.dev/assigned-ranges";
+
+/// On a shard Lease, written by the reconciler with [`ASSIGNED_ANNOTATION`]: the Lease's
+/// `leaseTransitions` the assignment is for. A shard trusts an assignment only while its Lease
+/// has not changed hands since ([`valid_assignment`]): one that took its Lease back after
+/// losing it waits for a new one, as its ranges may have gone to others meanwhile.
+pub const EPOCH_ANNOTATION: &str = "sharder.dev/assigned-epoch";
+
+/// On a shard Lease, written by the shard: the ranges it may be serving now, as a selector
+/// (empty: none). It names a range before it starts serving it and drops it once it stopped,
+/// and writes it with the resourceVersion of the Lease whose assignment it read, so it never
+/// names more than that assignment.
+pub const SERVED_ANNOTATION: &str = "sharder.dev/served-ranges";
 
 /// The end of the hash space, exclusive: 2^64.
 pub const SPACE_END: u128 = 1 << 64;
@@ -134,6 +156,147 @@ impl ShardSelector {
         let i = self.ranges.partition_point(|r| r.end <= u128::from(hash));
         self.ranges.get(i).is_some_and(|r| r.contains(hash))
     }
+}
+
+/// The ranges of an annotation holding a selector ([`ASSIGNED_ANNOTATION`],
+/// [`SERVED_ANNOTATION`]): none when it is missing or empty.
+pub fn parse_annotation(value: Option<&str>) -> Result<Vec<Range>, Error> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(Vec::new()),
+        Some(text) => Ok(text.parse::<ShardSelector>()?.ranges),
+    }
+}
+
+/// The hashes both `a` and `b` hold (each sorted and disjoint, as [`merge`] leaves them).
+pub fn intersect(a: &[Range], b: &[Range]) -> Vec<Range> {
+    let mut out = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while let (Some(x), Some(y)) = (a.get(i), b.get(j)) {
+        let start = x.start.max(y.start);
+        let end = x.end.min(y.end);
+        if u128::from(start) < end {
+            out.push(Range { start, end });
+        }
+        if x.end < y.end {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
+
+/// The hashes `a` holds and `b` does not (each sorted and disjoint).
+pub fn subtract(a: &[Range], b: &[Range]) -> Vec<Range> {
+    let mut out = Vec::new();
+    for x in a {
+        let mut start = u128::from(x.start);
+        for y in b {
+            if y.end <= start || u128::from(y.start) >= x.end {
+                continue;
+            }
+            if u128::from(y.start) > start {
+                out.push(Range {
+                    start: start as u64,
+                    end: u128::from(y.start),
+                });
+            }
+            start = start.max(y.end);
+        }
+        if start < x.end {
+            out.push(Range {
+                start: start as u64,
+                end: x.end,
+            });
+        }
+    }
+    out
+}
+
+/// The epoch of `lease` ([`EPOCH_ANNOTATION`]): its `leaseTransitions` (0 when unset).
+pub fn epoch(lease: &Lease) -> i32 {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0)
+}
+
+/// The ranges `lease`'s shard may serve: its [`ASSIGNED_ANNOTATION`] if written for the
+/// Lease's current [`epoch`], else none. An assignment that cannot be parsed is none too.
+pub fn valid_assignment(lease: &Lease) -> Vec<Range> {
+    let annotations = lease.metadata.annotations.as_ref();
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    if get(EPOCH_ANNOTATION) != Some(epoch(lease).to_string().as_str()) {
+        return Vec::new();
+    }
+    parse_annotation(get(ASSIGNED_ANNOTATION)).unwrap_or_default()
+}
+
+/// What the reconciler reads of one shard Lease of a range-mode ring
+/// ([`ShardRanges::of`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardRanges {
+    /// Whether the shard holds its Lease ([`crate::is_available`]); one that does not serves
+    /// nothing.
+    pub available: bool,
+    /// Its [`ASSIGNED_ANNOTATION`].
+    pub assigned: Vec<Range>,
+    /// Its [`SERVED_ANNOTATION`].
+    pub served: Vec<Range>,
+}
+
+impl ShardRanges {
+    /// What `lease` says: its [`valid_assignment`] and its [`SERVED_ANNOTATION`]; a served
+    /// annotation that cannot be parsed counts as the whole space (nothing is given to another
+    /// shard while it may be serving it), with the error to report.
+    pub fn of(lease: &Lease) -> (Self, Option<Error>) {
+        let served = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SERVED_ANNOTATION))
+            .map(String::as_str);
+        let (served, error) = match parse_annotation(served) {
+            Ok(served) => (served, None),
+            Err(e) => (vec![Range::ALL], Some(e)),
+        };
+        let ranges = Self {
+            available: crate::is_available(lease),
+            assigned: valid_assignment(lease),
+            served,
+        };
+        (ranges, error)
+    }
+}
+
+/// Each available shard's assignment now, towards the division `desired`: what it is assigned
+/// and still desires, and what it desires that no other available shard is assigned or serves.
+/// A range taken from one shard is thus given to the next only once the first one's Lease says
+/// it neither has it nor serves it: never two shards at once. Shards not available get nothing.
+pub fn grants(
+    desired: &BTreeMap<String, Vec<Range>>,
+    shards: &BTreeMap<String, ShardRanges>,
+) -> BTreeMap<String, Vec<Range>> {
+    let none = Vec::new();
+    shards
+        .iter()
+        .map(|(name, shard)| {
+            if !shard.available {
+                return (name.clone(), Vec::new());
+            }
+            let wanted = desired.get(name).unwrap_or(&none);
+            let others = merge(
+                shards
+                    .iter()
+                    .filter(|(other, s)| *other != name && s.available)
+                    .flat_map(|(_, s)| s.assigned.iter().chain(&s.served).copied()),
+            );
+            let kept = intersect(&shard.assigned, wanted);
+            let free = subtract(wanted, &others);
+            (name.clone(), merge(kept.into_iter().chain(free)))
+        })
+        .collect()
 }
 
 /// Sorts `ranges`, drops the empty ones, and merges those that touch or overlap.
@@ -586,5 +749,331 @@ mod tests {
         let error = "name".parse::<RangeKey>().expect_err("name").to_string();
         assert!(error.contains("expected uid or namespace"), "{error}");
         assert_eq!(RangeKey::Namespace.to_string(), "namespace");
+    }
+
+    #[test]
+    fn intersections_and_differences_of_range_sets() {
+        let a = vec![range(0, 10), range(20, 30)];
+        for (b, both, only_a) in [
+            (vec![], vec![], a.clone()),
+            (vec![Range::ALL], a.clone(), vec![]),
+            (
+                vec![range(5, 25)],
+                vec![range(5, 10), range(20, 25)],
+                vec![range(0, 5), range(25, 30)],
+            ),
+            (vec![range(10, 20)], vec![], a.clone()),
+            (
+                vec![range(2, 3), range(4, 5), range(29, 40)],
+                vec![range(2, 3), range(4, 5), range(29, 30)],
+                vec![range(0, 2), range(3, 4), range(5, 10), range(20, 29)],
+            ),
+        ] {
+            assert_eq!(intersect(&a, &b), both, "{b:?}");
+            assert_eq!(intersect(&b, &a), both, "{b:?}");
+            assert_eq!(subtract(&a, &b), only_a, "{b:?}");
+        }
+        assert_eq!(
+            subtract(&[Range::ALL], &[range(0, 1 << 63)]),
+            vec![range(1 << 63, SPACE_END)]
+        );
+    }
+
+    fn shard(available: bool, assigned: &[Range], served: &[Range]) -> ShardRanges {
+        ShardRanges {
+            available,
+            assigned: assigned.to_vec(),
+            served: served.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_range_is_granted_only_once_no_other_shard_is_assigned_it_or_serves_it() {
+        let (low, high) = (range(0, 1 << 63), range(1 << 63, SPACE_END));
+        let desired: BTreeMap<String, Vec<Range>> =
+            [("a".to_owned(), vec![low]), ("b".to_owned(), vec![high])].into();
+        let cases = [
+            (
+                "a new ring: each shard its share",
+                shard(true, &[], &[]),
+                shard(true, &[], &[]),
+                vec![low],
+                vec![high],
+            ),
+            (
+                "a keeps its share, b waits while a is assigned b's",
+                shard(true, &[Range::ALL], &[Range::ALL]),
+                shard(true, &[], &[]),
+                vec![low],
+                vec![],
+            ),
+            (
+                "b waits while a still serves it",
+                shard(true, &[low], &[Range::ALL]),
+                shard(true, &[], &[]),
+                vec![low],
+                vec![],
+            ),
+            (
+                "b gets it once a acknowledged",
+                shard(true, &[low], &[low]),
+                shard(true, &[], &[]),
+                vec![low],
+                vec![high],
+            ),
+            (
+                "a dead shard's ranges go at once",
+                shard(false, &[Range::ALL], &[Range::ALL]),
+                shard(true, &[], &[]),
+                vec![],
+                vec![high],
+            ),
+            (
+                "what no one holds goes at once",
+                shard(true, &[low], &[range(0, 5)]),
+                shard(true, &[range(1 << 63, (1 << 63) + 10)], &[]),
+                vec![low],
+                vec![high],
+            ),
+        ];
+        for (case, a, b, to_a, to_b) in cases {
+            let shards: BTreeMap<String, ShardRanges> =
+                [("a".to_owned(), a), ("b".to_owned(), b)].into();
+            let granted = grants(&desired, &shards);
+            let expected: BTreeMap<String, Vec<Range>> =
+                [("a".to_owned(), to_a), ("b".to_owned(), to_b)].into();
+            assert_eq!(granted, expected, "{case}");
+        }
+    }
+
+    /// One shard of the handover simulation: its Lease (annotations, holder changes, version),
+    /// what its process serves, and an acknowledgement it read but has not written yet.
+    #[derive(Clone, Debug, Default)]
+    struct Simulated {
+        available: bool,
+        transitions: i32,
+        version: u64,
+        assigned: Vec<Range>,
+        epoch: i32,
+        served: Vec<Range>,
+        running: bool,
+        serving: Vec<Range>,
+        reading: Option<(u64, Vec<Range>)>,
+    }
+
+    impl Simulated {
+        fn valid(&self) -> Vec<Range> {
+            if self.epoch == self.transitions {
+                self.assigned.clone()
+            } else {
+                Vec::new()
+            }
+        }
+    }
+
+    type Shards = BTreeMap<&'static str, Simulated>;
+
+    /// The reconciler's read of every Lease: the grants, each to be written with the version it
+    /// was read at.
+    fn reconciler_reads(shards: &Shards) -> Vec<(&'static str, u64, Vec<Range>)> {
+        let available: Vec<&str> = shards
+            .iter()
+            .filter(|(_, s)| s.available)
+            .map(|(n, _)| *n)
+            .collect();
+        let desired = assign_uids(&Ring::with_tokens(available, RANGE_TOKENS_PER_SHARD));
+        let read: BTreeMap<String, ShardRanges> = shards
+            .iter()
+            .map(|(n, s)| {
+                (
+                    (*n).to_owned(),
+                    ShardRanges {
+                        available: s.available,
+                        assigned: s.valid(),
+                        served: s.served.clone(),
+                    },
+                )
+            })
+            .collect();
+        let granted = grants(&desired, &read);
+        shards
+            .iter()
+            .filter(|(n, s)| s.available && granted.get(**n) != Some(&s.valid()))
+            .map(|(n, s)| (*n, s.version, granted.get(*n).cloned().unwrap_or_default()))
+            .collect()
+    }
+
+    /// Writes `grants` whose Lease did not change since it was read (the others conflict).
+    fn reconciler_writes(shards: &mut Shards, grants: Vec<(&'static str, u64, Vec<Range>)>) {
+        for (name, version, ranges) in grants {
+            let s = shards.get_mut(name).expect("shard");
+            if s.version == version {
+                s.assigned = ranges;
+                s.epoch = s.transitions;
+                s.version += 1;
+            }
+        }
+    }
+
+    /// The shard reads its Lease's assignment (the first half of an acknowledgement).
+    fn shard_reads(s: &mut Simulated) {
+        if s.running && s.available {
+            s.reading = Some((s.version, s.valid()));
+        }
+    }
+
+    /// The shard stops serving, writes what it read as served if its Lease did not change
+    /// since, and serves it.
+    fn shard_writes(s: &mut Simulated) {
+        let Some((version, valid)) = s.reading.take() else {
+            return;
+        };
+        if !s.running || s.version != version {
+            return;
+        }
+        s.serving.clear();
+        s.served = valid.clone();
+        s.version += 1;
+        s.serving = valid;
+    }
+
+    #[test]
+    fn through_any_interleaving_no_hash_is_served_by_two_shards_and_every_hash_is_served_in_the_end()
+     {
+        let names = ["a", "b", "c", "d"];
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for run in 0..300 {
+            let mut shards: Shards = names[..2]
+                .iter()
+                .map(|n| {
+                    (
+                        *n,
+                        Simulated {
+                            available: true,
+                            running: true,
+                            ..Simulated::default()
+                        },
+                    )
+                })
+                .collect();
+            let mut pending = Vec::new();
+            for _ in 0..80 {
+                let name = names[next(names.len())];
+                match next(8) {
+                    0 => pending = reconciler_reads(&shards),
+                    1 => reconciler_writes(&mut shards, std::mem::take(&mut pending)),
+                    2 | 3 => shards.get_mut(name).into_iter().for_each(shard_reads),
+                    4 | 5 => shards.get_mut(name).into_iter().for_each(shard_writes),
+                    6 => {
+                        // A crash: the process stops serving at once; the reconciler takes its
+                        // Lease over later (a new holder: not available).
+                        if let Some(s) = shards.get_mut(name) {
+                            s.running = false;
+                            s.serving.clear();
+                            if next(2) == 0 && s.available {
+                                s.available = false;
+                                s.transitions += 1;
+                                s.version += 1;
+                            }
+                        }
+                    }
+                    _ => {
+                        // A shard (new, or back after losing its Lease) takes its Lease.
+                        let s = shards.entry(name).or_default();
+                        if !s.available {
+                            s.available = true;
+                            s.transitions += 1;
+                            s.version += 1;
+                            s.running = true;
+                        }
+                    }
+                }
+                let serving: Vec<Range> = shards
+                    .values()
+                    .filter(|s| s.running)
+                    .flat_map(|s| s.serving.clone())
+                    .collect();
+                let total: u128 = serving.iter().map(Range::len).sum();
+                let union: u128 = merge(serving).iter().map(Range::len).sum();
+                assert_eq!(total, union, "run {run}: a hash served twice: {shards:#?}");
+            }
+            // Settle: every available shard runs; rounds and acknowledgements alternate.
+            for s in shards.values_mut().filter(|s| s.available) {
+                s.running = true;
+            }
+            for _ in 0..4 {
+                let grants = reconciler_reads(&shards);
+                reconciler_writes(&mut shards, grants);
+                shards.values_mut().for_each(shard_reads);
+                shards.values_mut().for_each(shard_writes);
+            }
+            let serving: Vec<Range> = shards
+                .values()
+                .filter(|s| s.available)
+                .flat_map(|s| s.serving.clone())
+                .collect();
+            if shards.values().any(|s| s.available) {
+                assert_eq!(
+                    merge(serving),
+                    vec![Range::ALL],
+                    "run {run}: not all served: {shards:#?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_assignment_counts_only_for_the_lease_holder_it_was_written_for() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        let selector = ShardSelector::new(RangeKey::Uid, [range(0, 1 << 63)]).to_string();
+        let lease = |transitions: i32, epoch: &str, served: &str| Lease {
+            metadata: kube_meta(&[
+                (ASSIGNED_ANNOTATION, selector.as_str()),
+                (EPOCH_ANNOTATION, epoch),
+                (SERVED_ANNOTATION, served),
+            ]),
+            spec: Some(LeaseSpec {
+                holder_identity: Some("shard-a".to_owned()),
+                lease_transitions: Some(transitions),
+                ..LeaseSpec::default()
+            }),
+        };
+        assert_eq!(
+            valid_assignment(&lease(3, "3", "")),
+            vec![range(0, 1 << 63)]
+        );
+        assert_eq!(valid_assignment(&lease(4, "3", "")), vec![]);
+        assert_eq!(valid_assignment(&lease(0, "", "")), vec![]);
+        let (read, error) = ShardRanges::of(&lease(3, "3", "not a selector"));
+        assert!(error.is_some());
+        assert_eq!(
+            read.served,
+            vec![Range::ALL],
+            "an unreadable claim blocks everything"
+        );
+        let (read, error) = ShardRanges::of(&lease(3, "3", &selector));
+        assert!(error.is_none());
+        assert_eq!(read.served, vec![range(0, 1 << 63)]);
+    }
+
+    fn kube_meta(
+        annotations: &[(&str, &str)],
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("shard-a".to_owned()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
     }
 }
