@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 use crate::labels::{
     DRAIN_LABEL_PREFIX, MAX_LABEL_NAME_LEN, MAX_LABEL_VALUE_LEN, RingLabels, SHARD_LABEL_PREFIX,
 };
-use crate::{ClusterRing, Error, Roles};
+use crate::ranges::{RANGE_KEY_ANNOTATION, RangeKey};
+use crate::{ClusterRing, Error, Role, Roles};
 
 /// API group of both ring kinds.
 pub const API_GROUP: &str = "sharding.timebertt.dev";
@@ -318,6 +319,30 @@ impl RingObject {
         self.object.spec.roles()
     }
 
+    /// The ring's range key if it is in range mode ([`crate::ranges::RANGE_KEY_ANNOTATION`]),
+    /// or why it cannot be: an unknown key, or the key `uid` on a ring with controlled resources
+    /// (a child would hash apart from its owner).
+    pub fn range_key(&self) -> Result<Option<RangeKey>, Error> {
+        let Some(value) = self.object.annotations().get(RANGE_KEY_ANNOTATION) else {
+            return Ok(None);
+        };
+        let key: RangeKey = value.parse().map_err(|_| {
+            Error::InvalidRing(format!(
+                "annotation {RANGE_KEY_ANNOTATION}: {value:?} is not uid or namespace"
+            ))
+        })?;
+        let controlled = self
+            .roles()?
+            .iter()
+            .any(|(_, role)| role == Role::Controlled);
+        if key == RangeKey::Uid && controlled {
+            return Err(Error::InvalidRing(format!(
+                "annotation {RANGE_KEY_ANNOTATION}: uid would hash children apart from their owners; use namespace, or no controlled resources"
+            )));
+        }
+        Ok(Some(key))
+    }
+
     /// The ring's shard and drain label keys.
     pub fn labels(&self) -> RingLabels {
         self.id.labels()
@@ -606,5 +631,54 @@ mod tests {
             .expect_err("too long")
             .to_string();
         assert!(error.contains("longer than 63"), "{error}");
+    }
+
+    #[test]
+    fn a_ring_is_in_range_mode_by_its_annotation_and_refuses_uid_with_children() {
+        use crate::{ClusterRingSpec, GroupResource, RingResource};
+        let ring = |annotation: Option<&str>, children: &[&str]| {
+            let mut object = ClusterRing::new(
+                "ring",
+                ClusterRingSpec {
+                    resources: vec![RingResource {
+                        group: String::new(),
+                        resource: "configmaps".into(),
+                        controlled_resources: children
+                            .iter()
+                            .map(|r| GroupResource::new("", *r))
+                            .collect(),
+                    }],
+                    ..ClusterRingSpec::default()
+                },
+            );
+            if let Some(value) = annotation {
+                object
+                    .annotations_mut()
+                    .insert(RANGE_KEY_ANNOTATION.into(), value.into());
+            }
+            RingObject::cluster_ring(object)
+        };
+        for (annotation, children, expected) in [
+            (None, &[][..], Ok(None)),
+            (Some("uid"), &[], Ok(Some(RangeKey::Uid))),
+            (
+                Some("namespace"),
+                &["secrets"],
+                Ok(Some(RangeKey::Namespace)),
+            ),
+            (
+                Some("uid"),
+                &["secrets"],
+                Err("uid would hash children apart"),
+            ),
+            (Some("name"), &[], Err("\"name\" is not uid or namespace")),
+        ] {
+            let got = ring(annotation, children).range_key();
+            match (got, expected) {
+                (Ok(key), Ok(want)) => assert_eq!(key, want, "{annotation:?}"),
+                (Err(e), Err(fault)) => assert!(e.to_string().contains(fault), "{e}"),
+                (got, want) => panic!("{annotation:?} {children:?}: {got:?}, expected {want:?}"),
+            }
+        }
     }
 }

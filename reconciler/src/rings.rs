@@ -34,11 +34,13 @@ use crate::terms::{ObjectId, Scope, Target};
 pub(crate) mod acks;
 pub(crate) mod discovery;
 pub(crate) mod namespaces;
+pub(crate) mod ranges;
 pub(crate) mod report;
 pub(crate) mod schedule;
 pub(crate) mod status;
 pub(crate) mod triggers;
 
+use ranges::RangeState;
 pub(crate) use schedule::Intervals;
 use schedule::{Observed, Progress, Ran};
 use status::Counts;
@@ -220,10 +222,11 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         available: available.len(),
         invalid: None,
         conflicting: None,
+        ranges: None,
     };
 
-    let roles = match ring.roles() {
-        Ok(roles) => roles,
+    let (roles, range_key) = match ring.roles().and_then(|r| Ok((r, ring.range_key()?))) {
+        Ok(read) => read,
         Err(e) => {
             let reason = e.to_string();
             let reported = reports(ring, status::REASON_INVALID_SPEC, &reason);
@@ -256,6 +259,40 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         // Lease changes bring the ring back; the progress is kept, so the rebalance after the
         // conflict compares with the shards before it.
         return Ok(Action::await_change());
+    }
+
+    if let Some(key) = range_key {
+        // Nothing of the label mode's rebalances is kept for a ring in range mode.
+        ctx.forget(&ring.id);
+        let state =
+            ranges::reconcile(&ctx.client, ring, &roles, key, &ctx.namespace_selector).await?;
+        if let RangeState::Unserved(resource) = &state {
+            let why = format!("does not apply shardSelector to {resource}");
+            if !reports(ring, status::REASON_SELECTORS_NOT_APPLIED, &why) {
+                warn!(%resource, "the apiserver ignores shardSelector (feature gate ShardedListAndWatch off): no ranges are handed out");
+                let note = format!(
+                    "the apiserver {why} (feature gate ShardedListAndWatch off): no ranges are handed out"
+                );
+                report::warning(
+                    &ctx.recorder,
+                    ring,
+                    status::REASON_SELECTORS_NOT_APPLIED,
+                    note,
+                )
+                .await;
+            }
+        }
+        counts.ranges = Some((key, &state));
+        status::patch_status(&ctx.client, ring, counts).await?;
+        if let Some(family) = ctx.metrics.observed_generation.get(&ctx.kind) {
+            family.get_or_create(&label).set(generation);
+        }
+        let wait = if state.pending() {
+            ctx.intervals.drain_check
+        } else {
+            ctx.intervals.sweep
+        };
+        return Ok(Action::requeue(wait));
     }
 
     let previous = ctx.progress().get(name).cloned();

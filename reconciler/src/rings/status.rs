@@ -7,12 +7,18 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde_json::json;
 use sharder_common::cluster_ring::CONDITION_READY;
+use sharder_common::ranges::RangeKey;
 use sharder_common::{ClusterRingStatus, RingObject};
+
+use super::ranges::RangeState;
 
 use crate::Error;
 
 /// Reason of the `Ready` condition when the ring cannot be used as it is.
 pub(crate) const REASON_INVALID_SPEC: &str = "InvalidSpec";
+
+/// Reason of the `Ready` condition when a range-mode ring's selectors would not be applied.
+pub(crate) const REASON_SELECTORS_NOT_APPLIED: &str = "ShardedListAndWatchOff";
 
 /// Reason of the `Ready` condition when shard names are ambiguous.
 pub(crate) const REASON_CONFLICTING_SHARD_NAMES: &str = "ConflictingShardNames";
@@ -28,6 +34,8 @@ pub(crate) struct Counts<'a> {
     pub invalid: Option<&'a str>,
     /// Shard names in more than one namespace, if any (described).
     pub conflicting: Option<&'a str>,
+    /// In range mode, its key and where the assignment stands.
+    pub ranges: Option<(RangeKey, &'a RangeState)>,
 }
 
 /// The `Ready` condition for `counts` at generation `generation`; its transition time moves
@@ -43,9 +51,17 @@ pub(crate) fn ready_condition(
         available,
         invalid,
         conflicting,
+        ranges,
     } = counts;
     let (status, reason, message) = match (invalid, conflicting) {
         (Some(reason), _) => ("False", REASON_INVALID_SPEC, reason.to_owned()),
+        (None, None) if let Some((_, RangeState::Unserved(resource))) = ranges => (
+            "False",
+            REASON_SELECTORS_NOT_APPLIED,
+            format!(
+                "the apiserver does not apply shardSelector to {resource} (feature gate ShardedListAndWatch off): no ranges are handed out"
+            ),
+        ),
         (None, Some(names)) => (
             "False",
             REASON_CONFLICTING_SHARD_NAMES,
@@ -56,7 +72,17 @@ pub(crate) fn ready_condition(
         (None, None) if available > 0 => (
             "True",
             "ShardsAvailable",
-            format!("{available} of {shards} shards available"),
+            match ranges {
+                Some((key, RangeState::Assigned { waiting, .. })) => format!(
+                    "{available} of {shards} shards available; ranges by {key}: {}",
+                    if *waiting == 0 {
+                        "every shard has its share".to_owned()
+                    } else {
+                        format!("{waiting} shards wait for ranges another shard still holds")
+                    }
+                ),
+                _ => format!("{available} of {shards} shards available"),
+            },
         ),
         (None, None) => (
             "False",
@@ -137,11 +163,21 @@ mod tests {
             available,
             invalid,
             conflicting: None,
+            ranges: None,
         }
     }
 
     #[test]
     fn ready_means_configured_with_an_available_shard() {
+        let settled = RangeState::Assigned {
+            waiting: 0,
+            conflicts: 0,
+        };
+        let handing_over = RangeState::Assigned {
+            waiting: 1,
+            conflicts: 0,
+        };
+        let unserved = RangeState::Unserved("configmaps".into());
         let table = [
             (
                 counts(2, None),
@@ -178,6 +214,33 @@ mod tests {
                 "False",
                 "InvalidSpec",
                 "spec.resources[0] ...",
+            ),
+            (
+                Counts {
+                    ranges: Some((RangeKey::Uid, &settled)),
+                    ..counts(2, None)
+                },
+                "True",
+                "ShardsAvailable",
+                "2 of 3 shards available; ranges by uid: every shard has its share",
+            ),
+            (
+                Counts {
+                    ranges: Some((RangeKey::Namespace, &handing_over)),
+                    ..counts(2, None)
+                },
+                "True",
+                "ShardsAvailable",
+                "2 of 3 shards available; ranges by namespace: 1 shards wait for ranges another shard still holds",
+            ),
+            (
+                Counts {
+                    ranges: Some((RangeKey::Uid, &unserved)),
+                    ..counts(2, None)
+                },
+                "False",
+                "ShardedListAndWatchOff",
+                "the apiserver does not apply shardSelector to configmaps (feature gate ShardedListAndWatch off): no ranges are handed out",
             ),
         ];
         for (counts, status, reason, message) in table {

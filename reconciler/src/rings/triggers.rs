@@ -1,25 +1,23 @@
-//! Which shard Lease events wake a ring: only those that can change its shards. A Lease is
-//! renewed every few seconds by every shard; the ring controller's debounce pushes a pending
-//! reconcile back at each event it gets, so with renewals as triggers a ring with many shards
-//! (or a short renew interval) would wait for a quiet moment that may not come, and a dead
-//! shard's objects would wait with it. What a ring reads of a Lease is its ring label and
-//! whether it is held by its shard ([`ShardLease`]); only a change of those, a new Lease, a
-//! deleted one, or a relist passes. A list's Leases wake their rings once it is done: the
-//! store it fills (see `rings::controller`) takes them at its end, all at once.
+//! Which shard Lease events wake a ring: only those that can change its shards or, in range
+//! mode, what a shard serves. Every shard renews its Lease every few seconds and the ring
+//! controller's debounce pushes a pending reconcile back at each event, so renewals wake
+//! nothing. What wakes a ring is a change of what it reads of a Lease ([`ShardLease`] and the
+//! served ranges), a new or deleted Lease, or a relist (once, at its end).
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::watcher::{self, Event};
+use sharder_common::ranges::SERVED_ANNOTATION;
 use sharder_common::{RingKind, ShardLease};
 use sharder_runtime::watched::{Update, Watched};
 
 /// The Leases of rings of one kind seen, by namespace and name, with what the rings read of
-/// them.
+/// them (and the ranges they serve).
 #[derive(Debug)]
 pub(crate) struct LeaseTriggers {
     kind: RingKind,
-    seen: Watched<(String, String), ShardLease>,
+    seen: Watched<(String, String), (ShardLease, Option<String>)>,
 }
 
 impl LeaseTriggers {
@@ -37,7 +35,8 @@ impl LeaseTriggers {
         let deleted = matches!(event, Event::Delete(_));
         let entry = |l: &Lease| {
             let key = (l.namespace().unwrap_or_default(), l.name_any());
-            (key, ShardLease::of(kind, l))
+            let served = l.annotations().get(SERVED_ANNOTATION).cloned();
+            (key, ShardLease::of(kind, l).map(|lease| (lease, served)))
         };
         match self.seen.apply(event, entry) {
             None => Vec::new(),
@@ -59,7 +58,9 @@ impl LeaseTriggers {
                 .iter()
                 .map(|(key, lease)| (key.clone(), lease.clone()))
                 .chain(gone)
-                .map(|((namespace, name), lease)| self.stand_in(namespace, name, lease.ring.name))
+                .map(|((namespace, name), (lease, _))| {
+                    self.stand_in(namespace, name, lease.ring.name)
+                })
                 .collect(),
         }
     }
@@ -175,6 +176,44 @@ mod tests {
         ];
         for (event, want, what) in table {
             assert_eq!(name(t.admit(event)).as_deref(), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_change_of_the_ranges_a_shard_serves_wakes_the_ring_and_a_new_assignment_does_not() {
+        let mut t = LeaseTriggers::new(RingKind::ClusterRing);
+        let annotated = |annotations: &[(&str, &str)]| {
+            let mut l = lease("a", "r", "a", 100);
+            l.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+            l
+        };
+        use sharder_common::ranges::ASSIGNED_ANNOTATION;
+        let table = [
+            (annotated(&[]), true, "a new Lease"),
+            (annotated(&[(ASSIGNED_ANNOTATION, "x")]), false, "assigned"),
+            (
+                annotated(&[(ASSIGNED_ANNOTATION, "x"), (SERVED_ANNOTATION, "x")]),
+                true,
+                "the shard serves it",
+            ),
+            (
+                annotated(&[(ASSIGNED_ANNOTATION, "x"), (SERVED_ANNOTATION, "x")]),
+                false,
+                "a renewal",
+            ),
+            (
+                annotated(&[(ASSIGNED_ANNOTATION, ""), (SERVED_ANNOTATION, "")]),
+                true,
+                "the shard let it go",
+            ),
+        ];
+        for (lease, wakes, what) in table {
+            assert_eq!(!t.admit(Event::Apply(lease)).is_empty(), wakes, "{what}");
         }
     }
 

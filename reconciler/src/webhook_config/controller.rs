@@ -76,9 +76,14 @@ pub(crate) async fn reconcile(
         return Ok(Action::await_change());
     }
     // An invalid ring gets no configuration; the ring controller reports it in its status.
-    let Ok(roles) = ring.roles() else {
+    let (Ok(roles), Ok(range_key)) = (ring.roles(), ring.range_key()) else {
         return Ok(Action::await_change());
     };
+    if range_key.is_some() {
+        // Range mode: the apiserver divides the ring's objects; no webhook assigns them.
+        remove_configuration(&ctx.client, &ring).await?;
+        return Ok(Action::requeue(ctx.resync));
+    }
     let settings = WebhookSettings {
         ca_bundle: ctx.ca.borrow().clone(),
         ..ctx.settings.clone()
@@ -135,6 +140,33 @@ pub(crate) async fn reconcile(
     }
     ctx.guards.keep(&ctx.client, &ring, &roles).await?;
     Ok(Action::requeue(ctx.resync))
+}
+
+/// Deletes `ring`'s configuration, if there is one of this ring (by its ring label or owner).
+async fn remove_configuration(client: &Client, ring: &RingObject) -> Result<(), Error> {
+    let name = ring.id.configuration_name();
+    let api = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let Some(existing) = api.get_opt(&name).await.map_err(Error::Kube)? else {
+        return Ok(());
+    };
+    if ring_of(ring.id.kind, &existing).as_ref() != Some(&ring.id) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &params).await {
+        Ok(_) => {
+            info!(ring = %ring.id, webhook_configuration = %name, "webhook configuration deleted: the ring is in range mode");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
 }
 
 /// Deletes the reference's configuration `name` of `ring` (v0.8's name for a ClusterRing's), if

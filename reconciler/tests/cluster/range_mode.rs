@@ -1,0 +1,200 @@
+//! Range mode: a ring annotated with a range key gets no webhook configuration and no object
+//! writes; each shard's ranges are on its Lease, and a range goes to a new shard only once the
+//! shard that held it let it go (the shards here are played by the test: it writes what a shard
+//! serves on its Lease). A `uid` key on a ring with children and an apiserver without the gate
+//! are refused on the ring.
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use sharder_common::Ring;
+use sharder_common::ranges::{
+    ASSIGNED_ANNOTATION, RANGE_KEY_ANNOTATION, RANGE_TOKENS_PER_SHARD, Range, SERVED_ANNOTATION,
+    assign_uids, valid_assignment,
+};
+use sharder_harness::ControlPlane;
+use sharder_harness::control_plane::Options;
+use sharder_harness::wait::eventually;
+
+use super::{Test, WAIT};
+
+impl Test {
+    /// Puts the ring in range mode with `key`; `main_only` drops its controlled resources.
+    async fn to_range_mode(&self, key: &str, main_only: bool) {
+        let mut patch = json!({"metadata": {"annotations": {RANGE_KEY_ANNOTATION: key}}});
+        if main_only {
+            patch["spec"] = json!({"resources": [{"group": "", "resource": "secrets"}]});
+        }
+        self.rings()
+            .patch(&self.ring, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("ring in range mode");
+    }
+
+    /// The ranges shard `name`'s Lease assigns it now (for the Lease's current holder).
+    async fn assigned(&self, name: &str) -> Vec<Range> {
+        valid_assignment(&self.leases().get(name).await.expect("lease"))
+    }
+
+    /// Plays shard `name`: it serves what its Lease assigns it, written on its Lease with the
+    /// version it read.
+    async fn serve(&self, name: &str) {
+        let lease: Lease = self.leases().get(name).await.expect("lease");
+        let assigned = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNED_ANNOTATION))
+            .cloned()
+            .unwrap_or_default();
+        let patch = json!({"metadata": {
+            "resourceVersion": lease.metadata.resource_version,
+            "annotations": {SERVED_ANNOTATION: assigned},
+        }});
+        self.leases()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("served ranges");
+    }
+
+    /// The ring's `Ready` condition as (status, reason, message), once it satisfies `check`.
+    async fn ready_until(&self, what: &str, check: impl Fn(&str, &str, &str) -> bool) {
+        let rings = self.rings();
+        eventually(what, WAIT, || async {
+            let ring = rings
+                .get_status(&self.ring)
+                .await
+                .map_err(|e| e.to_string())?;
+            let conditions = ring.data["status"]["conditions"].clone();
+            let ready = conditions
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Ready")
+                .cloned()
+                .unwrap_or_default();
+            let field = |f: &str| ready[f].as_str().unwrap_or_default().to_owned();
+            check(&field("status"), &field("reason"), &field("message"))
+                .then_some(())
+                .ok_or_else(|| ready.to_string())
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_range_goes_to_a_new_shard_only_after_its_holder_let_it_go_and_no_object_is_written() {
+    let mut t = Test::new("range-mode").await;
+    t.create_ring().await;
+    t.add_shard_lease("shard-a", 3600).await;
+    t.start_reconciler().await;
+    t.create_settled(5, &Ring::new(["shard-a"])).await;
+    t.configuration_of("the label mode's webhook configuration")
+        .await;
+
+    let mark = t.audit_mark();
+    t.to_range_mode("uid", true).await;
+    let mwcs = Api::<MutatingWebhookConfiguration>::all(t.client.clone());
+    let name = t.id().configuration_name();
+    eventually("the webhook configuration deleted", WAIT, || async {
+        match mwcs.get_opt(&name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        }
+    })
+    .await;
+    eventually("shard-a assigned every range", WAIT, || async {
+        let assigned = t.assigned("shard-a").await;
+        (assigned == vec![Range::ALL])
+            .then_some(())
+            .ok_or(format!("{assigned:?}"))
+    })
+    .await;
+    t.serve("shard-a").await;
+
+    t.add_shard_lease("shard-b", 3600).await;
+    let two = assign_uids(&Ring::with_tokens(
+        ["shard-a", "shard-b"],
+        RANGE_TOKENS_PER_SHARD,
+    ));
+    t.ready_until("shard-b waiting for shard-a", |_, _, message| {
+        message.contains("1 shards wait")
+    })
+    .await;
+    assert_eq!(
+        t.assigned("shard-a").await,
+        two["shard-a"],
+        "shard-a keeps its share only"
+    );
+    assert_eq!(
+        t.assigned("shard-b").await,
+        vec![],
+        "nothing while shard-a serves it"
+    );
+
+    t.serve("shard-a").await;
+    eventually("shard-b assigned its share", WAIT, || async {
+        let assigned = t.assigned("shard-b").await;
+        (assigned == two["shard-b"])
+            .then_some(())
+            .ok_or(format!("{assigned:?}"))
+    })
+    .await;
+    t.ready_until("every shard has its share", |status, _, message| {
+        status == "True" && message.contains("ranges by uid: every shard has its share")
+    })
+    .await;
+
+    // A label ring's scale-out would have drained about half of the 5 Secrets here.
+    let writes = t.writes_by_since(&t.reconciler_user(), mark);
+    assert!(
+        writes
+            .keys()
+            .all(|(resource, _)| resource != "secrets" && resource != "configmaps"),
+        "no object written in range mode: {writes:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_uid_key_on_a_ring_with_children_is_refused_on_the_ring() {
+    let mut t = Test::new("range-uid").await;
+    t.create_ring().await;
+    t.add_shard_lease("shard-a", 3600).await;
+    t.to_range_mode("uid", false).await;
+    t.start_reconciler().await;
+    t.ready_until("the ring refused", |status, reason, message| {
+        status == "False" && reason == "InvalidSpec" && message.contains("uid would hash children")
+    })
+    .await;
+    assert!(t.ring_event("Warning", "InvalidSpec").await);
+    assert_eq!(t.assigned("shard-a").await, vec![]);
+}
+
+#[tokio::test]
+async fn without_the_gate_no_range_is_handed_out_and_the_ring_says_why() {
+    let cp = ControlPlane::dedicated(Options {
+        without_sharded_list_and_watch: true,
+        ..Options::default()
+    })
+    .await
+    .expect("control plane");
+    let mut t = Test::on(cp, "range-off").await;
+    t.create_ring().await;
+    t.add_shard_lease("shard-a", 3600).await;
+    t.to_range_mode("namespace", false).await;
+    t.start_reconciler().await;
+    t.ready_until("the ring says the gate is off", |status, reason, _| {
+        status == "False" && reason == "ShardedListAndWatchOff"
+    })
+    .await;
+    assert!(t.ring_event("Warning", "ShardedListAndWatchOff").await);
+    let lease = t.leases().get("shard-a").await.expect("lease");
+    let annotations = lease.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(ASSIGNED_ANNOTATION),
+        None,
+        "{annotations:?}"
+    );
+}
