@@ -60,7 +60,8 @@ use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -73,9 +74,10 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use sharder_common::key::display_name;
 use sharder_common::labels::shard_name_problem;
+use sharder_common::ranges::ShardSelector;
 use sharder_common::{RingId, RingLabels};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, info, info_span};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::lease::{HoldError, Holding, LeaseConfig, LeaseError, LeaseKeeper, OnStop, hold};
 
@@ -130,12 +132,16 @@ pub enum ShardReconcileError<E> {
 /// identity) and label keys.
 #[derive(Clone)]
 pub struct Shard {
-    client: Client,
+    pub(crate) client: Client,
     ring: RingId,
-    name: String,
+    pub(crate) name: String,
     labels: RingLabels,
     on_stop: OnStop,
     halted: CancellationToken,
+    /// In range mode, the ranges served now (`None`: label mode, or none yet).
+    serving: Arc<RwLock<Option<ShardSelector>>>,
+    /// Objects handed to the reconcile wrapper outside the served ranges.
+    pub(crate) out_of_range: Arc<AtomicU64>,
 }
 
 /// The ring a shard joins, as flags: exactly one of `--clusterring` and `--controllerring`
@@ -176,6 +182,9 @@ pub enum Verdict {
     Acknowledge,
     /// Not assigned here (a stale event): leave it alone.
     Skip,
+    /// In range mode, outside the ranges served: the apiserver sent what the selector excludes
+    /// (its gate may be off). Left alone and counted ([`Shard::out_of_range`]).
+    OutOfRange,
 }
 
 impl Shard {
@@ -188,7 +197,21 @@ impl Shard {
             name: name.to_owned(),
             on_stop: OnStop::Release,
             halted: CancellationToken::new(),
+            serving: Arc::default(),
+            out_of_range: Arc::default(),
         }
+    }
+
+    /// In range mode, the ranges this shard serves now.
+    pub fn serving(&self) -> Option<ShardSelector> {
+        self.serving
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_serving(&self, selector: Option<ShardSelector>) {
+        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = selector;
     }
 
     /// What [`run`](Self::run) does with the shard Lease after a graceful stop.
@@ -253,6 +276,15 @@ impl Shard {
 
     /// What to do with `object`: reconcile, acknowledge its drain, or skip it.
     pub fn verdict<K: Resource>(&self, object: &K) -> Verdict {
+        if let Some(selector) = self.serving() {
+            let meta = object.meta();
+            let uid = meta.uid.as_deref().unwrap_or_default();
+            return if selector.selects(uid, meta.namespace.as_deref()) {
+                Verdict::Reconcile
+            } else {
+                Verdict::OutOfRange
+            };
+        }
         let labels = object.labels();
         if self.labels.shard_of(labels) != Some(self.name.as_str()) {
             Verdict::Skip
@@ -308,6 +340,11 @@ impl Shard {
                     match shard.verdict(object.as_ref()) {
                         Verdict::Skip => {
                             debug!("not assigned to this shard, skipped");
+                            Ok(Action::await_change())
+                        }
+                        Verdict::OutOfRange => {
+                            shard.out_of_range.fetch_add(1, Ordering::Relaxed);
+                            warn!("outside this shard's ranges, skipped: the apiserver may not apply shardSelector");
                             Ok(Action::await_change())
                         }
                         Verdict::Acknowledge => shard.acknowledge(object.as_ref()).await,

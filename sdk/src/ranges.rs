@@ -1,0 +1,265 @@
+//! A shard in range mode (docs/design.md §10): it serves the hash ranges its Lease assigns it,
+//! through the apiserver's sharded list and watch. While its Lease is held it follows the
+//! assignment: at each change it stops its controllers (in-flight reconciles finish), writes on
+//! its Lease what it will serve (with the version of the Lease it read, so never more than that
+//! assignment), and starts them again with a client whose lists and watches carry the selector.
+//! It trusts no apiserver alone: it serves nothing where selectors are not applied, and the
+//! reconcile wrapper skips and counts any object outside its ranges.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::client::Body;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, Resource as _, ResourceExt as _};
+use serde_json::json;
+use sharder_common::ranges::{Range, RangeKey, SERVED_ANNOTATION, ShardSelector, valid_assignment};
+use sharder_runtime::sharded::{applies_selectors, with_selector};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::lease::LeaseKeeper;
+use crate::shard::{Shard, ShardError};
+
+/// A client that adds a `shardSelector` to every list and watch of the given resources (and
+/// to nothing else), for the controllers of a shard in range mode.
+#[derive(Clone)]
+struct SelectorClient {
+    inner: Client,
+    selector: String,
+    collections: Vec<String>,
+}
+
+impl SelectorClient {
+    /// Whether `path` lists or watches one of the collections (across the cluster or in one
+    /// namespace).
+    fn selects(&self, path: &str) -> bool {
+        self.collections.iter().any(|all| {
+            path == all
+                || path
+                    .strip_prefix(all.rsplit_once('/').map_or("", |(base, _)| base))
+                    .and_then(|rest| rest.strip_prefix("/namespaces/"))
+                    .and_then(|rest| rest.split_once('/'))
+                    .is_some_and(|(ns, plural)| {
+                        !ns.is_empty() && Some(plural) == all.rsplit('/').next()
+                    })
+        })
+    }
+}
+
+impl tower::Service<http::Request<Body>> for SelectorClient {
+    type Response = http::Response<Body>;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, kube::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        if request.method() == http::Method::GET && self.selects(request.uri().path()) {
+            with_selector(&mut request, &self.selector);
+        }
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.send(request).await })
+    }
+}
+
+/// `client` with `selector` on the lists and watches of `resources`.
+pub fn selecting_client(
+    client: &Client,
+    selector: &ShardSelector,
+    resources: &[ApiResource],
+) -> Client {
+    let service = SelectorClient {
+        inner: client.clone(),
+        selector: selector.to_string(),
+        collections: resources
+            .iter()
+            .map(|r| DynamicObject::url_path(r, None))
+            .collect(),
+    };
+    Client::new(service, client.default_namespace().to_owned())
+}
+
+/// Aborts the controllers' task when dropped (the Lease was lost: they stop at once).
+struct Running {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Asks the controllers to stop and waits until they did.
+    async fn stop(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Shard {
+    /// Runs the shard in range mode by `key` over `resources` (every resource its controllers
+    /// watch): holds its Lease (in `namespace`) as [`run`](Self::run) does, and while it is held
+    /// runs `controllers` with a client that lists and watches only the assigned ranges, again
+    /// at every change of them (after the previous run stopped); none while nothing is assigned.
+    pub async fn run_ranges<F, Fut>(
+        &self,
+        lease: LeaseKeeper,
+        namespace: &str,
+        key: RangeKey,
+        resources: Vec<ApiResource>,
+        shutdown: &CancellationToken,
+        controllers: F,
+    ) -> Result<(), ShardError>
+    where
+        F: Fn(Client, CancellationToken) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.run(lease, shutdown, |stop| {
+            self.follow_ranges(namespace, key, resources, controllers, stop)
+        })
+        .await
+    }
+
+    async fn follow_ranges<F, Fut>(
+        &self,
+        namespace: &str,
+        key: RangeKey,
+        resources: Vec<ApiResource>,
+        controllers: F,
+        stop: CancellationToken,
+    ) where
+        F: Fn(Client, CancellationToken) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        let mut events = std::pin::pin!(watcher(leases.clone(), config).applied_objects());
+        let mut current: Option<Vec<Range>> = None;
+        let mut running: Option<Running> = None;
+        loop {
+            let lease = tokio::select! {
+                () = stop.cancelled() => break,
+                event = events.next() => match event {
+                    Some(Ok(lease)) => lease,
+                    Some(Err(e)) => {
+                        warn!(error = %e, "cannot watch the shard Lease; its assignment is followed once it can");
+                        continue;
+                    }
+                    None => break,
+                },
+            };
+            let mut assigned = valid_assignment(&lease);
+            if current.as_ref() == Some(&assigned) {
+                continue;
+            }
+            if let Some(run) = running.take() {
+                run.stop().await;
+            }
+            self.set_serving(None);
+            if !assigned.is_empty() && !self.selectors_applied(&resources).await {
+                assigned.clear();
+            }
+            let selector = ShardSelector::new(key, assigned.iter().copied());
+            let patch = json!({"metadata": {
+                "resourceVersion": lease.resource_version(),
+                "annotations": {SERVED_ANNOTATION: selector.to_string()},
+            }});
+            match leases
+                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(e) => {
+                    // A conflict: the Lease changed since; its next version comes as an event.
+                    if !matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                        warn!(error = %e, "cannot write the served ranges; tried again at the Lease's next change");
+                    }
+                    current = None;
+                    continue;
+                }
+            }
+            info!(shard = %self.name, ranges = assigned.len(), "serving ranges");
+            current = Some(assigned.clone());
+            if assigned.is_empty() {
+                continue;
+            }
+            self.set_serving(Some(selector.clone()));
+            let client = selecting_client(&self.client, &selector, &resources);
+            let token = stop.child_token();
+            running = Some(Running {
+                stop: token.clone(),
+                task: tokio::spawn(controllers(client, token)),
+            });
+        }
+        if let Some(run) = running.take() {
+            run.stop().await;
+        }
+    }
+
+    /// Whether the apiserver applies `shardSelector` to every one of `resources` (a failed
+    /// probe counts as not).
+    async fn selectors_applied(&self, resources: &[ApiResource]) -> bool {
+        for resource in resources {
+            match applies_selectors(&self.client, resource).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(resource = %resource.plural, "the apiserver ignores shardSelector (feature gate ShardedListAndWatch off): serving nothing");
+                    return false;
+                }
+                Err(e) => {
+                    warn!(resource = %resource.plural, error = %e, "cannot ask the apiserver whether it applies shardSelector: serving nothing");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Objects the reconcile wrapper was handed outside this shard's ranges (and skipped).
+    pub fn out_of_range(&self) -> u64 {
+        self.out_of_range.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Secret;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn only_lists_and_watches_of_the_collections_carry_the_selector() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let client = SelectorClient {
+            inner: Client::try_from(config).expect("client"),
+            selector: String::new(),
+            collections: vec![DynamicObject::url_path(
+                &ApiResource::erase::<Secret>(&()),
+                None,
+            )],
+        };
+        for (path, selected) in [
+            ("/api/v1/secrets", true),
+            ("/api/v1/namespaces/ns-1/secrets", true),
+            ("/api/v1/namespaces/ns-1/secrets/secrets", false),
+            ("/api/v1/namespaces/ns-1/secrets/one", false),
+            ("/api/v1/namespaces//secrets", false),
+            ("/api/v1/configmaps", false),
+            ("/api/v1/namespaces/ns-1/configmaps", false),
+            ("/apis/coordination.k8s.io/v1/namespaces/ns-1/leases", false),
+        ] {
+            assert_eq!(client.selects(path), selected, "{path}");
+        }
+    }
+}
