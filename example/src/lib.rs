@@ -2,6 +2,7 @@
 //! assigned to this shard it keeps a ConfigMap `checksums-<secret>` (controlled by the Secret)
 //! holding an XXH64 checksum of each data key, like the reference project's checksum controller.
 //!
+//! In range mode (`--range-key`) it serves the hash ranges its Lease assigns instead of a label.
 //! It holds its own shard Lease while it runs, releases it on SIGTERM (after in-flight reconciles
 //! finished) and does not on SIGKILL (a crash). With `--record-file` it appends one JSON line per
 //! reconcile start and end ([`record`]), which the end-to-end tests use to prove that no object is
@@ -14,9 +15,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{ApiResource, ObjectMeta, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::controller::Action;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -25,7 +27,7 @@ use prometheus_client::registry::Registry;
 use sharder_sdk::controller::{drive, listed_controller, watch};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::{RingArgs, Shard, ShardError, ShardReconcileError};
-use sharder_sdk::{CommonArgs, Readiness, parse_duration};
+use sharder_sdk::{CommonArgs, RangeKey, Readiness, parse_duration};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -78,6 +80,12 @@ pub struct Args {
     #[arg(long, env = "MAX_CONCURRENT_RECONCILES", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
+
+    /// Range mode, by the key of the ring's `sharder.dev/range-key` annotation (`uid` or
+    /// `namespace`): serve the hash ranges the shard's Lease assigns, through the apiserver's
+    /// sharded list and watch (the `ShardedListAndWatch` feature gate), instead of a label.
+    #[arg(long, env = "SHARD_RANGE_KEY")]
+    pub range_key: Option<RangeKey>,
 
     /// Append a JSON line per reconcile start and end to this file.
     #[arg(long, env = "RECORD_FILE")]
@@ -212,41 +220,96 @@ pub async fn run_with_client(
         recorder,
         reconciles,
     });
-    let (secrets, configmaps): (Api<Secret>, Api<ConfigMap>) = match &args.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
-    let config = shard.watcher_config();
-    let reconciler = shard.reconciler(reconcile);
-    let result = shard
-        .run(lease, &shutdown, |stop| {
-            readiness.set(LEASE_HELD, true);
-            let (controller, listed) = listed_controller(secrets, config.clone());
-            let running = controller
-                .owns_stream(watch(configmaps, config).touched_objects())
-                .with_config(
-                    kube::runtime::controller::Config::default()
-                        .concurrency(args.max_concurrent_reconciles),
+    let concurrency = args.max_concurrent_reconciles;
+    let namespace = args.namespace.clone();
+    let result = match args.range_key {
+        None => {
+            let config = shard.watcher_config();
+            let reconciler = shard.reconciler(reconcile);
+            shard
+                .run(lease, &shutdown, |stop| {
+                    readiness.set(LEASE_HELD, true);
+                    let apis = apis(&client, namespace.as_deref());
+                    checksums_controller(apis, config, reconciler, context, concurrency, stop)
+                })
+                .await
+        }
+        Some(key) => {
+            let resources = vec![
+                ApiResource::erase::<Secret>(&()),
+                ApiResource::erase::<ConfigMap>(&()),
+            ];
+            let lease_namespace = args.lease_namespace.clone();
+            shard
+                .run_ranges(
+                    lease,
+                    &lease_namespace,
+                    key,
+                    resources,
+                    &shutdown,
+                    |client, stop| {
+                        readiness.set(LEASE_HELD, true);
+                        let apis = apis(&client, namespace.as_deref());
+                        let reconciler = shard.reconciler(reconcile);
+                        let config = watcher::Config::default();
+                        checksums_controller(
+                            apis,
+                            config,
+                            reconciler,
+                            Arc::clone(&context),
+                            concurrency,
+                            stop,
+                        )
+                    },
                 )
-                .graceful_shutdown_on(stop.clone().cancelled_owned())
-                .run(reconciler, error_policy, context)
-                .for_each(|result| async move {
-                    if let Err(e) = result {
-                        warn!(error = %e, "reconcile failed");
-                    }
-                });
-            async move { drive(running, &listed, &stop).await }
-        })
-        .await;
+                .await
+        }
+    };
     readiness.set(LEASE_HELD, false);
     shutdown.cancel();
     let _ = admin.await;
     result?;
     info!(shard = %name, "checksum controller stopped");
     Ok(())
+}
+
+/// The Secrets and ConfigMaps the shard watches, of `namespace` or of all.
+fn apis(client: &Client, namespace: Option<&str>) -> (Api<Secret>, Api<ConfigMap>) {
+    match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    }
+}
+
+/// The checksum controller over `secrets` owning `configmaps`, both watched with `config`,
+/// until `stop`.
+fn checksums_controller<R, Fut>(
+    (secrets, configmaps): (Api<Secret>, Api<ConfigMap>),
+    config: watcher::Config,
+    reconciler: R,
+    context: Arc<Context>,
+    concurrency: u16,
+    stop: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static
+where
+    R: FnMut(Arc<Secret>, Arc<Context>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Action, ShardReconcileError<Error>>> + Send + 'static,
+{
+    let (controller, listed) = listed_controller(secrets, config.clone());
+    let running = controller
+        .owns_stream(watch(configmaps, config).touched_objects())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconciler, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                warn!(error = %e, "reconcile failed");
+            }
+        });
+    async move { drive(running, &listed, &stop).await }
 }
 
 fn error_policy(_: Arc<Secret>, _: &ShardReconcileError<Error>, _: Arc<Context>) -> Action {

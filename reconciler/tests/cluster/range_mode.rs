@@ -168,7 +168,14 @@ async fn the_uid_key_on_a_ring_with_children_is_refused_on_the_ring() {
         status == "False" && reason == "InvalidSpec" && message.contains("uid would hash children")
     })
     .await;
-    assert!(t.ring_event("Warning", "InvalidSpec").await);
+    // The Event follows the status.
+    eventually("a Warning Event InvalidSpec", WAIT, || async {
+        t.ring_event("Warning", "InvalidSpec")
+            .await
+            .then_some(())
+            .ok_or("none yet")
+    })
+    .await;
     assert_eq!(t.assigned("shard-a").await, vec![]);
 }
 
