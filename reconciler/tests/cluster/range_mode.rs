@@ -1,8 +1,8 @@
 //! Range mode: a ring annotated with a range key gets no webhook configuration and no object
 //! writes; each shard's ranges are on its Lease, and a range goes to a new shard only once the
 //! shard that held it let it go (the shards here are played by the test: it writes what a shard
-//! serves on its Lease). A `uid` key on a ring with children and an apiserver without the gate
-//! are refused on the ring.
+//! serves on its Lease), or once the shard that held it is dead. A `uid` key on a ring with
+//! children and an apiserver without the gate are refused on the ring.
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -17,6 +17,7 @@ use sharder_common::ranges::{
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::Options;
 use sharder_harness::wait::eventually;
+use sharder_harness::world::set_lease_holder;
 
 use super::{Test, WAIT};
 
@@ -155,6 +156,66 @@ async fn a_range_goes_to_a_new_shard_only_after_its_holder_let_it_go_and_no_obje
             .all(|(resource, _)| resource != "secrets" && resource != "configmaps"),
         "no object written in range mode: {writes:?}"
     );
+}
+
+#[tokio::test]
+async fn a_shard_that_does_not_let_go_keeps_its_ranges_until_its_lease_is_taken_over() {
+    let mut t = Test::new("range-stuck").await;
+    t.create_ring().await;
+    t.add_shard_lease("shard-a", 3600).await;
+    t.to_range_mode("uid", true).await;
+    t.start_reconciler().await;
+    eventually("shard-a assigned every range", WAIT, || async {
+        let assigned = t.assigned("shard-a").await;
+        (assigned == vec![Range::ALL])
+            .then_some(())
+            .ok_or(format!("{assigned:?}"))
+    })
+    .await;
+    t.serve("shard-a").await;
+
+    // shard-a never acknowledges again: the shards that join get nothing of what it serves,
+    // however often the ring is reconciled (each join is one, seen in shard-a's assignment).
+    for (joining, shards) in [
+        ("shard-b", &["shard-a", "shard-b"][..]),
+        ("shard-c", &["shard-a", "shard-b", "shard-c"][..]),
+    ] {
+        t.add_shard_lease(joining, 3600).await;
+        let share = assign_uids(&Ring::with_tokens(
+            shards.iter().copied(),
+            RANGE_TOKENS_PER_SHARD,
+        ));
+        eventually("shard-a's assignment shrunk to its share", WAIT, || async {
+            let assigned = t.assigned("shard-a").await;
+            (assigned == share["shard-a"])
+                .then_some(())
+                .ok_or(format!("{assigned:?}"))
+        })
+        .await;
+        for waiting in &shards[1..] {
+            assert_eq!(
+                t.assigned(waiting).await,
+                vec![],
+                "{waiting} while shard-a serves all"
+            );
+        }
+    }
+
+    // Its Lease taken over (the shard is dead): its ranges go without its word.
+    set_lease_holder(&t.leases(), "shard-a", "shardlease-controller").await;
+    let two = assign_uids(&Ring::with_tokens(
+        ["shard-b", "shard-c"],
+        RANGE_TOKENS_PER_SHARD,
+    ));
+    for shard in ["shard-b", "shard-c"] {
+        eventually("the dead shard's ranges handed out", WAIT, || async {
+            let assigned = t.assigned(shard).await;
+            (assigned == two[shard])
+                .then_some(())
+                .ok_or(format!("{shard}: {assigned:?}"))
+        })
+        .await;
+    }
 }
 
 #[tokio::test]

@@ -2,7 +2,8 @@
 //! apiserver's sharded list and watch, the reconciler assigning them, no webhook. Through a
 //! scale-out, a crash and a graceful release every Secret is reconciled by the shard whose
 //! ranges hold it, never by two at overlapping times (their records, with every Secret updated
-//! all along), and the reconciler writes no Secret (the audit log).
+//! all along), and the reconciler writes no Secret (the audit log); a rolling restart of stable
+//! names moves none.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -198,5 +199,104 @@ async fn in_range_mode_each_object_is_reconciled_by_one_shard_through_scale_out_
     assert!(
         writes.is_empty(),
         "the reconciler wrote Secrets: {writes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_range_mode_a_rolling_restart_of_stable_names_moves_nothing() {
+    let mut system = System::start(
+        "e2e-ranges-roll",
+        Options {
+            shards: 0,
+            webhooks: 0,
+            ..Options::default()
+        },
+    )
+    .await;
+    let patch = json!({
+        "metadata": {"annotations": {RANGE_KEY_ANNOTATION: "uid"}},
+        "spec": {"resources": [{"group": "", "resource": "secrets"}]},
+    });
+    system
+        .rings()
+        .patch(&system.ring, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("range mode");
+    let flags = |system: &System, name: &str| {
+        let mut flags = system.shard_flags(name);
+        flags.extra = vec!["--range-key".into(), "uid".into(), "--stable-name".into()];
+        flags
+    };
+    for name in ["shard-0", "shard-1"] {
+        let f = flags(&system, name);
+        system.start_shard_with(f).await;
+    }
+    system.create_secrets(0..30).await;
+    let secrets: BTreeMap<String, String> = system
+        .list_secrets()
+        .await
+        .into_iter()
+        .map(|(name, s)| (name, s.uid().unwrap_or_default()))
+        .collect();
+    let two = owners(&secrets, &["shard-0", "shard-1"]);
+    wait_reconciled_by(&system, &two, 0, "every Secret reconciled by its shard").await;
+    let settled = unix_nanos();
+
+    // Each shard in turn stops (its Lease kept) and starts again under its name, while every
+    // Secret is updated: its Secrets wait for it and go nowhere else.
+    let churn = {
+        let (objects, names) = (
+            system.objects(),
+            secrets.keys().cloned().collect::<Vec<_>>(),
+        );
+        tokio::spawn(async move {
+            for round in 0.. {
+                for name in &names {
+                    let _ = objects.update_secret(name, &format!("round-{round}")).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        })
+    };
+    for name in ["shard-0", "shard-1"] {
+        assert!(system.stop_shard(name), "{name} stops cleanly");
+        let restarted = unix_nanos();
+        let f = flags(&system, name);
+        system.start_shard_with(f).await;
+        let own: BTreeMap<String, String> = two
+            .iter()
+            .filter(|(_, owner)| *owner == name)
+            .map(|(n, o)| (n.clone(), o.clone()))
+            .collect();
+        wait_reconciled_by(
+            &system,
+            &own,
+            restarted,
+            "the restarted shard reconciles its own",
+        )
+        .await;
+    }
+    churn.abort();
+    let report = system.ownership();
+    let two = &two;
+    let strays: Vec<String> = report
+        .reconciles
+        .iter()
+        .flat_map(|(object, intervals)| {
+            let name = object.rsplit('/').next().unwrap_or_default();
+            intervals
+                .iter()
+                .filter(move |i| i.start >= settled && two.get(name) != Some(&i.shard))
+                .map(move |i| format!("{object} by {}", i.shard))
+        })
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "moved by the rolling restart: {strays:?}"
+    );
+    assert!(
+        report.overlaps.is_empty(),
+        "{} overlapping reconciles",
+        report.overlaps.len()
     );
 }
