@@ -1,7 +1,7 @@
 //! Shards of the SDK in range mode against a real kube-apiserver with the `ShardedListAndWatch`
 //! gate and the reconciler: each shard reconciles only what its ranges select, a second shard
 //! takes its share only after the first stopped serving it, and no object is reconciled while
-//! another shard serves it.
+//! another shard serves it; against an apiserver without the gate a shard serves nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -202,4 +202,71 @@ async fn each_object_is_reconciled_by_the_shard_whose_ranges_hold_it_through_a_s
     stop_b.cancel();
     run_a.await.expect("shard-a");
     run_b.await.expect("shard-b");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shard_against_an_apiserver_without_the_gate_serves_nothing() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use sharder_common::ranges::{ASSIGNED_ANNOTATION, EPOCH_ANNOTATION, Range, SERVED_ANNOTATION};
+    use sharder_harness::ControlPlane;
+    use sharder_harness::control_plane::Options;
+
+    let cp = ControlPlane::dedicated(Options {
+        without_sharded_list_and_watch: true,
+        ..Options::default()
+    })
+    .await
+    .expect("control plane");
+    let ns = cp.namespace("sdk-gate-off").await.expect("namespace");
+    let world = World::with_ring(cp, ns.clone(), "gate-off".into()).await;
+    world.create_secrets(5).await;
+    // Played reconciler: shard-a's Lease, free, assigned every range for the epoch the shard's
+    // taking it begins (its leaseTransitions 0 -> 1).
+    let everything = ShardSelector::new(RangeKey::Uid, [Range::ALL]).to_string();
+    let leases: Api<Lease> = Api::namespaced(world.client.clone(), &ns);
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some("shard-a".into()),
+            labels: Some([(world.id().kind.lease_label().to_owned(), world.ring.clone())].into()),
+            annotations: Some(
+                [
+                    (ASSIGNED_ANNOTATION.to_owned(), everything.clone()),
+                    (EPOCH_ANNOTATION.to_owned(), "1".to_owned()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(String::new()),
+            lease_duration_seconds: Some(10),
+            lease_transitions: Some(0),
+            ..Default::default()
+        }),
+    };
+    leases
+        .create(&kube::api::PostParams::default(), &lease)
+        .await
+        .expect("lease");
+    let seen = Arc::new(Seen::default());
+    let (shard, stop, run) = start_shard(&world, &seen, "shard-a");
+    // It answers with what it serves: nothing, as the apiserver would not select.
+    eventually("shard-a says it serves nothing", WAIT, || async {
+        let lease = leases.get("shard-a").await.map_err(|e| e.to_string())?;
+        let annotations = lease.metadata.annotations.unwrap_or_default();
+        let assigned = annotations.get(ASSIGNED_ANNOTATION) == Some(&everything);
+        let served = annotations.get(SERVED_ANNOTATION).map(String::as_str);
+        (assigned && served == Some(""))
+            .then_some(())
+            .ok_or(format!("assigned {assigned}, served {served:?}"))
+    })
+    .await;
+    assert_eq!(shard.serving(), None);
+    assert_eq!(
+        seen.reconciled.lock().expect("lock").len(),
+        0,
+        "nothing reconciled"
+    );
+    stop.cancel();
+    run.await.expect("shard-a");
 }
