@@ -11,8 +11,8 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use sharder_common::Ring;
 use sharder_common::ranges::{
-    ASSIGNED_ANNOTATION, RANGE_KEY_ANNOTATION, RANGE_TOKENS_PER_SHARD, Range, SERVED_ANNOTATION,
-    assign_uids, valid_assignment,
+    ASSIGNED_ANNOTATION, RANGE_KEY_ANNOTATION, RANGE_TOKENS_PER_SHARD, Range, RangeKey,
+    SERVED_ANNOTATION, assign_uids, valid_assignment,
 };
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::Options;
@@ -215,6 +215,83 @@ async fn a_shard_that_does_not_let_go_keeps_its_ranges_until_its_lease_is_taken_
                 .ok_or(format!("{shard}: {assigned:?}"))
         })
         .await;
+    }
+}
+
+#[tokio::test]
+async fn a_namespace_keyed_ring_spreads_alike_named_namespaces_over_every_shard() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use sharder_common::ranges::{ShardSelector, assign_namespaces, fnv1a64};
+
+    let mut t = Test::new("range-ns").await;
+    t.create_ring().await;
+    // Twelve namespaces named alike, which FNV-1a hashes close together, selected by a label.
+    let namespaces: Vec<String> = (0..12).map(|i| format!("{}-team-{i:02}", t.ns)).collect();
+    let api = Api::<Namespace>::all(t.client.clone());
+    for name in &namespaces {
+        let mut namespace = Namespace::default();
+        namespace.metadata.name = Some(name.clone());
+        namespace.metadata.labels = Some([("range-test".to_owned(), t.ns.clone())].into());
+        api.create(&Default::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+    let patch = json!({
+        "metadata": {"annotations": {RANGE_KEY_ANNOTATION: "namespace"}},
+        "spec": {"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": null,
+            "range-test": t.ns,
+        }}},
+    });
+    t.rings()
+        .patch(&t.ring, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("ring");
+    let shards = ["shard-a", "shard-b", "shard-c"];
+    for shard in shards {
+        t.add_shard_lease(shard, 3600).await;
+    }
+    t.start_reconciler().await;
+
+    let expected = assign_namespaces(
+        &Ring::with_tokens(shards, RANGE_TOKENS_PER_SHARD),
+        namespaces.iter().map(String::as_str),
+    );
+    for shard in shards {
+        eventually(
+            "each shard assigned its namespaces' ranges",
+            WAIT,
+            || async {
+                let assigned = t.assigned(shard).await;
+                (assigned == expected[shard])
+                    .then_some(())
+                    .ok_or(format!("{shard}: {assigned:?}"))
+            },
+        )
+        .await;
+    }
+    let mut held = std::collections::BTreeMap::new();
+    for name in &namespaces {
+        for shard in shards {
+            let ranges = t.assigned(shard).await;
+            if ShardSelector::new(RangeKey::Namespace, ranges).contains(fnv1a64(name.as_bytes())) {
+                *held.entry(shard).or_insert(0) += 1;
+            }
+        }
+    }
+    assert_eq!(
+        held.values().sum::<usize>(),
+        namespaces.len(),
+        "each namespace on one shard"
+    );
+    // By rank on the ring of 16 tokens a shard, not by hash: every shard holds some, none
+    // half (the even boundaries of the hash space put such names on one or two shards).
+    assert!(
+        held.len() == 3 && held.values().all(|n| *n < 6),
+        "twelve namespaces over three shards: {held:?}"
+    );
+    for name in &namespaces {
+        let _ = api.delete(name, &Default::default()).await;
     }
 }
 
