@@ -190,7 +190,14 @@ pub async fn run_with_client(
         ),
         None => None,
     };
+    let on_stop = if args.stable_name {
+        OnStop::Keep
+    } else {
+        OnStop::Release
+    };
+    let shard = Shard::new(client.clone(), args.ring.id(), &name).with_on_stop(on_stop);
     let mut registry = Registry::default();
+    shard.register_metrics(&mut registry);
     let reconciles = Family::<ResultLabels, Counter>::default();
     registry.register(
         "checksum_reconciles",
@@ -207,12 +214,6 @@ pub async fn run_with_client(
     .await?;
     info!(shard = %name, ring = %args.ring.id(), %admin_addr, "checksum controller started, acquiring the shard lease");
 
-    let on_stop = if args.stable_name {
-        OnStop::Keep
-    } else {
-        OnStop::Release
-    };
-    let shard = Shard::new(client.clone(), args.ring.id(), &name).with_on_stop(on_stop);
     let lease = shard.lease(&args.lease_namespace, args.lease_duration, args.lease_renew);
     let context = Arc::new(Context {
         client: client.clone(),

@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use futures::StreamExt;
@@ -17,6 +16,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::client::Body;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource as _, ResourceExt as _};
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use sharder_common::ranges::{Range, RangeKey, SERVED_ANNOTATION, ShardSelector, valid_assignment};
 use sharder_runtime::sharded::{applies_selectors, with_selector};
@@ -228,7 +228,18 @@ impl Shard {
 
     /// Objects the reconcile wrapper was handed outside this shard's ranges (and skipped).
     pub fn out_of_range(&self) -> u64 {
-        self.out_of_range.load(Ordering::Relaxed)
+        self.out_of_range.get()
+    }
+
+    /// Registers the shard's metrics in `registry`:
+    /// `sharder_shard_out_of_range_objects_total`, the objects handed to the reconcile wrapper
+    /// outside this shard's ranges (the apiserver did not apply its selector), skipped.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "sharder_shard_out_of_range_objects",
+            "Objects handed to the reconcile wrapper outside this shard's ranges (the apiserver did not apply its selector), skipped",
+            self.out_of_range.clone(),
+        );
     }
 }
 

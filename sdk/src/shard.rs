@@ -60,7 +60,6 @@ use std::convert::Infallible;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -70,6 +69,7 @@ use kube::runtime::Predicate;
 use kube::runtime::controller::Action;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use sharder_common::key::display_name;
@@ -141,7 +141,7 @@ pub struct Shard {
     /// In range mode, the ranges served now (`None`: label mode, or none yet).
     serving: Arc<RwLock<Option<ShardSelector>>>,
     /// Objects handed to the reconcile wrapper outside the served ranges.
-    pub(crate) out_of_range: Arc<AtomicU64>,
+    pub(crate) out_of_range: Counter,
 }
 
 /// The ring a shard joins, as flags: exactly one of `--clusterring` and `--controllerring`
@@ -198,7 +198,7 @@ impl Shard {
             on_stop: OnStop::Release,
             halted: CancellationToken::new(),
             serving: Arc::default(),
-            out_of_range: Arc::default(),
+            out_of_range: Counter::default(),
         }
     }
 
@@ -343,7 +343,7 @@ impl Shard {
                             Ok(Action::await_change())
                         }
                         Verdict::OutOfRange => {
-                            shard.out_of_range.fetch_add(1, Ordering::Relaxed);
+                            shard.out_of_range.inc();
                             warn!("outside this shard's ranges, skipped: the apiserver may not apply shardSelector");
                             Ok(Action::await_change())
                         }

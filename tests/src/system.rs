@@ -443,6 +443,12 @@ impl System {
         status.is_some_and(|s| s.success())
     }
 
+    /// What running shard `name`'s `/metrics` answer now (`None`: it does not run).
+    pub async fn shard_metrics(&self, name: &str) -> Option<String> {
+        let shard = self.shards.get(name)?;
+        Some(sharder_harness::launch::metrics(shard.admin).await)
+    }
+
     /// Kills shard `name` (SIGKILL, a crash: its Lease is not released).
     pub fn kill_shard(&mut self, name: &str) {
         if let Some(mut shard) = self.shards.remove(name) {

@@ -180,6 +180,11 @@ async fn in_range_mode_each_object_is_reconciled_by_one_shard_through_scale_out_
     .await;
 
     churn.abort();
+    let metrics = system.shard_metrics("shard-2").await.expect("shard-2 runs");
+    assert!(
+        metrics.contains("sharder_shard_out_of_range_objects_total 0"),
+        "the apiserver sent shard-2 only its ranges: {metrics}"
+    );
     let report = system.ownership();
     assert!(
         report.objects_with_several_shards() > 0,
