@@ -20,6 +20,7 @@ use kube::api::{
 };
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+use sharder_common::ranges::RANGE_KEY_ANNOTATION;
 use sharder_common::{ObjectKey, Ring, RingId, RingKind, RingLabels, is_available};
 
 use crate::ControlPlane;
@@ -251,6 +252,19 @@ impl World {
             .create(&PostParams::default(), &ring_object(&self.id(), &template))
             .await
             .expect("ring");
+    }
+
+    /// Puts the ring in range mode by `key` (`uid`, `namespace`: its annotation); `main_only`
+    /// drops its controlled resources (the key `uid` refuses them).
+    pub async fn to_range_mode(&self, key: &str, main_only: bool) {
+        let mut patch = json!({"metadata": {"annotations": {RANGE_KEY_ANNOTATION: key}}});
+        if main_only {
+            patch["spec"] = json!({"resources": [{"group": "", "resource": "secrets"}]});
+        }
+        self.rings()
+            .patch(&self.ring, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("the ring in range mode");
     }
 
     /// Starts a webhook replica `name` serving the world's certificate.

@@ -9,15 +9,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{ApiResource, Patch, PatchParams};
+use kube::api::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use sharder_common::Ring;
-use sharder_common::ranges::{
-    RANGE_KEY_ANNOTATION, RANGE_TOKENS_PER_SHARD, RangeKey, ShardSelector, assign_uids,
-};
+use sharder_common::ranges::{RANGE_TOKENS_PER_SHARD, RangeKey, ShardSelector, assign_uids};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::World;
 use sharder_sdk::shard::{Shard, ShardReconcileError};
@@ -112,15 +109,7 @@ async fn record(secret: Arc<Secret>, ctx: Arc<(Shard, Arc<Seen>)>) -> Result<Act
 async fn each_object_is_reconciled_by_the_shard_whose_ranges_hold_it_through_a_scale_out() {
     let world = World::new("sdk-ranges").await;
     world.create_ring().await;
-    let patch = json!({
-        "metadata": {"annotations": {RANGE_KEY_ANNOTATION: "uid"}},
-        "spec": {"resources": [{"group": "", "resource": "secrets"}]},
-    });
-    world
-        .rings()
-        .patch(&world.ring, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("range mode");
+    world.to_range_mode("uid", true).await;
     let flags = world.reconciler_flags(
         "replica-0",
         &world.ns,

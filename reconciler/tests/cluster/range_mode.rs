@@ -22,21 +22,20 @@ use sharder_harness::world::set_lease_holder;
 use super::{Test, WAIT};
 
 impl Test {
-    /// Puts the ring in range mode with `key`; `main_only` drops its controlled resources.
-    async fn to_range_mode(&self, key: &str, main_only: bool) {
-        let mut patch = json!({"metadata": {"annotations": {RANGE_KEY_ANNOTATION: key}}});
-        if main_only {
-            patch["spec"] = json!({"resources": [{"group": "", "resource": "secrets"}]});
-        }
-        self.rings()
-            .patch(&self.ring, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("ring in range mode");
-    }
-
     /// The ranges shard `name`'s Lease assigns it now (for the Lease's current holder).
     async fn assigned(&self, name: &str) -> Vec<Range> {
         valid_assignment(&self.leases().get(name).await.expect("lease"))
+    }
+
+    /// Waits until shard `name`'s Lease assigns it `ranges` (`what` names the wait).
+    async fn wait_assigned(&self, name: &str, ranges: &[Range], what: &str) {
+        eventually(what, WAIT, || async {
+            let assigned = self.assigned(name).await;
+            (assigned == ranges)
+                .then_some(())
+                .ok_or(format!("{name}: {assigned:?}"))
+        })
+        .await;
     }
 
     /// Plays shard `name`: it serves what its Lease assigns it, written on its Lease with the
@@ -106,13 +105,8 @@ async fn a_range_goes_to_a_new_shard_only_after_its_holder_let_it_go_and_no_obje
         }
     })
     .await;
-    eventually("shard-a assigned every range", WAIT, || async {
-        let assigned = t.assigned("shard-a").await;
-        (assigned == vec![Range::ALL])
-            .then_some(())
-            .ok_or(format!("{assigned:?}"))
-    })
-    .await;
+    t.wait_assigned("shard-a", &[Range::ALL], "shard-a assigned every range")
+        .await;
     t.serve("shard-a").await;
 
     t.add_shard_lease("shard-b", 3600).await;
@@ -136,13 +130,8 @@ async fn a_range_goes_to_a_new_shard_only_after_its_holder_let_it_go_and_no_obje
     );
 
     t.serve("shard-a").await;
-    eventually("shard-b assigned its share", WAIT, || async {
-        let assigned = t.assigned("shard-b").await;
-        (assigned == two["shard-b"])
-            .then_some(())
-            .ok_or(format!("{assigned:?}"))
-    })
-    .await;
+    t.wait_assigned("shard-b", &two["shard-b"], "shard-b assigned its share")
+        .await;
     t.ready_until("every shard has its share", |status, _, message| {
         status == "True" && message.contains("ranges by uid: every shard has its share")
     })
@@ -165,13 +154,8 @@ async fn a_shard_that_does_not_let_go_keeps_its_ranges_until_its_lease_is_taken_
     t.add_shard_lease("shard-a", 3600).await;
     t.to_range_mode("uid", true).await;
     t.start_reconciler().await;
-    eventually("shard-a assigned every range", WAIT, || async {
-        let assigned = t.assigned("shard-a").await;
-        (assigned == vec![Range::ALL])
-            .then_some(())
-            .ok_or(format!("{assigned:?}"))
-    })
-    .await;
+    t.wait_assigned("shard-a", &[Range::ALL], "shard-a assigned every range")
+        .await;
     t.serve("shard-a").await;
 
     // shard-a never acknowledges again: the shards that join get nothing of what it serves,
@@ -185,12 +169,11 @@ async fn a_shard_that_does_not_let_go_keeps_its_ranges_until_its_lease_is_taken_
             shards.iter().copied(),
             RANGE_TOKENS_PER_SHARD,
         ));
-        eventually("shard-a's assignment shrunk to its share", WAIT, || async {
-            let assigned = t.assigned("shard-a").await;
-            (assigned == share["shard-a"])
-                .then_some(())
-                .ok_or(format!("{assigned:?}"))
-        })
+        t.wait_assigned(
+            "shard-a",
+            &share["shard-a"],
+            "shard-a's assignment shrunk to its share",
+        )
         .await;
         for waiting in &shards[1..] {
             assert_eq!(
@@ -208,13 +191,8 @@ async fn a_shard_that_does_not_let_go_keeps_its_ranges_until_its_lease_is_taken_
         RANGE_TOKENS_PER_SHARD,
     ));
     for shard in ["shard-b", "shard-c"] {
-        eventually("the dead shard's ranges handed out", WAIT, || async {
-            let assigned = t.assigned(shard).await;
-            (assigned == two[shard])
-                .then_some(())
-                .ok_or(format!("{shard}: {assigned:?}"))
-        })
-        .await;
+        t.wait_assigned(shard, &two[shard], "the dead shard's ranges handed out")
+            .await;
     }
 }
 
@@ -258,15 +236,10 @@ async fn a_namespace_keyed_ring_spreads_alike_named_namespaces_over_every_shard(
         namespaces.iter().map(String::as_str),
     );
     for shard in shards {
-        eventually(
+        t.wait_assigned(
+            shard,
+            &expected[shard],
             "each shard assigned its namespaces' ranges",
-            WAIT,
-            || async {
-                let assigned = t.assigned(shard).await;
-                (assigned == expected[shard])
-                    .then_some(())
-                    .ok_or(format!("{shard}: {assigned:?}"))
-            },
         )
         .await;
     }

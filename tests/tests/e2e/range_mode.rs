@@ -8,12 +8,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
 use sharder_common::Ring;
-use sharder_common::ranges::{
-    RANGE_KEY_ANNOTATION, RANGE_TOKENS_PER_SHARD, RangeKey, ShardSelector, assign_uids,
-};
+use sharder_common::ranges::{RANGE_TOKENS_PER_SHARD, RangeKey, ShardSelector, assign_uids};
+use sharder_harness::control_plane::AuditMark;
+use sharder_harness::launch::ShardFlags;
 use sharder_harness::wait::eventually;
 use sharder_tests::system::{Options, RECONCILER_ACCOUNT, System, WAIT, unix_nanos};
 
@@ -64,45 +62,69 @@ async fn wait_reconciled_by(
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn in_range_mode_each_object_is_reconciled_by_one_shard_through_scale_out_crash_and_release()
-{
-    let mut system = System::start(
-        "e2e-ranges",
-        Options {
-            shards: 0,
-            webhooks: 0,
-            service_accounts: true,
-            ..Options::default()
-        },
-    )
-    .await;
-    let patch = json!({
-        "metadata": {"annotations": {RANGE_KEY_ANNOTATION: "uid"}},
-        "spec": {"resources": [{"group": "", "resource": "secrets"}]},
-    });
-    system
-        .rings()
-        .patch(&system.ring, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("range mode");
-    let mark = system.audit_mark();
-    let start = |system: &System, name: &str| {
-        let mut flags = system.shard_flags(name);
-        flags.extra = vec!["--range-key".into(), "uid".into()];
-        flags
+/// The flags of example shard `name` in range mode by uid, with `extra`.
+fn range_flags(system: &System, name: &str, extra: &[&str]) -> ShardFlags {
+    let mut flags = system.shard_flags(name);
+    flags.extra = ["--range-key", "uid"]
+        .iter()
+        .chain(extra)
+        .map(|f| (*f).to_owned())
+        .collect();
+    flags
+}
+
+/// A system with its ring in range mode by uid (no webhook; the reconciler and shards as
+/// ServiceAccounts with `accounts`), shards `shard-0` and `shard-1` (with `extra` flags) and
+/// `n` Secrets: with each Secret's uid by name, and the audit log's end before the shards.
+async fn started(
+    prefix: &str,
+    accounts: bool,
+    extra: &[&str],
+    n: usize,
+) -> (System, BTreeMap<String, String>, AuditMark) {
+    let options = Options {
+        shards: 0,
+        webhooks: 0,
+        service_accounts: accounts,
+        ..Options::default()
     };
+    let mut system = System::start(prefix, options).await;
+    system.to_range_mode("uid", true).await;
+    let mark = system.audit_mark();
     for name in ["shard-0", "shard-1"] {
-        let flags = start(&system, name);
+        let flags = range_flags(&system, name, extra);
         system.start_shard_with(flags).await;
     }
-    system.create_secrets(0..40).await;
-    let secrets: BTreeMap<String, String> = system
+    system.create_secrets(0..n).await;
+    let secrets = system
         .list_secrets()
         .await
         .into_iter()
         .map(|(name, s)| (name, s.uid().unwrap_or_default()))
         .collect();
+    (system, secrets, mark)
+}
+
+/// Updates every one of `secrets`, round after round, until aborted.
+fn churn(system: &System, secrets: &BTreeMap<String, String>) -> tokio::task::JoinHandle<()> {
+    let (objects, names) = (
+        system.objects(),
+        secrets.keys().cloned().collect::<Vec<_>>(),
+    );
+    tokio::spawn(async move {
+        for round in 0.. {
+            for name in &names {
+                let _ = objects.update_secret(name, &format!("round-{round}")).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_range_mode_each_object_is_reconciled_by_one_shard_through_scale_out_crash_and_release()
+{
+    let (mut system, secrets, mark) = started("e2e-ranges", true, &[], 40).await;
     let t0 = unix_nanos();
     let two = owners(&secrets, &["shard-0", "shard-1"]);
     wait_reconciled_by(
@@ -115,23 +137,10 @@ async fn in_range_mode_each_object_is_reconciled_by_one_shard_through_scale_out_
 
     // Every Secret updated, round after round, through the moves: shards reconcile all along,
     // so two serving one Secret at once would show in their records.
-    let churn = {
-        let (objects, names) = (
-            system.objects(),
-            secrets.keys().cloned().collect::<Vec<_>>(),
-        );
-        tokio::spawn(async move {
-            for round in 0.. {
-                for name in &names {
-                    let _ = objects.update_secret(name, &format!("round-{round}")).await;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let churn = churn(&system, &secrets);
 
     // Scale-out: shard-2 takes its share once the others let it go.
-    let flags = start(&system, "shard-2");
+    let flags = range_flags(&system, "shard-2", &[]);
     system.start_shard_with(flags).await;
     let three = owners(&secrets, &["shard-0", "shard-1", "shard-2"]);
     let moved: BTreeMap<String, String> = three
@@ -209,65 +218,19 @@ async fn in_range_mode_each_object_is_reconciled_by_one_shard_through_scale_out_
 
 #[tokio::test(flavor = "multi_thread")]
 async fn in_range_mode_a_rolling_restart_of_stable_names_moves_nothing() {
-    let mut system = System::start(
-        "e2e-ranges-roll",
-        Options {
-            shards: 0,
-            webhooks: 0,
-            ..Options::default()
-        },
-    )
-    .await;
-    let patch = json!({
-        "metadata": {"annotations": {RANGE_KEY_ANNOTATION: "uid"}},
-        "spec": {"resources": [{"group": "", "resource": "secrets"}]},
-    });
-    system
-        .rings()
-        .patch(&system.ring, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("range mode");
-    let flags = |system: &System, name: &str| {
-        let mut flags = system.shard_flags(name);
-        flags.extra = vec!["--range-key".into(), "uid".into(), "--stable-name".into()];
-        flags
-    };
-    for name in ["shard-0", "shard-1"] {
-        let f = flags(&system, name);
-        system.start_shard_with(f).await;
-    }
-    system.create_secrets(0..30).await;
-    let secrets: BTreeMap<String, String> = system
-        .list_secrets()
-        .await
-        .into_iter()
-        .map(|(name, s)| (name, s.uid().unwrap_or_default()))
-        .collect();
+    let (mut system, secrets, _) = started("e2e-ranges-roll", false, &["--stable-name"], 30).await;
     let two = owners(&secrets, &["shard-0", "shard-1"]);
     wait_reconciled_by(&system, &two, 0, "every Secret reconciled by its shard").await;
     let settled = unix_nanos();
 
     // Each shard in turn stops (its Lease kept) and starts again under its name, while every
     // Secret is updated: its Secrets wait for it and go nowhere else.
-    let churn = {
-        let (objects, names) = (
-            system.objects(),
-            secrets.keys().cloned().collect::<Vec<_>>(),
-        );
-        tokio::spawn(async move {
-            for round in 0.. {
-                for name in &names {
-                    let _ = objects.update_secret(name, &format!("round-{round}")).await;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let churn = churn(&system, &secrets);
     for name in ["shard-0", "shard-1"] {
         assert!(system.stop_shard(name), "{name} stops cleanly");
         let restarted = unix_nanos();
-        let f = flags(&system, name);
-        system.start_shard_with(f).await;
+        let flags = range_flags(&system, name, &["--stable-name"]);
+        system.start_shard_with(flags).await;
         let own: BTreeMap<String, String> = two
             .iter()
             .filter(|(_, owner)| *owner == name)
