@@ -294,6 +294,8 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         };
         return Ok(Action::requeue(wait));
     }
+    // Back in label mode: shards still serving ranges are told to stop.
+    ranges::revoke(&ctx.client, &leases).await?;
 
     let previous = ctx.progress().get(name).cloned();
 

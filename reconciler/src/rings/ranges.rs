@@ -4,6 +4,7 @@
 //! ([`grants`]); it lists and writes no sharded object.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -136,4 +137,35 @@ pub(crate) async fn reconcile(
         .filter(|s| granted.get(*s).unwrap_or(&none) != desired.get(*s).unwrap_or(&none))
         .count();
     Ok(RangeState::Assigned { waiting, conflicts })
+}
+
+/// Takes back every range assigned on `leases` (their ring is not in range mode): a shard that
+/// still serves ranges stops, and serves nothing by them until its ring is in range mode again.
+pub(crate) async fn revoke(client: &Client, leases: &[Arc<Lease>]) -> Result<(), Error> {
+    for lease in leases {
+        let assigned = lease
+            .annotations()
+            .get(ASSIGNED_ANNOTATION)
+            .is_some_and(|a| !a.is_empty());
+        if !assigned {
+            continue;
+        }
+        let patch = json!({"metadata": {"annotations": {ASSIGNED_ANNOTATION: ""}}});
+        let namespace = lease.namespace().unwrap_or_default();
+        match Api::<Lease>::namespaced(client.clone(), &namespace)
+            .patch(
+                &lease.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(shard = %lease.name_any(), "ranges taken back: the ring is not in range mode")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+    Ok(())
 }

@@ -1,8 +1,9 @@
 //! Range mode: a ring annotated with a range key gets no webhook configuration and no object
 //! writes; each shard's ranges are on its Lease, and a range goes to a new shard only once the
 //! shard that held it let it go (the shards here are played by the test: it writes what a shard
-//! serves on its Lease), or once the shard that held it is dead. A `uid` key on a ring with
-//! children and an apiserver without the gate are refused on the ring.
+//! serves on its Lease), or once the shard that held it is dead; back in label mode the ranges
+//! are taken back. A `uid` key on a ring with children and an apiserver without the gate are
+//! refused on the ring.
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -145,6 +146,17 @@ async fn a_range_goes_to_a_new_shard_only_after_its_holder_let_it_go_and_no_obje
             .all(|(resource, _)| resource != "secrets" && resource != "configmaps"),
         "no object written in range mode: {writes:?}"
     );
+
+    // Back to label mode: the ranges are taken back, the webhook configuration returns.
+    let patch = json!({"metadata": {"annotations": {RANGE_KEY_ANNOTATION: null}}});
+    t.rings()
+        .patch(&t.ring, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("label mode");
+    for shard in ["shard-a", "shard-b"] {
+        t.wait_assigned(shard, &[], "the ranges taken back").await;
+    }
+    t.configuration_of("the webhook configuration again").await;
 }
 
 #[tokio::test]
