@@ -1,7 +1,8 @@
 //! Range mode's facts against a real kube-apiserver: with the `ShardedListAndWatch` gate, the
-//! apiserver selects exactly the objects `sharder_common::ranges` says a shard's ranges hold, by
-//! uid and by namespace, so that each object is listed by one shard; without the gate the probe
-//! says so (the apiserver would ignore a selector and send every object).
+//! apiserver selects for a shard's selecting client exactly the objects `sharder_common::ranges`
+//! says its ranges hold, by uid and by namespace, so that each object is listed by one shard;
+//! without the gate the probe says so (the apiserver would ignore a selector and send every
+//! object).
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,7 @@ use sharder_common::ranges::{
 };
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::Options;
-use sharder_runtime::sharded::{applies_selectors, list_metadata};
+use sharder_runtime::sharded::{applies_selectors, selecting_client};
 
 /// Creates `per_namespace` ConfigMaps in each of `namespaces` new namespaces; returns their
 /// namespaces and, per ConfigMap, (namespace, name, uid).
@@ -57,16 +58,12 @@ async fn listed_by_shard(
     let mut listed: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for (shard, ranges) in assignment {
         let selector = ShardSelector::new(key, ranges.iter().copied());
+        let selecting = selecting_client(&client, &selector, std::slice::from_ref(&resource));
         for ns in namespaces {
-            let page = list_metadata(
-                &client,
-                &resource,
-                Some(ns),
-                &ListParams::default(),
-                &selector,
-            )
-            .await
-            .expect("list with a shard selector");
+            let page = Api::<ConfigMap>::namespaced(selecting.clone(), ns)
+                .list_metadata(&ListParams::default())
+                .await
+                .expect("list with a shard selector");
             for object in page.items {
                 listed
                     .entry((ns.clone(), object.name_any()))

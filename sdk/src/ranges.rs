@@ -7,85 +7,21 @@
 //! reconcile wrapper skips and counts any object outside its ranges.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
-use kube::client::Body;
+use kube::api::{ApiResource, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, Client, Resource as _, ResourceExt as _};
+use kube::{Api, Client, ResourceExt as _};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use sharder_common::ranges::{Range, RangeKey, SERVED_ANNOTATION, ShardSelector, valid_assignment};
-use sharder_runtime::sharded::{applies_selectors, with_selector};
+use sharder_runtime::sharded::{applies_selectors, selecting_client};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::lease::LeaseKeeper;
 use crate::shard::{Shard, ShardError};
-
-/// A client that adds a `shardSelector` to every list and watch of the given resources (and
-/// to nothing else), for the controllers of a shard in range mode.
-#[derive(Clone)]
-struct SelectorClient {
-    inner: Client,
-    selector: String,
-    collections: Vec<String>,
-}
-
-impl SelectorClient {
-    /// Whether `path` lists or watches one of the collections (across the cluster or in one
-    /// namespace).
-    fn selects(&self, path: &str) -> bool {
-        self.collections.iter().any(|all| {
-            path == all
-                || path
-                    .strip_prefix(all.rsplit_once('/').map_or("", |(base, _)| base))
-                    .and_then(|rest| rest.strip_prefix("/namespaces/"))
-                    .and_then(|rest| rest.split_once('/'))
-                    .is_some_and(|(ns, plural)| {
-                        !ns.is_empty() && Some(plural) == all.rsplit('/').next()
-                    })
-        })
-    }
-}
-
-impl tower::Service<http::Request<Body>> for SelectorClient {
-    type Response = http::Response<Body>;
-    type Error = kube::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, kube::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        if request.method() == http::Method::GET && self.selects(request.uri().path()) {
-            with_selector(&mut request, &self.selector);
-        }
-        let inner = self.inner.clone();
-        Box::pin(async move { inner.send(request).await })
-    }
-}
-
-/// `client` with `selector` on the lists and watches of `resources`.
-pub fn selecting_client(
-    client: &Client,
-    selector: &ShardSelector,
-    resources: &[ApiResource],
-) -> Client {
-    let service = SelectorClient {
-        inner: client.clone(),
-        selector: selector.to_string(),
-        collections: resources
-            .iter()
-            .map(|r| DynamicObject::url_path(r, None))
-            .collect(),
-    };
-    Client::new(service, client.default_namespace().to_owned())
-}
 
 /// Aborts the controllers' task when dropped (the Lease was lost: they stop at once).
 struct Running {
@@ -240,37 +176,5 @@ impl Shard {
             "Objects handed to the reconcile wrapper outside this shard's ranges (the apiserver did not apply its selector), skipped",
             self.out_of_range.clone(),
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::Secret;
-
-    use super::*;
-
-    #[tokio::test]
-    async fn only_lists_and_watches_of_the_collections_carry_the_selector() {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
-        let client = SelectorClient {
-            inner: Client::try_from(config).expect("client"),
-            selector: String::new(),
-            collections: vec![DynamicObject::url_path(
-                &ApiResource::erase::<Secret>(&()),
-                None,
-            )],
-        };
-        for (path, selected) in [
-            ("/api/v1/secrets", true),
-            ("/api/v1/namespaces/ns-1/secrets", true),
-            ("/api/v1/namespaces/ns-1/secrets/secrets", false),
-            ("/api/v1/namespaces/ns-1/secrets/one", false),
-            ("/api/v1/namespaces//secrets", false),
-            ("/api/v1/configmaps", false),
-            ("/api/v1/namespaces/ns-1/configmaps", false),
-            ("/apis/coordination.k8s.io/v1/namespaces/ns-1/leases", false),
-        ] {
-            assert_eq!(client.selects(path), selected, "{path}");
-        }
     }
 }
