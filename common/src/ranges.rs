@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::hash::Hasher as _;
 use std::str::FromStr;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -40,9 +41,9 @@ pub const RANGE_TOKENS_PER_SHARD: usize = 16;
 
 /// 64-bit FNV-1a, the apiserver's hash of a range key.
 pub fn fnv1a64(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(data);
+    hasher.finish()
 }
 
 /// What an object is hashed by.
