@@ -588,4 +588,30 @@ mod tests {
             "no reconcile after the lease is lost"
         );
     }
+
+    #[tokio::test]
+    async fn in_range_mode_an_object_is_reconciled_only_inside_the_served_ranges() {
+        use sharder_common::ranges::{Range, RangeKey, fnv1a64};
+        let shard = shard();
+        let mine = "0b6f4a6e-4a55-4e0a-9a53-0b1d2f1d3c4e";
+        let hash = fnv1a64(mine.as_bytes());
+        let only = Range {
+            start: hash,
+            end: u128::from(hash) + 1,
+        };
+        shard.set_serving(Some(ShardSelector::new(RangeKey::Uid, [only])));
+        let with_uid = |uid: &str| {
+            let mut object = secret(&[], 1);
+            object.metadata.uid = Some(uid.to_owned());
+            object
+        };
+        assert_eq!(shard.verdict(&with_uid(mine)), Verdict::Reconcile);
+        assert_eq!(shard.verdict(&with_uid("another")), Verdict::OutOfRange);
+        shard.set_serving(None);
+        assert_eq!(
+            shard.verdict(&with_uid(mine)),
+            Verdict::Skip,
+            "label mode: no shard label"
+        );
+    }
 }
