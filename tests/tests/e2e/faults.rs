@@ -781,7 +781,13 @@ async fn watches_wait_out_a_restarted_apiserver_s_retry_after() {
             let of_uri: Vec<&LeaseRead> = reads.iter().filter(|r| r.uri == uri).collect();
             let seen: Vec<String> = of_uri
                 .iter()
-                .map(|r| format!("{} {} {:?}", r.received, r.code, r.retry_after))
+                .map(|r| {
+                    let took = r.answered.duration_since(r.received);
+                    format!(
+                        "{} {} {:?} answered {took:#}",
+                        r.received, r.code, r.retry_after
+                    )
+                })
                 .collect();
             let broken = retry_after_broken(&of_uri, watches, ready);
             assert!(broken.is_empty(), "{user}, {uri}: {broken:#?} of {seen:#?}");
@@ -830,8 +836,9 @@ const READY_SLACK: SignedDuration = SignedDuration::from_millis(500);
 
 /// How the reads of one request (`reads`, by a component with at most `watches` watches making
 /// it, in the order they came) broke the Retry-After of their refusals. Each watch asks again no
-/// sooner than the answer says, so of any `watches + 1` reads in a row the last came at least
-/// that long after the first's refusal. And about that long, not after a backoff growing beyond
+/// sooner than the answer says, so of any `watches + 1` reads in a row whose first `watches` were
+/// refused, the last came at least that long after the earliest of those refusals' answers
+/// allowed (answers may come in another order than the requests). And about that long, not after a backoff growing beyond
 /// it: the median wait from a refusal to the next read is within 1 s of the Retry-After (the
 /// next read may be another watch's, which only shortens the wait; a busy machine may hold one
 /// back longer now and then). A read answered with another error (a 403 while a restarted
@@ -851,12 +858,28 @@ fn retry_after_broken(reads: &[&LeaseRead], watches: usize, ready: Timestamp) ->
             broken.push(format!("a 429 at {} without a Retry-After", read.answered));
             continue;
         };
-        if let Some(next) = reads.get(i + watches) {
-            let waited = since(next, read);
+        // Of `watches + 1` reads in a row, two are one watch's: when the first `watches` were all
+        // refused, the last came no sooner than the earliest moment one of them allowed.
+        let window = reads.get(i..i + watches).unwrap_or_default();
+        let allowed = window
+            .iter()
+            .map(|r| {
+                (r.code == 429)
+                    .then_some(r.retry_after.map(|a| (r, a)))
+                    .flatten()
+            })
+            .collect::<Option<Vec<_>>>()
+            .and_then(|refused| {
+                refused.into_iter().min_by_key(|(r, a)| {
+                    r.answered + SignedDuration::try_from(*a).unwrap_or_default()
+                })
+            });
+        if let (Some((first, asked)), Some(next)) = (allowed, reads.get(i + watches)) {
+            let waited = since(next, first);
             if waited + Duration::from_millis(10) < asked {
                 broken.push(format!(
                     "asked again {waited:?} after a 429 at {} asking for {asked:?}",
-                    read.answered
+                    first.answered
                 ));
             }
         }
@@ -910,6 +933,47 @@ fn a_retry_after_waited_out_late_is_a_growing_backoff_unless_another_error_came_
     let after_403 = [read(0, 403), read(3, 429), read(9, 200)];
     let after_403: Vec<&LeaseRead> = after_403.iter().collect();
     assert!(retry_after_broken(&after_403, 1, ready_long_before).is_empty());
+    // Two watches refused, the later-received one answered first: the next read is the
+    // earlier-answered watch's, a full Retry-After after its own answer.
+    let at_ms = |ms: i64| at(0) + SignedDuration::from_millis(ms);
+    let reordered = [
+        LeaseRead {
+            received: at_ms(0),
+            answered: at_ms(700),
+            ..read(0, 429)
+        },
+        LeaseRead {
+            received: at_ms(5),
+            answered: at_ms(600),
+            ..read(0, 429)
+        },
+        LeaseRead {
+            received: at_ms(1_654),
+            answered: at_ms(1_654),
+            ..read(0, 200)
+        },
+        LeaseRead {
+            received: at_ms(1_707),
+            answered: at_ms(1_707),
+            ..read(0, 200)
+        },
+    ];
+    let reordered: Vec<&LeaseRead> = reordered.iter().collect();
+    assert!(retry_after_broken(&reordered, 2, ready_long_before).is_empty());
+    let too_soon = [
+        read(0, 429),
+        read(0, 429),
+        LeaseRead {
+            received: at_ms(500),
+            ..read(0, 200)
+        },
+    ];
+    let too_soon: Vec<&LeaseRead> = too_soon.iter().collect();
+    assert_eq!(
+        retry_after_broken(&too_soon, 2, ready_long_before).len(),
+        1,
+        "one of two refused watches asked again after half the Retry-After"
+    );
     let early = [read(0, 403), read(3, 429), read(3, 200)];
     let early: Vec<&LeaseRead> = early.iter().collect();
     assert_eq!(
