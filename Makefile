@@ -35,11 +35,11 @@ image: control-plane
 test: control-plane helm
 	CARGO=$(CARGO) bash harness/run-tests.sh
 
-## The benchmarks (release build), every section in one run of about half an hour on 2 cores:
+## The benchmarks (release build), every section in one run of about 40 minutes on 2 cores:
 ## webhook latency through the apiserver and under load, reconciler memory against object
 ## count, rebalancing, shard crashes, rolling updates, the ring, the chart's pods on a real node
-## (root: a bridge, iptables, cgroups; --sections leaves it out), the idle cost, and Sharder
-## beside the reference's own binary (BENCH_ARGS="--reference <its sharder binary>
+## (root: a bridge, iptables, cgroups; --sections leaves it out), the idle cost, range mode
+## beside label mode, and Sharder beside the reference's own binary (BENCH_ARGS="--reference <its sharder binary>
 ## --reference-version <its release>", built by you; without it Sharder's figures stand
 ## alone). Progress on stderr; each section is in docs/benchmarks.md as soon as it ends. One
 ## row again: make bench BENCH_ARGS="--sections memory --sizes 10000 --output /tmp/b.md".

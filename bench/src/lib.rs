@@ -2,8 +2,9 @@
 //! one run the CREATE latency the webhook adds (against no webhook and a floor webhook), the
 //! webhook alone under load, the reconciler's memory against object count (against a
 //! metadata-cache baseline), the cost of rebalancing, of shard crashes and of rolling updates,
-//! the ring's lookup cost and balance, the chart's pods on a real node, and what a quiet ring
-//! costs the control plane; then writes a markdown report (`docs/benchmarks.md`).
+//! the ring's lookup cost and balance, the chart's pods on a real node, what a quiet ring
+//! costs the control plane, and range mode beside label mode; then writes a markdown report
+//! (`docs/benchmarks.md`).
 //!
 //! Numbers are printed and written, never asserted: the goals are stated beside them.
 
@@ -34,6 +35,7 @@ mod load;
 mod memory;
 mod node;
 mod progress;
+mod ranges;
 mod rebalance;
 mod report;
 mod ring_balance;
@@ -172,13 +174,22 @@ pub struct Args {
     #[arg(long, env = "SHARDER_BENCH_REFERENCE_SCALE_OUT_ONLY")]
     pub reference_scale_out_only: bool,
 
+    /// Object counts of section 10 (range mode beside label mode), comma-separated.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_RANGE_SIZES",
+        value_delimiter = ',',
+        default_value = "10000,100000"
+    )]
+    pub range_sizes: Vec<usize>,
+
     /// The sections to run, comma-separated (the others are reported as not run).
     #[arg(
         long,
         env = "SHARDER_BENCH_SECTIONS",
         value_enum,
         value_delimiter = ',',
-        default_value = "latency,load,memory,rebalance,rolling,ring,node,idle,reference"
+        default_value = "latency,load,memory,rebalance,rolling,ranges,ring,node,idle,reference"
     )]
     pub sections: Vec<Section>,
 }
@@ -204,6 +215,8 @@ pub enum Section {
     Idle,
     /// 9. Sharder beside the reference sharder's own binary (`--reference`).
     Reference,
+    /// 10. Range mode beside label mode.
+    Ranges,
 }
 
 impl Section {
@@ -219,6 +232,7 @@ impl Section {
             Self::Node => "7. The chart's pods on a real node",
             Self::Idle => "8. What a quiet ring costs the control plane",
             Self::Reference => "9. Beside the reference sharder",
+            Self::Ranges => "10. Range mode beside label mode",
         }
     }
 
@@ -245,6 +259,15 @@ impl Section {
                 create(args.rebalance_objects) + 2.0 * 3.0 * n / (MOVE / 1.4) + 30.0
             }
             Self::Ring => 15.0,
+            Self::Ranges => args
+                .range_sizes
+                .iter()
+                .map(|&n| {
+                    let n = n as f64;
+                    // Created, moved in label mode, listed and watched, deleted.
+                    n / CREATE + (n / 4.0) / (MOVE / 1.6) + n / 1.8e3 + n / 640.0 + 40.0
+                })
+                .sum(),
             Self::Node => 60.0 + 3.0 * args.node_objects as f64 / 400.0,
             Self::Idle => {
                 let windows = 7.0;
@@ -534,10 +557,8 @@ impl RingSetup {
         Ok(all)
     }
 
-    /// Starts a reconciler for this ring (leader election in its namespace) with `kubeconfig`,
-    /// calling `webhooks`' sharder webhook, plus `extra` flags (separated by spaces),
-    /// `MALLOC_ARENA_MAX` as the chart sets; returns once its first full rebalance of the ring's
-    /// `n` objects is done.
+    /// Starts a reconciler for this ring as [`Self::launch_reconciler`] does; returns once its
+    /// first full rebalance of the ring's `n` objects is done.
     async fn start_reconciler(
         &self,
         dir: &Path,
@@ -545,6 +566,30 @@ impl RingSetup {
         webhooks: &webhooks::Webhooks,
         extra: &str,
         n: usize,
+    ) -> Result<Reconciler, Error> {
+        let mut reconciler = self
+            .launch_reconciler(dir, kubeconfig, webhooks, extra)
+            .await?;
+        reconciler
+            .wait_for_rebalances(
+                &self.id(),
+                "the first full rebalance",
+                Duration::from_secs(600),
+                |m| m.listed >= n as f64,
+            )
+            .await?;
+        Ok(reconciler)
+    }
+
+    /// Starts a reconciler for this ring (leader election in its namespace) with `kubeconfig`,
+    /// calling `webhooks`' sharder webhook, plus `extra` flags (separated by spaces),
+    /// `MALLOC_ARENA_MAX` as the chart sets; returns once it serves its admin port.
+    async fn launch_reconciler(
+        &self,
+        dir: &Path,
+        kubeconfig: &Path,
+        webhooks: &webhooks::Webhooks,
+        extra: &str,
     ) -> Result<Reconciler, Error> {
         let arenas = chart_arena_max("reconciler.yaml")?.to_string();
         let env = Env::new(dir, kubeconfig).var("MALLOC_ARENA_MAX", &arenas);
@@ -560,17 +605,7 @@ impl RingSetup {
                 .map(str::to_owned)
                 .collect(),
         };
-        let mut reconciler =
-            Reconciler::start(&format!("reconciler-{}", self.ns), &env, &flags).await?;
-        reconciler
-            .wait_for_rebalances(
-                &self.id(),
-                "the first full rebalance",
-                Duration::from_secs(600),
-                |m| m.listed >= n as f64,
-            )
-            .await?;
-        Ok(reconciler)
+        Ok(Reconciler::start(&format!("reconciler-{}", self.ns), &env, &flags).await?)
     }
 }
 
@@ -602,10 +637,11 @@ where
 /// before it starts). Sections 8 and 3 run last, size by size on the same objects
 /// ([`shared_objects`]): the largest size's namespace is left to the control plane's end
 /// (deleting 100,000 objects takes longer than measuring them).
-const ORDER: [Section; 6] = [
+const ORDER: [Section; 7] = [
     Section::Latency,
     Section::Rebalance,
     Section::Rolling,
+    Section::Ranges,
     Section::Ring,
     Section::Reference,
     Section::Node,
@@ -691,6 +727,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
                 Section::Latency => create_latency::run(cp, &webhooks, &args).await?,
                 Section::Rebalance => rebalance::run(cp, &webhooks, &args).await?,
                 Section::Rolling => rolling::run(cp, &webhooks, &args).await?,
+                Section::Ranges => ranges::run(cp, &webhooks, &args).await?,
                 Section::Ring => ring_balance::run(),
                 Section::Node => node::run(args.node_objects)
                     .await

@@ -20,11 +20,13 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ApiResource, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use sharder_common::lease::shard_state;
+use sharder_common::ranges::RangeKey;
 use sharder_common::{Ring, RingKind, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
@@ -72,17 +74,37 @@ pub(crate) struct Movers {
     pub(crate) setup: RingSetup,
     tracker: Tracker,
     /// Raised by a shard that stops by itself: the waits on the objects end with its reason.
-    alarm: Alarm,
+    pub(crate) alarm: Alarm,
     pub(crate) shards: BTreeMap<String, BenchShard>,
-    lease: Duration,
+    pub(crate) lease: Duration,
+    /// Which shard reconciled each object last, by name: what the shards serve, seen from inside.
+    pub(crate) reconciled: Reconciled,
     /// The audit users and clients of the reconciler, the shards and the raw PATCHes.
     users: [String; 3],
     /// The reconciler's kubeconfig (the first of `users`).
     kubeconfig: PathBuf,
-    shard_client: Client,
+    pub(crate) shard_client: Client,
     raw_client: Client,
     /// The reconciler's logs.
     dir: tempfile::TempDir,
+}
+
+/// Which shard reconciled each object last, by the object's name.
+pub(crate) type Reconciled = Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>;
+
+/// The business reconcile of the bench's shards: records that this shard (the context's name)
+/// reconciled the object, and changes nothing.
+pub(crate) async fn record(
+    secret: Arc<Secret>,
+    context: Arc<(Reconciled, String)>,
+) -> Result<Action, Infallible> {
+    let (reconciled, shard) = &*context;
+    let name = kube::ResourceExt::name_any(&*secret);
+    reconciled
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(name, shard.clone());
+    Ok(Action::await_change())
 }
 
 impl Movers {
@@ -150,6 +172,7 @@ impl Movers {
             alarm,
             shards: BTreeMap::new(),
             lease: Duration::from_secs(args.lease_seconds),
+            reconciled: Reconciled::default(),
             kubeconfig,
             dir,
         };
@@ -172,13 +195,31 @@ impl Movers {
         flags: &str,
         n: usize,
     ) -> Result<Reconciler, Error> {
-        let dir = self.dir.path();
-        // The shards run in this process as one ServiceAccount, outside pods: with the label
-        // guard (on by default) they acknowledge their drains as its acknowledgers.
-        let flags = format!("{flags} --label-guard-acknowledgers {}", self.users[1]);
+        let flags = self.reconciler_flags(flags);
+        let (dir, kubeconfig) = (self.dir.path(), &self.kubeconfig);
         self.setup
-            .start_reconciler(dir, &self.kubeconfig, webhooks, &flags, n)
+            .start_reconciler(dir, kubeconfig, webhooks, &flags, n)
             .await
+    }
+
+    /// Starts the reconciler as [`Self::start_reconciler`] does, without waiting for a list of
+    /// the ring's objects (a ring in range mode has none).
+    pub(crate) async fn launch_reconciler(
+        &self,
+        webhooks: &Webhooks,
+        flags: &str,
+    ) -> Result<Reconciler, Error> {
+        let flags = self.reconciler_flags(flags);
+        let (dir, kubeconfig) = (self.dir.path(), &self.kubeconfig);
+        self.setup
+            .launch_reconciler(dir, kubeconfig, webhooks, &flags)
+            .await
+    }
+
+    /// `flags` and the label guard's acknowledgers: the shards run in this process as one
+    /// ServiceAccount, outside pods, and acknowledge their drains as its acknowledgers.
+    fn reconciler_flags(&self, flags: &str) -> String {
+        format!("{flags} --label-guard-acknowledgers {}", self.users[1])
     }
 
     /// The kubeconfig of the first of [`Self::users`], the one that moves the objects.
@@ -200,11 +241,10 @@ impl Movers {
         let api: Api<Secret> = Api::namespaced(client, ns);
         let shutdown = CancellationToken::new();
         let (stop_on, who, alarm) = (shutdown.clone(), name.to_owned(), self.alarm.clone());
+        let context = Arc::new((self.reconciled.clone(), name.to_owned()));
         let task = tokio::spawn(async move {
             let config = shard.watcher_config();
-            let reconciler = shard.reconciler(|_: Arc<Secret>, _: Arc<()>| async {
-                Ok::<_, Infallible>(Action::await_change())
-            });
+            let reconciler = shard.reconciler(record);
             let run = shard
                 .run(keeper, &stop_on, |stop| {
                     let (controller, listed) = listed_controller(api, config);
@@ -213,7 +253,7 @@ impl Movers {
                         .run(
                             reconciler,
                             |_, _, _| Action::requeue(Duration::from_millis(200)),
-                            Arc::new(()),
+                            context,
                         )
                         .for_each(|_| async {});
                     async move { drive(running, &listed, &stop).await }
@@ -221,6 +261,41 @@ impl Movers {
                 .await;
             // Stopped by the bench it returns Ok; an error (its Lease lost, say to renewals late
             // under load) leaves the ring without a shard the bench counts on.
+            if let Err(e) = run {
+                alarm.raise(format!("shard {who} stopped: {e}"));
+            }
+        });
+        self.shards
+            .insert(name.to_owned(), BenchShard { task, shutdown });
+    }
+
+    /// Starts shard `name` of the ring in range mode by uid in this process (its Lease renewed
+    /// every second, released on stop): it reconciles the Secrets its Lease's ranges select.
+    pub(crate) fn start_range_shard(&mut self, name: &str) {
+        let (client, ns) = (self.shard_client.clone(), self.setup.ns.clone());
+        let shard = Shard::new(client, self.setup.id(), name).with_on_stop(OnStop::Release);
+        let keeper = shard.lease(&ns, self.lease, Duration::from_secs(1));
+        let shutdown = CancellationToken::new();
+        let (stop_on, who, alarm) = (shutdown.clone(), name.to_owned(), self.alarm.clone());
+        let context = Arc::new((self.reconciled.clone(), name.to_owned()));
+        let task = tokio::spawn(async move {
+            let resources = vec![ApiResource::erase::<Secret>(&())];
+            let controllers = |client: Client, stop: CancellationToken| {
+                let api: Api<Secret> = Api::namespaced(client, &ns);
+                let (controller, listed) = listed_controller(api, watcher::Config::default());
+                let running = controller
+                    .graceful_shutdown_on(stop.clone().cancelled_owned())
+                    .run(
+                        shard.reconciler(record),
+                        |_, _, _| Action::requeue(Duration::from_millis(200)),
+                        Arc::clone(&context),
+                    )
+                    .for_each(|_| async {});
+                async move { drive(running, &listed, &stop).await }
+            };
+            let run = shard
+                .run_ranges(keeper, &ns, RangeKey::Uid, resources, &stop_on, controllers)
+                .await;
             if let Err(e) = run {
                 alarm.raise(format!("shard {who} stopped: {e}"));
             }
@@ -317,9 +392,9 @@ impl Movers {
 }
 
 /// Indexes of [`Movers::writes`]' users.
-const RECONCILER: usize = 0;
+pub(crate) const RECONCILER: usize = 0;
 /// See [`RECONCILER`].
-const SHARDS: usize = 1;
+pub(crate) const SHARDS: usize = 1;
 /// See [`RECONCILER`].
 const RAW: usize = 2;
 
@@ -374,7 +449,7 @@ const RAW_AFTER_CRASH: usize = 3;
 const RAW_MIN: usize = 1000;
 
 /// The names of `n` shards.
-fn shards(n: usize) -> Vec<String> {
+pub(crate) fn shards(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("shard-{i}")).collect()
 }
 
