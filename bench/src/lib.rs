@@ -329,6 +329,32 @@ pub fn helper_args<const N: usize>(usage: &str) -> anyhow::Result<[String; N]> {
         .map_err(|_| anyhow::anyhow!("usage: {usage}"))
 }
 
+/// The end of the bench's cache helpers: drives `stream` (a reflector's) in the background,
+/// prints `synced <n>` once `len` (its store's size) reaches `expected`, then waits until killed.
+pub async fn hold_until_killed<S>(
+    stream: S,
+    len: impl Fn() -> usize,
+    expected: usize,
+) -> anyhow::Result<()>
+where
+    S: futures::Stream + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+    });
+    loop {
+        let n = len();
+        if n >= expected {
+            println!("synced {n}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
 /// Errors of the benchmark command.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

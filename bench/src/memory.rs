@@ -32,7 +32,7 @@ fn runs(n: usize) -> usize {
 }
 
 /// The RSS and peak RSS (MiB) of process `pid`, read after 2 s of settling.
-async fn settled_rss(pid: u32, what: &str) -> Result<(f64, f64), Error> {
+pub(crate) async fn settled_rss(pid: u32, what: &str) -> Result<(f64, f64), Error> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss, peak) = rss_kib(pid).ok_or_else(|| Error::Setup(format!("no RSS of the {what}")))?;
     Ok((mib(rss), mib(peak)))

@@ -29,15 +29,23 @@ use sharder_harness::procfs::rss_kib;
 use sharder_runtime::sharded::selecting_client;
 use sharder_sdk::lease::OnStop;
 
+use crate::memory::settled_rss;
 use crate::progress::progress;
 use crate::rebalance::{Movers, RECONCILER, SHARDS, shards};
 use crate::report::{goals, table};
 use crate::stats::{cpu_seconds, median, mib};
-use crate::webhooks::Webhooks;
+use crate::webhooks::{Webhooks, share_cache};
 use crate::{Args, Error, REBALANCE_CONCURRENCY, each_metadata};
 
 /// How long a move may take before the section fails.
 const MOVE_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The label the bench puts on the fourth shard's share in range mode, to list and watch the
+/// same objects by a label.
+const SHARE_LABEL: &str = "bench/share";
+
+/// Runs of each share cache, interleaved.
+const CACHE_ROUNDS: usize = 3;
 
 /// Rounds of each list in the selector's cost, interleaved.
 const LIST_ROUNDS: usize = 5;
@@ -77,6 +85,8 @@ struct Size {
     objects: usize,
     label: Move,
     range: Move,
+    /// The fourth shard's share of the hash space in range mode.
+    space: f64,
     /// The fourth shard's selector: terms and characters.
     terms: usize,
     chars: usize,
@@ -84,6 +94,9 @@ struct Size {
     by_label: List,
     by_range: List,
     all: List,
+    /// The RSS (now, peak; MiB, medians) of a process caching the share by its label, and by
+    /// its selector, as a shard's controller does.
+    caches: [(f64, f64); 2],
     /// The apiserver's and etcd's CPU seconds for [`PATCHED`] patches with no watch, with
     /// [`WATCHERS`] watches of the share by its label, and by its selector, every run.
     watches: [Vec<f64>; 3],
@@ -315,13 +328,28 @@ async fn assigned(
 async fn lists(m: &Movers, uids: &HashMap<String, String>) -> Result<Size, Error> {
     let leases: Api<Lease> = Api::namespaced(m.setup.client.clone(), &m.setup.ns);
     let lease = leases.get("shard-3").await?;
-    let selector = ShardSelector::new(RangeKey::Uid, valid_assignment(&lease));
+    let ranges = valid_assignment(&lease);
+    let space = ranges.iter().map(|r| r.len() as f64).sum::<f64>() / SPACE_END as f64;
+    let selector = ShardSelector::new(RangeKey::Uid, ranges);
     let text = selector.to_string();
     let client = &m.setup.client;
     let ranged = selecting_client(client, &selector, &[ApiResource::erase::<Secret>(&())]);
     let plain: Api<Secret> = Api::namespaced(client.clone(), &m.setup.ns);
     let ranged: Api<Secret> = Api::namespaced(ranged, &m.setup.ns);
-    let label = format!("{}=shard-3", m.setup.labels.shard);
+    // The share's objects get a label of their own, so that both select the same objects.
+    let share: Vec<&String> = uids
+        .iter()
+        .filter(|(_, uid)| selector.contains(fnv1a64(uid.as_bytes())))
+        .map(|(name, _)| name)
+        .collect();
+    let patch = Patch::Merge(json!({"metadata": {"labels": {SHARE_LABEL: "shard-3"}}}));
+    let params = PatchParams::default();
+    futures::stream::iter(share)
+        .map(|name| plain.patch_metadata(name, &params, &patch))
+        .buffer_unordered(64)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    let label = format!("{SHARE_LABEL}=shard-3");
     let mut times: [Vec<f64>; 3] = Default::default();
     let mut items = [0; 3];
     for _ in 0..LIST_ROUNDS {
@@ -339,8 +367,28 @@ async fn lists(m: &Movers, uids: &HashMap<String, String>) -> Result<Size, Error
         ms: median(times[i].clone()),
     });
     let watches = watch_cost(m, uids, (&plain, &label), (&ranged, &selector)).await?;
+    let (ns, cp) = (&m.setup.ns, m.cp);
+    let mut caches: [Vec<(f64, f64)>; 2] = Default::default();
+    for _ in 0..CACHE_ROUNDS {
+        let kinds = [
+            (label.as_str(), "-", items[0]),
+            ("-", text.as_str(), items[1]),
+        ];
+        for (i, (labels, selector, n)) in kinds.into_iter().enumerate() {
+            let mut cache = share_cache(cp, ns, n, labels, selector).await?;
+            caches[i].push(settled_rss(cache.pid(), "share cache").await?);
+            cache.kill();
+        }
+    }
+    let caches = caches.map(|runs| {
+        let now = median(runs.iter().map(|r| r.0).collect());
+        let peak = median(runs.iter().map(|r| r.1).collect());
+        (now, peak)
+    });
     Ok(Size {
+        space,
         watches,
+        caches,
         terms: text.matches("shardRange(").count(),
         chars: text.len(),
         by_label,
@@ -404,23 +452,21 @@ async fn watch_cost(
             if let Some(labels) = labels {
                 params = params.labels(labels);
             }
+            let tag = format!("{round}-{kind}");
             let mut tasks = Vec::new();
             for _ in 0..watchers {
                 let stream = api.watch(&params, &version).await?;
-                let received = Arc::clone(&received);
-                tasks.push(tokio::spawn(async move {
-                    let mut stream = std::pin::pin!(stream);
-                    while let Some(Ok(event)) = stream.next().await {
-                        if matches!(event, WatchEvent::Modified(_)) {
-                            received.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }));
+                let watching = Watching {
+                    api: api.clone(),
+                    params: params.clone(),
+                    version: version.clone(),
+                    tag: tag.clone(),
+                    received: Arc::clone(&received),
+                };
+                tasks.push(tokio::spawn(watching.count(stream)));
             }
             let started = control_plane_cpu(m.cp);
-            let patch = Patch::Merge(json!({"metadata": {"labels": {
-                "bench/watched": format!("{round}-{kind}"),
-            }}}));
+            let patch = Patch::Merge(json!({"metadata": {"labels": {WATCHED_LABEL: tag}}}));
             let params = PatchParams::default();
             futures::stream::iter(&names)
                 .map(|name| plain.patch_metadata(name, &params, &patch))
@@ -443,6 +489,57 @@ async fn watch_cost(
         }
     }
     Ok(cpu)
+}
+
+/// The label [`watch_cost`]'s patches set, to a value of their run.
+const WATCHED_LABEL: &str = "bench/watched";
+
+/// One watch of [`watch_cost`]: counts the objects it saw patched in its run.
+struct Watching {
+    api: Api<Secret>,
+    params: WatchParams,
+    /// Where it resumes when the apiserver ends the watch.
+    version: String,
+    /// The value of [`WATCHED_LABEL`] in this run.
+    tag: String,
+    /// Objects each watch saw patched, together.
+    received: Arc<AtomicUsize>,
+}
+
+impl Watching {
+    /// Counts each object seen with this run's tag once, from `stream` and, when the apiserver
+    /// ends it, from new watches resuming where it ended.
+    async fn count(
+        mut self,
+        stream: impl futures::Stream<Item = kube::Result<WatchEvent<Secret>>> + Send,
+    ) {
+        let mut seen = std::collections::HashSet::new();
+        let mut stream = stream.boxed();
+        loop {
+            while let Some(Ok(event)) = stream.next().await {
+                let secret = match event {
+                    WatchEvent::Modified(secret) => secret,
+                    WatchEvent::Bookmark(b) => {
+                        self.version = b.metadata.resource_version;
+                        continue;
+                    }
+                    _ => continue,
+                };
+                self.version = secret.resource_version().unwrap_or_default();
+                if secret.labels().get(WATCHED_LABEL) == Some(&self.tag)
+                    && seen.insert(secret.name_any())
+                {
+                    self.received.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            stream = loop {
+                match self.api.watch(&self.params, &self.version).await {
+                    Ok(stream) => break stream.boxed(),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+        }
+    }
 }
 
 /// Lists every Secret of `api` that `labels` selects, 500 to a page; how many.
@@ -480,7 +577,7 @@ fn spread(runs: &[f64]) -> String {
 /// The section's text.
 fn markdown(sizes: &[Size]) -> String {
     let mut out = format!(
-        "At each size, Secrets of one ClusterRing on 3 shards of the shard SDK in this process (each records which objects it reconciles, with a no-op business reconcile), the reconciler as a process with section 4's flags. Label mode first: every object on its shard, a fourth shard starts and its share moves (drain, acknowledgement, the webhook's label). Then the shards and the reconciler stop, the ring gets `{RANGE_KEY_ANNOTATION}: uid`, a new reconciler and 3 range-mode shards start (the objects keep their stale labels: range mode reads none) and, once each shard serves its ranges, a fourth shard starts. Served: from the fourth shard's start until every object was last reconciled by the shard its new assignment names (label mode: the ring of 4; range mode: the Leases' ranges), seen from inside the shards. Writes: the reconciler's and the shards' writes to the objects, from the audit log (Lease writes are not audited). CPU: the apiserver's and etcd's over the move. The reconciler's RSS after the move (peak since its start in brackets). Then the fourth shard's share listed {LIST_ROUNDS} times, interleaved, whole objects 500 to a page as the SDK's watch lists: by its shard label (what a label-mode shard lists), by its `shardSelector`, and every object for scale; median milliseconds. Then the watch: {PATCHED} of the objects patched once (64 in flight) with no watch open, with {WATCHERS} watches of the fourth shard's share by its label (the label of the ring of 4), and with {WATCHERS} by its selector; the apiserver's and etcd's CPU from the first patch until every watch received each of its events, {WATCH_ROUNDS} interleaved runs of each (median, range in brackets; the patches' own cost is the run with no watch).\n\n"
+        "At each size, Secrets of one ClusterRing on 3 shards of the shard SDK in this process (each records which objects it reconciles, with a no-op business reconcile), the reconciler as a process with section 4's flags. Label mode first: every object on its shard, a fourth shard starts and its share moves (drain, acknowledgement, the webhook's label). Then the shards and the reconciler stop, the ring gets `{RANGE_KEY_ANNOTATION}: uid`, a new reconciler and 3 range-mode shards start (the objects keep their stale labels: range mode reads none) and, once each shard serves its ranges, a fourth shard starts (the share of the hash space its ranges hold is in the second table: the ring of 16 tokens a shard divides the space unevenly, the uids fall in it evenly). Served: from the fourth shard's start until every object was last reconciled by the shard its new assignment names (label mode: the ring of 4; range mode: the Leases' ranges), seen from inside the shards. Writes: the reconciler's and the shards' writes to the objects, from the audit log (Lease writes are not audited). CPU: the apiserver's and etcd's over the move. The reconciler's RSS after the move (peak since its start in brackets). Then the fourth shard's share in range mode gets a label of its own (`{SHARE_LABEL}`), so that a label and the selector select the same objects, and is listed {LIST_ROUNDS} times, interleaved, whole objects 500 to a page as the SDK's watch lists: by that label (as a label-mode shard lists by its shard label), by the shard's `shardSelector`, and every object for scale; median milliseconds. Then the watch: {PATCHED} of the objects patched once (64 in flight) with no watch open, with {WATCHERS} watches of the share by the label, and with {WATCHERS} by the selector; the apiserver's and etcd's CPU from the first patch until every watch received each of its events, {WATCH_ROUNDS} interleaved runs of each (median, range in brackets; the patches' own cost is the run with no watch). A shard's memory is its cache of its share: a process (`share-cache`) keeping a kube-rs reflector of the share's whole Secrets by the label, then one by the selector, RSS 2 s after it holds them all (peak in brackets), medians of {CACHE_ROUNDS} interleaved runs each.\n\n"
     );
     out += &table(
         "objects | mode | moved | moved vs ideal (n/4) | served after s | writes (reconciler + shards) | writes per moved object | apiserver + etcd CPU s | reconciler RSS MiB (peak)",
@@ -505,11 +602,12 @@ fn markdown(sizes: &[Size]) -> String {
         }),
     );
     out += &table(
-        "objects | selector terms (characters) | by label: objects, ms | by selector: objects, ms | selector vs label, per object | every object: objects, ms",
+        "objects | the fourth shard's ranges: share of the hash space | selector terms (characters) | by label: objects, ms | by selector: objects, ms | selector vs label, per object | every object: objects, ms | cache by label: RSS MiB (peak) | cache by selector: RSS MiB (peak)",
         sizes.iter().map(|s| {
             format!(
-                "{} | {} ({}) | {}, {:.1} | {}, {:.1} | {:.2} | {}, {:.1}",
+                "{} | {:.3} | {} ({}) | {}, {:.1} | {}, {:.1} | {:.2} | {}, {:.1} | {:.1} ({:.1}) | {:.1} ({:.1})",
                 s.objects,
+                s.space,
                 s.terms,
                 s.chars,
                 s.by_label.items,
@@ -518,7 +616,11 @@ fn markdown(sizes: &[Size]) -> String {
                 s.by_range.ms,
                 s.by_range.per_object() / s.by_label.per_object(),
                 s.all.items,
-                s.all.ms
+                s.all.ms,
+                s.caches[0].0,
+                s.caches[0].1,
+                s.caches[1].0,
+                s.caches[1].1
             )
         }),
     );
@@ -536,6 +638,10 @@ fn markdown(sizes: &[Size]) -> String {
         }),
     );
     let watch = sizes.iter().map(Size::watch_ratio).fold(0.0, f64::max);
+    let cache = sizes
+        .iter()
+        .map(|s| s.caches[1].0 / s.caches[0].0)
+        .fold(0.0, f64::max);
     let zero = sizes.iter().all(|s| s.range.writes == [0, 0]);
     let off = sizes
         .iter()
@@ -577,6 +683,12 @@ fn markdown(sizes: &[Size]) -> String {
             format!("{list:.2}"),
             "<= 1.5",
             list <= 1.5,
+        ),
+        (
+            "a shard's cache of its share by selector vs by label, RSS, worst size".into(),
+            format!("{cache:.2}"),
+            "<= 1.1",
+            cache <= 1.1,
         ),
         (
             "CPU of patches with watches by selector vs by label (medians), worst size".into(),

@@ -92,6 +92,22 @@ pub(crate) async fn metadata_cache(
         .0)
 }
 
+/// Starts a shard's cache of its share (`share-cache`, a kube-rs reflector over the whole
+/// Secrets of `ns` that `labels` or `selector` select, `-` for none); returns once it holds `n`.
+pub(crate) async fn share_cache(
+    cp: &ControlPlane,
+    ns: &str,
+    n: usize,
+    labels: &str,
+    selector: &str,
+) -> Result<Supervised, Error> {
+    let mut command = Command::new(bench_binary("share-cache")?);
+    command
+        .env("KUBECONFIG", cp.kubeconfig())
+        .args([ns, &n.to_string(), labels, selector]);
+    Ok(spawn_until_line("share-cache", command, "synced").await?.0)
+}
+
 /// Starts both webhooks (each with the `MALLOC_ARENA_MAX` the chart sets); returns once both
 /// serve (the sharder webhook ready).
 pub(crate) async fn start(cp: &ControlPlane) -> Result<Webhooks, Error> {

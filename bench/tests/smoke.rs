@@ -8,7 +8,8 @@ use clap::Parser as _;
 /// while the others run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
-    let report = small_run("latency,load,memory,rebalance,rolling,ring,idle,reference").await;
+    let report =
+        small_run("latency,load,memory,rebalance,rolling,ranges,ring,idle,reference").await;
     assert_holds(
         &report,
         &[
@@ -22,6 +23,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "## 6. Ring",
             "## 8. What a quiet ring costs the control plane",
             "## 9. Beside the reference sharder",
+            "## 10. Range mode beside label mode",
         ],
     );
     assert_holds(
@@ -59,6 +61,10 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| the sharder's idle apiserver + etcd CPU (leader election and lists) at 200 objects vs the reference's | ",
             "| growth of the sharder's idle cost (leader election and lists) from 100 to 200 objects | ",
             "| 100 | Sharder | ",
+            "| 200 | label | ",
+            "| 200 | range | ",
+            "| writes to the objects per range-mode move, every size | ",
+            "| CPU of patches with watches by selector vs by label (medians), worst size | ",
             "The reference was not run: its `sharder` binary was not given",
             "The run took ",
         ],
@@ -149,6 +155,8 @@ fn args(output: &std::path::Path, sections: &str) -> sharder_bench::Args {
         "50",
         "--reference-sizes",
         "100",
+        "--range-sizes",
+        "200",
         // One round: each more waits out another crash's Lease (the rounds' medians are unit
         // tests of the report).
         "--reference-rounds",

@@ -2,9 +2,6 @@
 //! reflector over the metadata of the Secrets of one namespace; prints `synced <n>` once it
 //! holds `--expect` objects, then keeps watching until killed.
 
-use std::time::Duration;
-
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -22,18 +19,5 @@ async fn main() -> anyhow::Result<()> {
         .default_backoff()
         .reflect(writer)
         .applied_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while stream.next().await.is_some() {}
-    });
-    loop {
-        let n = reader.state().len();
-        if n >= expected {
-            println!("synced {n}");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    std::future::pending::<()>().await;
-    Ok(())
+    sharder_bench::hold_until_killed(stream, move || reader.state().len(), expected).await
 }
