@@ -300,6 +300,14 @@ pub fn grants(
         .collect()
 }
 
+/// The share of the hash space `ranges` hold, in thousandths, rounded (the ranges do not
+/// overlap).
+pub fn thousandths(ranges: &[Range]) -> u32 {
+    let held: u128 = ranges.iter().map(Range::len).sum();
+    let share = (held * 1000 + SPACE_END / 2) / SPACE_END;
+    u32::try_from(share).unwrap_or(1000)
+}
+
 /// Sorts `ranges`, drops the empty ones, and merges those that touch or overlap.
 pub fn merge(ranges: impl IntoIterator<Item = Range>) -> Vec<Range> {
     let mut sorted: Vec<Range> = ranges.into_iter().filter(|r| !r.is_empty()).collect();
@@ -495,6 +503,28 @@ mod tests {
 
     fn ring(shards: &[&str]) -> Ring {
         Ring::with_tokens(shards.iter().copied(), RANGE_TOKENS_PER_SHARD)
+    }
+
+    #[test]
+    fn a_share_of_the_space_is_counted_in_rounded_thousandths() {
+        let quarter = 1u64 << 62;
+        let table: [(&[Range], u32); 5] = [
+            (&[], 0),
+            (&[range(0, SPACE_END)], 1000),
+            (
+                &[
+                    range(0, u128::from(quarter)),
+                    range(2 * quarter, u128::from(3 * quarter)),
+                ],
+                500,
+            ),
+            // 0.0004 rounds down, 0.0005 up.
+            (&[range(0, (SPACE_END * 4) / 10_000)], 0),
+            (&[range(0, (SPACE_END * 5) / 10_000 + 1)], 1),
+        ];
+        for (ranges, expected) in table {
+            assert_eq!(thousandths(ranges), expected, "{ranges:?}");
+        }
     }
 
     /// The owner of `hash` in `assignment`; panics if not exactly one shard holds it.

@@ -13,7 +13,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use sharder_common::ranges::{
     ASSIGNED_ANNOTATION, EPOCH_ANNOTATION, RANGE_TOKENS_PER_SHARD, RangeKey, ShardRanges,
-    ShardSelector, assign_namespaces, assign_uids, epoch, grants,
+    ShardSelector, assign_namespaces, assign_uids, epoch, grants, thousandths,
 };
 use sharder_common::{Ring, RingObject, Roles, is_available};
 use sharder_runtime::sharded::applies_selectors;
@@ -32,6 +32,8 @@ pub(crate) enum RangeState {
         waiting: usize,
         /// Lease writes that conflicted (tried again soon).
         conflicts: usize,
+        /// Each available shard's share of the hash space as granted now, in thousandths.
+        shares: BTreeMap<String, u32>,
     },
     /// The apiserver does not apply `shardSelector` to this resource (the gate is off): no
     /// range is handed out and those handed out are taken back.
@@ -41,7 +43,7 @@ pub(crate) enum RangeState {
 impl RangeState {
     /// Whether the ring needs another look soon (handovers or conflicts pending).
     pub(crate) fn pending(&self) -> bool {
-        matches!(self, Self::Assigned { waiting, conflicts } if waiting + conflicts > 0)
+        matches!(self, Self::Assigned { waiting, conflicts, .. } if waiting + conflicts > 0)
     }
 }
 
@@ -120,8 +122,7 @@ pub(crate) async fn reconcile(
             .await
         {
             Ok(_) => {
-                let share = next.iter().map(|r| r.len()).sum::<u128>() as f64
-                    / sharder_common::ranges::SPACE_END as f64;
+                let share = f64::from(thousandths(next)) / 1e3;
                 info!(%shard, key = %key, ranges = next.len(), share = format!("{share:.3}"), "ranges assigned");
             }
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => conflicts += 1,
@@ -136,7 +137,15 @@ pub(crate) async fn reconcile(
         .iter()
         .filter(|s| granted.get(*s).unwrap_or(&none) != desired.get(*s).unwrap_or(&none))
         .count();
-    Ok(RangeState::Assigned { waiting, conflicts })
+    let shares = available
+        .iter()
+        .map(|s| (s.clone(), thousandths(granted.get(s).unwrap_or(&none))))
+        .collect();
+    Ok(RangeState::Assigned {
+        waiting,
+        conflicts,
+        shares,
+    })
 }
 
 /// Takes back every range assigned on `leases` (their ring is not in range mode): a shard that

@@ -73,13 +73,23 @@ pub(crate) fn ready_condition(
             "True",
             "ShardsAvailable",
             match ranges {
-                Some((key, RangeState::Assigned { waiting, .. })) => format!(
-                    "{available} of {shards} shards available; ranges by {key}: {}",
+                Some((
+                    key,
+                    RangeState::Assigned {
+                        waiting, shares, ..
+                    },
+                )) => format!(
+                    "{available} of {shards} shards available; ranges by {key}: {} (of the hash space: {})",
                     if *waiting == 0 {
                         "every shard has its share".to_owned()
                     } else {
                         format!("{waiting} shards wait for ranges another shard still holds")
-                    }
+                    },
+                    shares
+                        .iter()
+                        .map(|(shard, share)| format!("{shard} {:.1} %", f64::from(*share) / 10.0))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
                 _ => format!("{available} of {shards} shards available"),
             },
@@ -172,10 +182,12 @@ mod tests {
         let settled = RangeState::Assigned {
             waiting: 0,
             conflicts: 0,
+            shares: [("shard-a".into(), 512), ("shard-b".into(), 488)].into(),
         };
         let handing_over = RangeState::Assigned {
             waiting: 1,
             conflicts: 0,
+            shares: [("shard-a".into(), 1000), ("shard-b".into(), 0)].into(),
         };
         let unserved = RangeState::Unserved("configmaps".into());
         let table = [
@@ -222,7 +234,7 @@ mod tests {
                 },
                 "True",
                 "ShardsAvailable",
-                "2 of 3 shards available; ranges by uid: every shard has its share",
+                "2 of 3 shards available; ranges by uid: every shard has its share (of the hash space: shard-a 51.2 %, shard-b 48.8 %)",
             ),
             (
                 Counts {
@@ -231,7 +243,7 @@ mod tests {
                 },
                 "True",
                 "ShardsAvailable",
-                "2 of 3 shards available; ranges by namespace: 1 shards wait for ranges another shard still holds",
+                "2 of 3 shards available; ranges by namespace: 1 shards wait for ranges another shard still holds (of the hash space: shard-a 100.0 %, shard-b 0.0 %)",
             ),
             (
                 Counts {

@@ -13,7 +13,7 @@ use serde_json::json;
 use sharder_common::Ring;
 use sharder_common::ranges::{
     ASSIGNED_ANNOTATION, RANGE_KEY_ANNOTATION, RANGE_TOKENS_PER_SHARD, Range, RangeKey,
-    SERVED_ANNOTATION, assign_uids, valid_assignment,
+    SERVED_ANNOTATION, assign_uids, thousandths, valid_assignment,
 };
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::Options;
@@ -133,8 +133,20 @@ async fn a_range_goes_to_a_new_shard_only_after_its_holder_let_it_go_and_no_obje
     t.serve("shard-a").await;
     t.wait_assigned("shard-b", &two["shard-b"], "shard-b assigned its share")
         .await;
+    // The status records the assignment: each shard's share of the hash space.
+    let shares = ["shard-a", "shard-b"]
+        .map(|shard| {
+            format!(
+                "{shard} {:.1} %",
+                f64::from(thousandths(&two[shard])) / 10.0
+            )
+        })
+        .join(", ");
     t.ready_until("every shard has its share", |status, _, message| {
-        status == "True" && message.contains("ranges by uid: every shard has its share")
+        status == "True"
+            && message.contains(&format!(
+                "ranges by uid: every shard has its share (of the hash space: {shares})"
+            ))
     })
     .await;
 
