@@ -24,6 +24,7 @@ use sharder_common::ranges::{
 };
 use sharder_common::{Ring, RingKind};
 use sharder_harness::ControlPlane;
+use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::Reconciler;
 use sharder_harness::procfs::rss_kib;
 use sharder_runtime::sharded::selecting_client;
@@ -152,26 +153,16 @@ async fn size(
 
     let before = by_ring(&m, &shards(3), &uids);
     wait_served(&m, &before).await?;
-    let (mark, start, cpu, started) = (
-        cp.audit_mark(),
-        Timestamp::now(),
-        control_plane_cpu(cp),
-        Instant::now(),
-    );
+    let started = Started::now(cp);
     m.start_shard("shard-3", OnStop::Release);
     let after = by_ring(&m, &shards(4), &uids);
     wait_served(&m, &after).await?;
-    let (served, cpu) = (started.elapsed(), control_plane_cpu(cp) - cpu);
+    let spent = started.spent(cp);
     m.converge(&shards(4)).await?;
-    let (_, [by_reconciler, by_shards, _]) = m.writes(mark, start, &[RECONCILER, SHARDS]).await;
-    let label = Move {
-        moved: moved(&before, &after),
-        served,
-        writes: [by_reconciler, by_shards],
-        cpu,
-        rss: rss(&reconciler),
-    };
-    progress!("  label mode: {} moved in {served:?}", label.moved);
+    let label = started
+        .finish(&m, spent, &reconciler, (&before, &after))
+        .await;
+    progress!("  label mode: {} moved in {:?}", label.moved, label.served);
 
     // The switch: the label-mode reconciler stops (the objects keep the labels of the ring of
     // 4), then its shards; the ring turns to range mode, a reconciler of its own and range-mode
@@ -199,25 +190,15 @@ async fn size(
     }
     let before = assigned(&m, &shards(3), &uids).await?;
     wait_served(&m, &before).await?;
-    let (mark, start, cpu, started) = (
-        cp.audit_mark(),
-        Timestamp::now(),
-        control_plane_cpu(cp),
-        Instant::now(),
-    );
+    let started = Started::now(cp);
     m.start_range_shard("shard-3");
     let after = assigned(&m, &shards(4), &uids).await?;
     wait_served(&m, &after).await?;
-    let (served, cpu) = (started.elapsed(), control_plane_cpu(cp) - cpu);
-    let (_, [by_reconciler, by_shards, _]) = m.writes(mark, start, &[RECONCILER, SHARDS]).await;
-    let range = Move {
-        moved: moved(&before, &after),
-        served,
-        writes: [by_reconciler, by_shards],
-        cpu,
-        rss: rss(&reconciler),
-    };
-    progress!("  range mode: {} moved in {served:?}", range.moved);
+    let spent = started.spent(cp);
+    let range = started
+        .finish(&m, spent, &reconciler, (&before, &after))
+        .await;
+    progress!("  range mode: {} moved in {:?}", range.moved, range.served);
 
     let mut out = lists(&m, &uids).await?;
     (out.objects, out.label, out.range) = (n, label, range);
@@ -243,6 +224,51 @@ fn by_ring(
             Some((name.clone(), shard.to_owned()))
         })
         .collect()
+}
+
+/// Where a move's measurement starts: the audit log, the time, the control plane's CPU.
+struct Started {
+    mark: AuditMark,
+    start: Timestamp,
+    cpu: f64,
+    at: Instant,
+}
+
+impl Started {
+    /// Starts measuring now.
+    fn now(cp: &ControlPlane) -> Self {
+        Self {
+            mark: cp.audit_mark(),
+            start: Timestamp::now(),
+            cpu: control_plane_cpu(cp),
+            at: Instant::now(),
+        }
+    }
+
+    /// The time and the apiserver's and etcd's CPU seconds since the start.
+    fn spent(&self, cp: &ControlPlane) -> (Duration, f64) {
+        (self.at.elapsed(), control_plane_cpu(cp) - self.cpu)
+    }
+
+    /// The move from `before` to `after` that took `(served, cpu)`: its writes since the start
+    /// and the reconciler's RSS now.
+    async fn finish(
+        self,
+        m: &Movers,
+        (served, cpu): (Duration, f64),
+        reconciler: &Reconciler,
+        (before, after): (&HashMap<String, String>, &HashMap<String, String>),
+    ) -> Move {
+        let (_, [by_reconciler, by_shards, _]) =
+            m.writes(self.mark, self.start, &[RECONCILER, SHARDS]).await;
+        Move {
+            moved: moved(before, after),
+            served,
+            writes: [by_reconciler, by_shards],
+            cpu,
+            rss: rss(reconciler),
+        }
+    }
 }
 
 /// Objects whose shard differs between `before` and `after`.
