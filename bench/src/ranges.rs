@@ -171,15 +171,7 @@ async fn size(
     for shard in std::mem::take(&mut m.shards).into_values() {
         shard.stop().await;
     }
-    let patch = json!({"metadata": {"annotations": {RANGE_KEY_ANNOTATION: "uid"}}});
-    m.setup
-        .rings()
-        .patch(
-            &m.setup.ring,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+    m.setup.to_range_mode("uid", false).await;
     m.reconciled
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
