@@ -63,6 +63,11 @@ pub enum LeaseError {
     Cancelled,
 }
 
+/// The exit status of a binary whose Lease was lost (the leader's or a shard's): it stopped its
+/// work at once and asks to be started again, as a standby or a new shard. Any other failure
+/// exits with 1.
+pub const LEASE_LOST_EXIT_STATUS: u8 = 3;
+
 /// How many times one attempt reads the Lease again after its write lost a race (409).
 pub const CONFLICT_REREADS: usize = 3;
 

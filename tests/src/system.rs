@@ -20,10 +20,11 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 use sharder_common::{ObjectKey, Ring, RingKind};
 use sharder_example::{checksums, configmap_name};
+use sharder_runtime::lease::LEASE_LOST_EXIT_STATUS;
 
 use crate::history::History;
 use crate::ownership::{self, Report};
-use sharder_harness::launch::{Env, Process, Reconciler, Shard, ShardFlags, Webhook};
+use sharder_harness::launch::{Env, Reconciler, Shard, ShardFlags, Webhook};
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::eventually;
 pub use sharder_harness::world::WAIT;
@@ -502,28 +503,22 @@ impl System {
         exited
     }
 
-    /// Starts again every shard and reconciler replica that exited after logging that it lost
-    /// its Lease (what the contract asks of them: their pods are restarted), and returns their
-    /// names; panics on any other exit.
+    /// Starts again every shard and reconciler replica that exited because it lost its Lease
+    /// (exit status [`LEASE_LOST_EXIT_STATUS`]: what the contract asks of them; their pods are
+    /// restarted), and returns their names; panics on any other exit.
     pub async fn restart_lease_losers(&mut self) -> Vec<String> {
-        let lost = |process: &Process| {
-            process.lines().iter().any(|l| {
-                l["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("lease lost"))
-            })
-        };
+        let lost = |status: ExitStatus| status.code() == Some(i32::from(LEASE_LOST_EXIT_STATUS));
         let mut restarted = Vec::new();
-        let exited: Vec<String> = self
+        let exited: Vec<(String, ExitStatus)> = self
             .shards
             .iter_mut()
-            .filter_map(|(n, s)| s.process.try_wait().map(|_| n.clone()))
+            .filter_map(|(n, s)| s.process.try_wait().map(|status| (n.clone(), status)))
             .collect();
-        for name in exited {
+        for (name, status) in exited {
             let shard = self.shards.remove(&name).expect("an exited shard");
             assert!(
-                lost(&shard.process),
-                "{name} exited without losing its Lease:\n{}",
+                lost(status),
+                "{name} exited with {status}, not for a lost Lease:\n{}",
                 shard.process.log()
             );
             self.ended(&name);
@@ -534,12 +529,12 @@ impl System {
             let Some(reconciler) = self.reconcilers[i].as_mut() else {
                 continue;
             };
-            if reconciler.process.try_wait().is_none() {
+            let Some(status) = reconciler.process.try_wait() else {
                 continue;
-            }
+            };
             assert!(
-                lost(&reconciler.process),
-                "reconciler-{i} exited without losing its Lease:\n{}",
+                lost(status),
+                "reconciler-{i} exited with {status}, not for a lost Lease:\n{}",
                 reconciler.process.log()
             );
             self.start_reconciler(i).await;

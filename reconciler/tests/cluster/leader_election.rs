@@ -1,12 +1,16 @@
 //! Leader election: a killed leader's standby takes over once the Lease expires; a leader
-//! stopped with SIGTERM releases the Lease and the standby takes over at once.
+//! stopped with SIGTERM releases the Lease and the standby takes over at once; a leader whose
+//! Lease is taken exits with the lease-lost status.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use sharder_harness::launch::Reconciler;
 use sharder_harness::wait::{eventually, http_get, metric_value};
+use sharder_runtime::lease::LEASE_LOST_EXIT_STATUS;
 
 use crate::{Test, WAIT};
 
@@ -124,4 +128,44 @@ async fn sigterm_releases_leadership_and_the_standby_takes_over() {
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_is_taken_stops_and_exits_with_the_lease_lost_status() {
+    let mut w = Test::new("taken").await;
+    w.start_reconciler().await;
+    eventually("replica-0 leads and is ready", WAIT, || async {
+        leading_and_ready(&w.reconcilers[0]).await
+    })
+    .await;
+    let leases = Api::<Lease>::namespaced(w.client.clone(), &w.ns);
+    let taken = serde_json::json!({"spec": {
+        "holderIdentity": "intruder",
+        "leaseDurationSeconds": 3600,
+        "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+    }});
+    leases
+        .patch(
+            "sharder-reconciler",
+            &PatchParams::default(),
+            &Patch::Merge(&taken),
+        )
+        .await
+        .expect("take the Lease");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = w.reconcilers[0].process.try_wait() {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "replica-0 still runs {WAIT:?} after its Lease was taken"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(i32::from(LEASE_LOST_EXIT_STATUS)),
+        "{status:?}"
+    );
 }

@@ -23,6 +23,7 @@ use sharder_harness::fixtures::rule;
 use sharder_harness::launch::Env;
 use sharder_harness::proxy::Proxy;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
+use sharder_runtime::lease::LEASE_LOST_EXIT_STATUS;
 use sharder_tests::system::{
     Objects, Options, RECONCILER_ACCOUNT, SHARD_ACCOUNT, System, WAIT, unix_nanos,
 };
@@ -202,8 +203,9 @@ where
     cut().await;
     let status = system.wait_shard_exit(lost, 3 * LEASE).await;
     let gone = Timestamp::now();
-    assert!(
-        !status.success(),
+    assert_eq!(
+        status.code(),
+        Some(i32::from(LEASE_LOST_EXIT_STATUS)),
         "{lost} exited {status} after losing its Lease"
     );
     eventually("the lost shard leaves the ring", WAIT, || async {
