@@ -28,7 +28,7 @@ use concurrency::WriteSlots;
 pub(crate) use plan::{Move, Reason};
 
 use crate::metrics::Metrics;
-use crate::terms::{Namespaces, ObjectId, Scope, Target};
+use crate::terms::{Namespaces, ObjectId, Pass, Scope, Target};
 
 /// The first wait after a write conflict (409); it doubles, with jitter.
 pub(crate) const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -93,6 +93,13 @@ pub(crate) struct Outcome {
     pub abandoned: usize,
     /// Per resource, the objects no available shard held, as the last list of all of them found.
     pub strays: BTreeMap<GroupResource, strays::Strays>,
+    /// The lists run.
+    pub lists: BTreeSet<Scope>,
+    /// Drains not acknowledged yet, as counted after the lists (0 when not counted).
+    pub pending_drains: usize,
+    /// Whether drains are pending, or the list after them must come again (it failed or
+    /// drained again).
+    pub drains_pending: bool,
 }
 
 impl Outcome {
@@ -114,6 +121,9 @@ impl Outcome {
             *self.assigned.entry(reason).or_default() += n;
         }
         self.awaiting.extend(other.awaiting);
+        self.lists.extend(other.lists);
+        self.pending_drains += other.pending_drains;
+        self.drains_pending |= other.drains_pending;
         // `other` listed later: what it found replaces what was found before.
         self.strays.extend(other.strays);
     }
@@ -272,14 +282,64 @@ impl Rebalancer {
         view.decide(target, meta, None) == plan::Decision::Stay
     }
 
-    /// Rebalances every target over every scope, main resources first (children follow them).
-    pub(crate) async fn run(
+    /// Runs `pass`: its lists, then the children still waiting for their owners read again by
+    /// name, then a count of the drains still pending where there can be some
+    /// ([`Pass::counts_drains`]) and, once none is, everything once more
+    /// ([`Scope::AfterDrains`]). Stops after the lists when the ring is gone.
+    pub(crate) async fn pass(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
-        scopes: &[Scope],
+        pass: &Pass,
     ) -> Outcome {
-        let mut outcome = Outcome::default();
+        let mut outcome = self.run(view, targets, &pass.lists).await;
+        if !view.is_current() {
+            return outcome;
+        }
+        if !pass.recheck.is_empty() {
+            let mut seen: BTreeSet<&ObjectId> = outcome.awaiting.iter().collect();
+            let rest: Vec<ObjectId> = pass
+                .recheck
+                .iter()
+                .filter(|o| seen.insert(o))
+                .cloned()
+                .collect();
+            outcome.add(self.recheck(view, targets, rest).await);
+        }
+        if pass.counts_drains(outcome.drained) {
+            for target in targets.iter().filter(|t| t.role == Role::Main) {
+                // A failed count is taken as pending, so the drain check comes again soon.
+                outcome.pending_drains += self.pending_drains(view, target).await.unwrap_or(1);
+            }
+        }
+        outcome.drains_pending = outcome.pending_drains > 0;
+        let drains = outcome.drained + outcome.already_draining;
+        if pass.lists_after_drains(outcome.pending_drains, drains) {
+            let after = self.run(view, targets, &[Scope::AfterDrains].into()).await;
+            if after.failed_lists == 0 {
+                // Every child was planned again after the drains ended: those still waiting
+                // are in `after`.
+                outcome.awaiting.clear();
+            }
+            outcome.drains_pending =
+                after.failed_lists > 0 || after.drained + after.already_draining > 0;
+            outcome.add(after);
+        }
+        outcome
+    }
+
+    /// Lists and writes every target over every scope, main resources first (children follow
+    /// them).
+    async fn run(
+        &self,
+        view: &RingView<'_>,
+        targets: &[Target],
+        scopes: &BTreeSet<Scope>,
+    ) -> Outcome {
+        let mut outcome = Outcome {
+            lists: scopes.clone(),
+            ..Outcome::default()
+        };
         let ordered = targets
             .iter()
             .filter(|t| t.role == Role::Main)
@@ -293,7 +353,7 @@ impl Rebalancer {
     }
 
     /// Looks again at controlled objects that waited for their owners.
-    pub(crate) async fn recheck(
+    async fn recheck(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
@@ -325,7 +385,7 @@ impl Rebalancer {
     }
 
     /// Counts `target`'s objects carrying the drain label, up to the first page holding any.
-    pub(crate) async fn pending_drains(
+    async fn pending_drains(
         &self,
         view: &RingView<'_>,
         target: &Target,

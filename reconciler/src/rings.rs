@@ -17,9 +17,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::cluster_ring::CONDITION_READY;
 use sharder_common::lease::{conflicting_names, namespace_and_name};
-use sharder_common::{
-    GroupResource, Ring, RingId, RingKind, RingObject, Role, Roles, is_available,
-};
+use sharder_common::{GroupResource, Ring, RingId, RingKind, RingObject, Roles, is_available};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
 use tokio::time::Instant;
 use tracing::{Instrument as _, info, info_span, warn};
@@ -29,7 +27,7 @@ use crate::metrics::{FailedRebalanceLabels, Metrics, RebalanceLabels};
 use crate::rebalance::strays::Strays;
 use crate::rebalance::{LiveNow, Outcome, Rebalancer, RingView};
 use crate::shard_leases::leases_of;
-use crate::terms::{ObjectId, Scope, Target};
+use crate::terms::{Pass, Scope, Target};
 
 pub(crate) mod acks;
 pub(crate) mod discovery;
@@ -101,15 +99,13 @@ impl Context {
     fn count_rebalance(
         &self,
         ring: &RingId,
-        scopes: &BTreeSet<Scope>,
         outcome: &Outcome,
-        pending: usize,
         drain_checks: bool,
         elapsed: Duration,
     ) {
         let m = &self.metrics;
         let label = RingLabel::new(ring);
-        let lists: BTreeSet<&str> = scopes.iter().map(Scope::list_name).collect();
+        let lists: BTreeSet<&str> = outcome.lists.iter().map(Scope::list_name).collect();
         for list in lists {
             m.rebalances
                 .get_or_create(&RebalanceLabels {
@@ -123,7 +119,7 @@ impl Context {
             .inc_by(u64::try_from(outcome.listed).unwrap_or(u64::MAX));
         m.pending_drains
             .get_or_create(&label)
-            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+            .set(i64::try_from(outcome.pending_drains).unwrap_or(i64::MAX));
         m.drain_checks_scheduled
             .get_or_create(&label)
             .set(i64::from(drain_checks));
@@ -298,29 +294,17 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     ranges::revoke(&ctx.client, &leases).await?;
 
     let previous = ctx.progress().get(name).cloned();
-
-    let scopes = schedule::scopes(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
-    let same = schedule::same_ring(previous.as_ref(), &observed);
-    let awaiting = same.map(|p| p.awaiting.clone()).unwrap_or_default();
-    let (drain_checks_due, drains_pending) =
-        same.map_or((false, false), |p| (p.drain_checks_due, p.drains_pending));
-    let ran = if available.is_empty() || (scopes.is_empty() && awaiting.is_empty()) {
-        None
-    } else {
-        let work = Work {
-            scopes: &scopes,
-            awaiting,
-            drain_checks_due,
-            drains_pending,
-        };
-        match rebalance(ctx, ring, &roles, &available, work).await? {
+    let pass = schedule::next_pass(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
+    let ran = match pass {
+        None => None,
+        Some(pass) => match rebalance(ctx, ring, &roles, &available, &pass).await? {
             Some(ran) => Some(ran),
             None => {
                 // Deleted or replaced during its rebalance: nothing of it is kept.
                 ctx.forget(&ring.id);
                 return Ok(Action::await_change());
             }
-        }
+        },
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
     if !progress.drain_checks_due {
@@ -359,34 +343,16 @@ fn describe_conflicts(conflicts: &BTreeMap<String, BTreeSet<String>>) -> String 
         .join(", ")
 }
 
-/// What one rebalance is to do.
-struct Work<'a> {
-    /// The lists.
-    scopes: &'a BTreeSet<Scope>,
-    /// Controlled objects waiting for their owners, to look at again.
-    awaiting: Vec<ObjectId>,
-    /// Whether drain checks were due after the last rebalance.
-    drain_checks_due: bool,
-    /// Whether drains were pending after the last rebalance.
-    drains_pending: bool,
-}
-
-/// Lists and moves what `work.scopes` select, looks again at the children awaiting their
-/// owners, counts the drains still pending where there can be some, lists everything once they
-/// ended ([`Scope::AfterDrains`]) and reports. `None`: the ring was deleted or replaced meanwhile.
+/// Runs `pass` on `ring` and reports it: its resources and namespaces read, the ring of its
+/// `available` shards, the pass ([`Rebalancer::pass`]), the metrics, the acknowledgement
+/// watches, the log and Events. `None`: the ring was deleted or replaced meanwhile.
 async fn rebalance(
     ctx: &Context,
     ring: &RingObject,
     roles: &Roles,
     available: &BTreeSet<String>,
-    work: Work<'_>,
+    pass: &Pass,
 ) -> Result<Option<Ran>, Error> {
-    let Work {
-        scopes,
-        awaiting,
-        drain_checks_due,
-        drains_pending,
-    } = work;
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
     // Both before the first list: at once.
@@ -417,8 +383,7 @@ async fn rebalance(
         .ring_calculations
         .get_or_create(&RingLabel::new(&ring.id))
         .inc();
-    let scope_list: Vec<_> = scopes.iter().cloned().collect();
-    let mut outcome = ctx.rebalancer.run(&view, &targets, &scope_list).await;
+    let mut outcome = ctx.rebalancer.pass(&view, &targets, pass).await;
     if !view.is_current() {
         ctx.metrics
             .rebalance_duration
@@ -433,49 +398,6 @@ async fn rebalance(
         );
         return Ok(None);
     }
-    if !scopes.contains(&Scope::All) && !awaiting.is_empty() {
-        // A full list planned every child again; otherwise look at the waiting ones.
-        let mut seen: BTreeSet<ObjectId> = outcome.awaiting.iter().cloned().collect();
-        let rest: Vec<ObjectId> = awaiting
-            .into_iter()
-            .filter(|o| seen.insert(o.clone()))
-            .collect();
-        outcome.add(ctx.rebalancer.recheck(&view, &targets, rest).await);
-    }
-    let mut pending = 0;
-    let drains_possible = drain_checks_due || outcome.drained > 0 || scopes.contains(&Scope::All);
-    for target in targets
-        .iter()
-        .filter(|t| t.role == Role::Main && drains_possible)
-    {
-        // A failed count is taken as pending, so the drain check comes again soon.
-        pending += ctx
-            .rebalancer
-            .pending_drains(&view, target)
-            .await
-            .unwrap_or(1);
-    }
-    let mut listed = scopes.clone();
-    // Once no drain is pending, everything again: what the drain checks cannot select (`Scope::AfterDrains`). Drained again or failed: it comes again.
-    let mut again = false;
-    if let Some(last) = schedule::closing_scope(
-        pending,
-        drains_pending,
-        outcome.drained + outcome.already_draining,
-    ) {
-        let after = ctx
-            .rebalancer
-            .run(&view, &targets, std::slice::from_ref(&last))
-            .await;
-        again = after.failed_lists > 0 || after.drained + after.already_draining > 0;
-        if after.failed_lists == 0 {
-            // Every child was planned again after the drains ended: those still waiting are
-            // in `after`.
-            outcome.awaiting.clear();
-        }
-        outcome.add(after);
-        listed.insert(last);
-    }
     ctx.publish_strays(&ring.id, &targets, &outcome.strays);
     let elapsed = started.elapsed();
     let writes = report::WriteStats {
@@ -483,28 +405,19 @@ async fn rebalance(
         mean_in_flight: ctx.rebalancer.busy().mean_since(&busy),
     };
     let ran = Ran {
-        full: scopes.contains(&Scope::All),
-        drains_pending: pending > 0 || again,
+        full: pass.lists.contains(&Scope::All),
+        drains_pending: outcome.drains_pending,
         failed: outcome.errors > 0,
         refused: outcome.errors > 0 && outcome.refused == outcome.errors,
         awaiting: std::mem::take(&mut outcome.awaiting),
     };
-    ctx.count_rebalance(
-        &ring.id,
-        &listed,
-        &outcome,
-        pending,
-        ran.drain_checks(),
-        elapsed,
-    );
+    ctx.count_rebalance(&ring.id, &outcome, ran.drain_checks(), elapsed);
     if ran.drain_checks() {
         let children = !ran.awaiting.is_empty();
         ctx.acks
             .follow(&ring.id, &ring_labels.drain, &targets, children);
     }
     let summary = report::Summary {
-        scopes: &listed,
-        pending,
         drain_checks: ran.drain_checks(),
         writes,
         elapsed,

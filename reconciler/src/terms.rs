@@ -1,7 +1,8 @@
 //! The words a rebalance is made of, shared by the ring controller that schedules it and the
 //! rebalancer that lists and writes: the resources of a ring ([`Target`]), which of their
-//! objects one list selects ([`Scope`]), where they are listed from ([`Namespaces`]) and how
-//! one object is named ([`ObjectId`]). A leaf: it imports nothing of this crate.
+//! objects one list selects ([`Scope`]), where they are listed from ([`Namespaces`]), how
+//! one object is named ([`ObjectId`]) and one rebalance as data ([`Pass`]). A leaf: it imports
+//! nothing of this crate.
 
 use std::collections::BTreeSet;
 
@@ -85,6 +86,37 @@ impl Scope {
                 available.iter().cloned().collect::<Vec<_>>().join(",")
             )),
         }
+    }
+}
+
+/// One rebalance as data, as the schedule decides it (`rings::schedule::next_pass`) and the
+/// rebalancer runs it (`rebalance::Rebalancer::pass`): its lists, the children it reads again,
+/// and what follows them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Pass {
+    /// The lists, each over every resource of the ring (main resources first).
+    pub lists: BTreeSet<Scope>,
+    /// Controlled objects that waited for their owners, read again by name after the lists
+    /// (none after a full list: it planned every child again).
+    pub recheck: Vec<ObjectId>,
+    /// Whether drain checks were due: the drains still pending are counted after the lists
+    /// even when they drained nothing.
+    pub drain_checks_due: bool,
+    /// Whether drains were pending after the last pass.
+    pub drains_pending: bool,
+}
+
+impl Pass {
+    /// Whether the pending drains are counted after the lists, which `drained` objects: drain
+    /// checks due, drains made, or everything listed.
+    pub(crate) fn counts_drains(&self, drained: usize) -> bool {
+        self.drain_checks_due || drained > 0 || self.lists.contains(&Scope::All)
+    }
+
+    /// Whether everything is listed once more at the end ([`Scope::AfterDrains`]): no drain is
+    /// `pending` of those pending before the pass or made or met by it (`drains`).
+    pub(crate) fn lists_after_drains(&self, pending: usize, drains: usize) -> bool {
+        pending == 0 && (self.drains_pending || drains > 0)
     }
 }
 

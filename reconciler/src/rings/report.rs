@@ -2,7 +2,7 @@
 //! ring when anything moved, a `Warning` Event when a rebalance failed or when shard
 //! names are ambiguous.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -10,7 +10,6 @@ use sharder_common::RingObject;
 use tracing::{info, warn};
 
 use crate::rebalance::Outcome;
-use crate::terms::Scope;
 
 /// How a rebalance's writes went (the reconciler's, every ring's).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,11 +22,7 @@ pub(crate) struct WriteStats {
 
 /// What a rebalance's summary says beside its [`Outcome`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Summary<'a> {
-    /// The lists it ran.
-    pub scopes: &'a BTreeSet<Scope>,
-    /// The drains its count found pending.
-    pub pending: usize,
+pub(crate) struct Summary {
     /// Whether drain checks follow it (`false`: the ring's moves are done until its next
     /// change, sweep or retry).
     pub drain_checks: bool,
@@ -42,20 +37,20 @@ pub(crate) async fn report(
     recorder: &Recorder,
     ring: &RingObject,
     outcome: &Outcome,
-    summary: Summary<'_>,
+    summary: Summary,
 ) {
     let assigned: BTreeMap<&str, usize> = outcome
         .assigned
         .iter()
         .map(|(r, n)| (r.as_str(), *n))
         .collect();
-    let scopes: Vec<String> = summary.scopes.iter().map(|s| format!("{s:?}")).collect();
+    let scopes: Vec<String> = outcome.lists.iter().map(|s| format!("{s:?}")).collect();
     info!(
         scopes = ?scopes,
         listed = outcome.listed,
         drained = outcome.drained,
         assigned = ?assigned,
-        pending_drains = summary.pending,
+        pending_drains = outcome.pending_drains,
         drain_checks = summary.drain_checks,
         errors = outcome.errors,
         refused = outcome.refused,

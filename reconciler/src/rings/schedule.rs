@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::terms::{ObjectId, Scope};
+use crate::terms::{ObjectId, Pass, Scope};
 
 /// The most controlled objects remembered as waiting for their owners; beyond it the next drain
 /// check lists everything.
@@ -104,6 +104,31 @@ pub(crate) fn same_ring<'p>(
     progress.filter(|p| p.uid == observed.uid)
 }
 
+/// The rebalance to run now, if any: the lists due ([`scopes`]) and the children waiting
+/// for their owners; none while no shard is available.
+pub(crate) fn next_pass(
+    progress: Option<&Progress>,
+    observed: &Observed<'_>,
+    intervals: &Intervals,
+    now: Instant,
+) -> Option<Pass> {
+    if observed.available.is_empty() {
+        return None;
+    }
+    let lists = scopes(progress, observed, intervals, now);
+    let same = same_ring(progress, observed);
+    let recheck = match same {
+        Some(p) if !lists.contains(&Scope::All) => p.awaiting.clone(),
+        _ => Vec::new(),
+    };
+    (!lists.is_empty() || !recheck.is_empty()).then(|| Pass {
+        lists,
+        recheck,
+        drain_checks_due: same.is_some_and(|p| p.drain_checks_due),
+        drains_pending: same.is_some_and(|p| p.drains_pending),
+    })
+}
+
 /// The lists to run now.
 pub(crate) fn scopes(
     progress: Option<&Progress>,
@@ -194,12 +219,6 @@ pub(crate) fn progress_after(
         }
     }
     next
-}
-
-/// What a rebalance lists last: everything ([`Scope::AfterDrains`]) once no drain is `pending`
-/// of those pending before (`drains_pending`) or made or met by this one (`drains`).
-pub(crate) fn closing_scope(pending: usize, drains_pending: bool, drains: usize) -> Option<Scope> {
-    (pending == 0 && (drains_pending || drains > 0)).then_some(Scope::AfterDrains)
 }
 
 /// The wait after `failures` failed rebalances in a row: [`FIRST_RETRY`] doubled for each
@@ -637,23 +656,101 @@ mod tests {
         );
     }
 
+    fn pass(drain_checks_due: bool, drains_pending: bool, lists: &[Scope]) -> Pass {
+        Pass {
+            lists: lists.iter().cloned().collect(),
+            recheck: Vec::new(),
+            drain_checks_due,
+            drains_pending,
+        }
+    }
+
     #[test]
     fn everything_is_listed_again_once_the_drains_ended() {
-        let last = Some(Scope::AfterDrains);
         // (what, pending, drains pending before, drains made or listed, the closing list)
         #[rustfmt::skip]
         let table = [
-            ("drains pending", 1, true, 0, None),
-            ("the last drain check", 0, true, 0, last.clone()),
-            ("only children waited", 0, false, 0, None),
-            ("drained, acknowledged at once", 0, false, 5, last.clone()),
-            ("drained, not acknowledged", 3, false, 5, None),
-            ("a resync or sweep that drained nothing", 0, false, 0, None),
-            ("a new leader met ended drains", 0, false, 2, last),
+            ("drains pending", 1, true, 0, false),
+            ("the last drain check", 0, true, 0, true),
+            ("only children waited", 0, false, 0, false),
+            ("drained, acknowledged at once", 0, false, 5, true),
+            ("drained, not acknowledged", 3, false, 5, false),
+            ("a resync or sweep that drained nothing", 0, false, 0, false),
+            ("a new leader met ended drains", 0, false, 2, true),
         ];
         for (what, pending, before, drains, want) in table {
-            assert_eq!(closing_scope(pending, before, drains), want, "{what}");
+            let pass = pass(true, before, &[Scope::Unassigned]);
+            assert_eq!(pass.lists_after_drains(pending, drains), want, "{what}");
         }
+    }
+
+    #[test]
+    fn pending_drains_are_counted_where_there_can_be_some() {
+        // (what, drain checks due, lists, drained, counted)
+        #[rustfmt::skip]
+        let table = [
+            ("a drain check", true, &[Scope::Unassigned][..], 0, true),
+            ("a full list", false, &[Scope::All], 0, true),
+            ("a sweep that drained", false, &[Scope::Stray], 1, true),
+            ("a quiet sweep", false, &[Scope::Stray], 0, false),
+            ("a dead shard's list", false, &[Scope::OnShard("a".into())], 0, false),
+        ];
+        for (what, due, lists, drained, want) in table {
+            assert_eq!(
+                pass(due, false, lists).counts_drains(drained),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_lists_what_is_due_and_reads_waiting_children_again_unless_it_lists_all() {
+        let t0 = Instant::now();
+        let (ab, none) = (set(&["a", "b"]), set(&[]));
+        let waiting = Progress {
+            awaiting: vec![child("c-1")],
+            drain_checks_due: true,
+            drains_pending: true,
+            ..progress(&["a", "b"], t0)
+        };
+        let check = next_pass(Some(&waiting), &observed(&ab, 1), &INTERVALS, t0);
+        assert_eq!(
+            check,
+            Some(Pass {
+                lists: [Scope::Unassigned].into(),
+                recheck: vec![child("c-1")],
+                drain_checks_due: true,
+                drains_pending: true,
+            })
+        );
+        let full = next_pass(Some(&waiting), &observed(&ab, 2), &INTERVALS, t0).expect("a pass");
+        assert_eq!(full.lists, [Scope::All].into());
+        assert!(
+            full.recheck.is_empty(),
+            "a full list plans every child again"
+        );
+        let idle = progress(&["a", "b"], t0);
+        assert_eq!(
+            next_pass(Some(&idle), &observed(&ab, 1), &INTERVALS, t0),
+            None,
+            "nothing due"
+        );
+        assert_eq!(
+            next_pass(Some(&waiting), &observed(&none, 1), &INTERVALS, t0),
+            None,
+            "no shard available"
+        );
+        let only_children = Progress {
+            drain_checks_due: false,
+            ..waiting.clone()
+        };
+        let rechecked = next_pass(Some(&only_children), &observed(&ab, 1), &INTERVALS, t0);
+        assert_eq!(
+            rechecked.map(|p| (p.lists, p.recheck)),
+            Some((BTreeSet::new(), vec![child("c-1")])),
+            "waiting children alone make a pass"
+        );
     }
 
     fn child(name: &str) -> ObjectId {
