@@ -1,6 +1,8 @@
 //! A throwaway certificate authority for TLS servers started by tests (webhooks on loopback).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -72,4 +74,45 @@ impl TestCa {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+/// The certificate a new TLS connection to `addr` is served (DER), trusting `roots` (PEM);
+/// panics when the handshake fails.
+pub async fn served_certificate(addr: SocketAddr, roots: &[String]) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject;
+    let mut store = rustls::RootCertStore::empty();
+    for pem in roots {
+        store
+            .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem"))
+            .expect("root");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(store)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let tls = connector
+        .connect(
+            rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name"),
+            tcp,
+        )
+        .await
+        .expect("handshake");
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .expect("peer certificates")[0]
+        .to_vec()
+}
+
+/// The DER bytes of the (first) certificate in `pem`.
+pub fn der_of(pem: &str) -> Vec<u8> {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .expect("pem")
+        .to_vec()
 }

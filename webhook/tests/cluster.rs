@@ -6,10 +6,8 @@
 //! certificate is reloaded when the files change.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -22,7 +20,7 @@ use sharder_common::webhook_configuration::{
     WebhookSettings, WebhookTarget, webhook_configuration,
 };
 use sharder_common::{ClusterRing, ObjectKey, Ring};
-use sharder_harness::certs::TestCa;
+use sharder_harness::certs::{TestCa, der_of, served_certificate};
 use sharder_harness::fixtures::{child_of, secret, shard_lease};
 use sharder_harness::launch::Webhook;
 use sharder_harness::wait::{eventually, metric_sum, metric_value};
@@ -398,45 +396,6 @@ async fn with_the_webhook_down_creates_still_succeed() {
             .expect("create succeeds with failurePolicy Ignore");
         assert_eq!(s.shard_of(&created), None);
     }
-}
-
-/// The certificate a new TLS connection to `addr` is served, trusting `roots`.
-async fn served_certificate(addr: SocketAddr, roots: &[String]) -> Vec<u8> {
-    use rustls_pki_types::pem::PemObject;
-    let mut store = rustls::RootCertStore::empty();
-    for pem in roots {
-        store
-            .add(rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem"))
-            .expect("root");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(store)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let tls = connector
-        .connect(
-            rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name"),
-            tcp,
-        )
-        .await
-        .expect("handshake");
-    tls.get_ref()
-        .1
-        .peer_certificates()
-        .expect("peer certificates")[0]
-        .to_vec()
-}
-
-fn der_of(pem: &str) -> Vec<u8> {
-    use rustls_pki_types::pem::PemObject;
-    rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
-        .expect("pem")
-        .to_vec()
 }
 
 /// Writes `cert`/`key` into a new timestamped folder and swaps the `..data` symlink to it, the

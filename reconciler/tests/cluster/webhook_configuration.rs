@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRing, RingId};
-use sharder_harness::certs::TestCa;
+use sharder_harness::certs::{TestCa, der_of, served_certificate};
 use sharder_harness::control_plane::NAMESPACE_NAME_LABEL;
 use sharder_harness::fixtures::{secret, secrets_ring};
 use sharder_harness::wait::{eventually, metric_value};
@@ -293,15 +293,16 @@ async fn a_rotated_ca_reaches_every_configuration_without_a_failed_call() {
 
     // 2. The webhook serves a certificate of the new CA.
     let cert = new_ca.serving_cert("webhook").expect("cert");
-    let webhook = w.webhook.as_mut().expect("webhook");
-    let skip = webhook.process.lines().len();
+    let addr = w.webhook.as_ref().expect("webhook").addr;
     replace_file(&w.world.dir().join("tls.key"), &cert.key_pem);
     replace_file(&w.world.dir().join("tls.crt"), &cert.cert_pem);
-    webhook
-        .process
-        .wait_for_message("serving certificate reloaded", skip, WAIT)
-        .await
-        .expect("certificate reloaded");
+    eventually("the webhook serves the new certificate", WAIT, || async {
+        let served = served_certificate(addr, &[old_ca.clone(), new_ca.pem()]).await;
+        (served == der_of(&cert.cert_pem))
+            .then_some(())
+            .ok_or("the old one")
+    })
+    .await;
 
     // 3. Only the new CA.
     replace_file(&w.ca_file(), &new_ca.pem());
