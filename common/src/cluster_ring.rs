@@ -155,7 +155,7 @@ pub struct ClusterRingStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// How a resource takes part in a ring (docs/design.md §3).
+/// How a resource takes part in a ring (docs/design.md §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
     /// A main resource: its objects are keyed by themselves and moved off a live shard by

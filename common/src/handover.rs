@@ -1,4 +1,4 @@
-//! Ordered handover of controlled objects (docs/design.md §5): a controlled object belongs with
+//! Ordered handover of controlled objects (docs/design.md §6): a controlled object belongs with
 //! its owner's **current holder**, never ahead of it. While the owner drains off a shard, that
 //! shard still holds it, and its children stay (or are created) there; once the owner carries
 //! its new shard, they follow. The webhook (for new children) and the reconciler (for existing

@@ -1,4 +1,4 @@
-//! Object keys (docs/design.md §3): the string hashed onto the ring.
+//! Object keys (docs/design.md §4): the string hashed onto the ring.
 //!
 //! A main object's key is `<group>/<Kind>/<namespace>/<name>` (core group empty, cluster-scoped
 //! objects with an empty namespace). A controlled object's key is its controller owner's key,

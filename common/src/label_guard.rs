@@ -1,4 +1,4 @@
-//! The label guard of one ring (docs/design.md §6, docs/operations.md "Label guard"): a
+//! The label guard of one ring (docs/design.md §7, docs/operations.md "Label guard"): a
 //! ValidatingAdmissionPolicy and its binding, as a pure function of the ring and the
 //! installation's identities, so that only the steps of the protocol change the ring's shard and
 //! drain labels. The apiserver evaluates it (CEL, no network hop) on every UPDATE of the ring's

@@ -1,4 +1,4 @@
-//! Label keys of the wire contract (docs/design.md §2), bit-exact with the reference implementation so
+//! Label keys of the wire contract (docs/design.md §3), bit-exact with the reference implementation so
 //! that shards written in any language interoperate. A ring's own keys follow from its kind and
 //! name ([`crate::RingId::labels`]).
 

@@ -1,4 +1,4 @@
-//! Shard lease states (docs/design.md §4) as a pure function of a Lease
+//! Shard lease states (docs/design.md §5) as a pure function of a Lease
 //! and the current time, plus the Lease spec the reconciler writes when it takes a lease over.
 //!
 //! Expiry is `renewTime + leaseDurationSeconds`. The intervals are half-open, so a boundary

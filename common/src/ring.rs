@@ -1,4 +1,4 @@
-//! The consistent-hash ring (docs/design.md §3): XXH64 with seed 0, 100 tokens per shard, token `i` of
+//! The consistent-hash ring (docs/design.md §4): XXH64 with seed 0, 100 tokens per shard, token `i` of
 //! shard `n` is `xxh64(n + decimal(i))`; a key maps to the owner of the first token `>=`
 //! `xxh64(key)`, wrapping to the first token.
 //!

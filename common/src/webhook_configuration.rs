@@ -1,4 +1,4 @@
-//! The MutatingWebhookConfiguration of one ring (docs/design.md §6), as a pure function of
+//! The MutatingWebhookConfiguration of one ring (docs/design.md §7), as a pure function of
 //! the ring and the installation's settings: the apiserver calls the webhook only for the ring's
 //! unassigned objects in the ring's namespaces. The reconciler keeps it in the cluster; tests
 //! register exactly this configuration.

@@ -1,4 +1,4 @@
-//! Rebalancing (docs/design.md §5, §8 steps 3-5): lists a ring's objects, metadata only, page
+//! Rebalancing (docs/design.md §6, §2 steps 4-7): lists a ring's objects, metadata only, page
 //! by page, and drains or assigns those not on their desired shard, each write with the object's
 //! resourceVersion. Lists and writes overlap through one bounded channel, so a page is read to
 //! its end however slowly its objects are written and memory follows the page size.

@@ -1,4 +1,4 @@
-//! The ring controller, one per ring kind (docs/design.md §8): per ring, keeps its status and
+//! The ring controller, one per ring kind (docs/design.md §2): per ring, keeps its status and
 //! rebalances its objects when its available shards or its spec change, periodically, and while
 //! drains are pending. Woken by the ring's events and its shard Leases' ([`triggers`]); it never
 //! watches or caches sharded objects.

@@ -1,4 +1,4 @@
-//! The shard lease controller (docs/design.md §4): keeps the state label on every shard Lease, takes
+//! The shard lease controller (docs/design.md §5): keeps the state label on every shard Lease, takes
 //! over `uncertain` Leases (proving the apiserver accepts writes before a shard is declared
 //! dead), deletes `orphaned` ones, and wakes exactly at the next state boundary.
 //!

@@ -24,7 +24,7 @@ pub(crate) struct Target {
 
 /// Which objects one list selects. Every list is consistent (`resourceVersion` unset) and
 /// paginated (`--list-page-size`): from Kubernetes 1.34 on the apiserver answers it from its
-/// watch cache after one read of etcd's current revision (`docs/design.md` §5, "Lists").
+/// watch cache after one read of etcd's current revision (`docs/operations.md`, "Lists and reads").
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Scope {
     /// Every object of the resource (a shard was added, the ring changed, periodic resync).

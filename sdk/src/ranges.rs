@@ -1,4 +1,4 @@
-//! A shard in range mode (docs/design.md §10): it serves the hash ranges its Lease assigns it,
+//! A shard in range mode (docs/design.md §8): it serves the hash ranges its Lease assigns it,
 //! through the apiserver's sharded list and watch. While its Lease is held it follows the
 //! assignment: at each change it stops its controllers (in-flight reconciles finish), writes on
 //! its Lease what it will serve (with the version of the Lease it read, so never more than that

@@ -1,4 +1,4 @@
-//! What a sharded kube-rs controller needs, by the protocol of `docs/design.md` §2-§5:
+//! What a sharded kube-rs controller needs, by the protocol of `docs/design.md` §3-§6:
 //! keep its own shard Lease (and stop at once when it is lost), watch only
 //! the objects assigned to it, and acknowledge drains.
 //!

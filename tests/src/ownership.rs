@@ -335,7 +335,7 @@ pub const STALE_TOLERANCE: u128 = 2_000_000_000;
 
 /// How long after an owner left a shard a child may still be admitted onto that shard: the
 /// webhook read the owner before it moved (its owner read may take up to 2 s), and the child's
-/// CREATE committed after the move (docs/design.md §5, a child created while its owner drains).
+/// CREATE committed after the move (docs/design.md §6, a child created while its owner drains).
 /// Such a child is behind its owner, not ahead of it, and must follow within the bound.
 pub const ADMITTED_BEHIND: u128 = 2_000_000_000 + STALE_TOLERANCE;
 
@@ -355,7 +355,7 @@ impl Held {
     }
 }
 
-/// Checks the ordered handover of controlled objects (docs/design.md §5) over the observed
+/// Checks the ordered handover of controlled objects (docs/design.md §6) over the observed
 /// `versions` of owners and children and the shards' records `lines`:
 ///
 /// - a child is never labelled with a shard other than the one holding its owner at that

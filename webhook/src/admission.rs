@@ -1,5 +1,5 @@
 //! The webhook's decision as a pure function of an admission request and the ring snapshot of
-//! its ring (a ClusterRing or a ControllerRing: docs/design.md §6): already labelled -> allowed without patch; otherwise a JSON patch
+//! its ring (a ClusterRing or a ControllerRing: docs/design.md §7): already labelled -> allowed without patch; otherwise a JSON patch
 //! that adds the shard label of the shard the ring picks for the object's key. It never denies.
 
 use std::collections::BTreeMap;

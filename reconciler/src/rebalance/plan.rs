@@ -1,4 +1,4 @@
-//! What to do with one object (docs/design.md §5), as a pure function of its metadata and the ring.
+//! What to do with one object (docs/design.md §6), as a pure function of its metadata and the ring.
 
 use std::collections::BTreeSet;
 use std::fmt;

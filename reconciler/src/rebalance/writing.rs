@@ -112,7 +112,7 @@ impl Rebalancer {
     }
 
     /// What object `meta` of `target` needs: for a controlled object, its owner's state is
-    /// read when the owner decides (docs/design.md §5).
+    /// read when the owner decides (docs/design.md §6).
     async fn plan(
         &self,
         view: &RingView<'_>,

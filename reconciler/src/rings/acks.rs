@@ -1,4 +1,4 @@
-//! Drain acknowledgements as they happen (docs/design.md §8, step 1). While a ring's drain
+//! Drain acknowledgements as they happen (docs/design.md §2, step 1). While a ring's drain
 //! checks are due, one metadata watch per main resource selects only the objects carrying its
 //! drain label and wakes the ring as they leave it: at once while children wait for their
 //! owners, otherwise once the acknowledgements pause. It keeps and lists no object (a list of

@@ -1,4 +1,4 @@
-//! Range mode (docs/design.md §10): the apiserver's sharded list and watch divides the ring's
+//! Range mode (docs/design.md §8): the apiserver's sharded list and watch divides the ring's
 //! objects by hash ([`sharder_common::ranges`]). The reconciler writes each shard's ranges on
 //! its Lease and gives a range to a shard only once no other shard is assigned it or serves it
 //! ([`grants`]); it lists and writes no sharded object.

@@ -1,4 +1,4 @@
-//! When a ring is rebalanced and what is listed (docs/design.md §8, step 2): pure functions of
+//! When a ring is rebalanced and what is listed (docs/design.md §2, step 3): pure functions of
 //! what the controller remembers of the ring ([`Progress`]), what it observes ([`Observed`]) and
 //! a given instant, so every rule is tested with chosen instants. A full list covers what the
 //! others would and replaces them; a failed rebalance's lists come again after a backoff.
