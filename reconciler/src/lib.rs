@@ -9,12 +9,12 @@
 //! (`sharder_runtime::lease::hold`), as supervised tasks: if one ends, the leader releases the
 //! Lease (a standby takes over at once) and the process exits with an error.
 //!
-//! Where each rule lives, from a Lease event to a write: [`rings::triggers`] (which Lease
-//! events wake a ring), [`rings`] (the ring's reconcile), [`rings::schedule`] (what to list
-//! when), [`rebalance`] and [`rebalance::listing`] (the lists), [`rebalance::plan`] (what each
-//! object needs), [`rebalance::writing`] (the writes), [`rebalance::concurrency`] (how many at
-//! once). Their shared words are in [`terms`]; the flags in [`args`]; what the controllers
-//! share in [`controllers`]; leading in [`lead`].
+//! Where each rule lives, from a Lease event to a write (docs/design.md §2): [`rings::triggers`]
+//! (which Lease events wake a ring), [`rings`] (the ring's reconcile), [`rings::schedule`] (the
+//! next pass, as data), [`rebalance`] (the pass), [`rebalance::listing`] (the lists),
+//! [`rebalance::plan`] (what each object needs), [`rebalance::writing`] (the writes) and
+//! [`rebalance::concurrency`] (how many at once). Their shared words are in [`terms`]; the flags
+//! in [`args`]; what the controllers share in [`controllers`]; leading in [`lead`].
 
 use std::path::PathBuf;
 use std::sync::Arc;

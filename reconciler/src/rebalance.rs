@@ -3,54 +3,31 @@
 //! resourceVersion. Lists and writes overlap through one bounded channel, so a page is read to
 //! its end however slowly its objects are written and memory follows the page size.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::BTreeSet;
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{ListParams, ObjectMeta};
-use kube::{Api, Client, ResourceExt};
-use sharder_common::handover::OwnerState;
-use sharder_common::{GroupResource, Ring, RingId, RingLabels, Role, is_available};
+use kube::Client;
+use kube::api::ListParams;
+use sharder_common::Role;
 use tracing::warn;
 
 pub(crate) mod concurrency;
 mod listing;
+mod outcome;
 pub(crate) mod pages;
 pub(crate) mod plan;
 pub(crate) mod strays;
+mod view;
 mod writing;
 
-use writing::{Handled, RateLimiter};
+pub(crate) use outcome::Outcome;
+pub(crate) use view::{LiveNow, RingView};
 
-use concurrency::WriteSlots;
-pub(crate) use plan::{Move, Reason};
+use outcome::Handled;
+use writing::Writer;
 
 use crate::metrics::Metrics;
-use crate::terms::{Namespaces, ObjectId, Pass, Scope, Target};
-
-/// The first wait after a write conflict (409); it doubles, with jitter.
-pub(crate) const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
-
-/// The longest wait between two attempts of a conflicting write.
-pub(crate) const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-/// How often a conflicting write is re-read, decided again and retried before it fails.
-pub(crate) const CONFLICT_RETRIES: usize = 5;
-
-/// How often a write or a list page the apiserver was too busy for is sent again.
-pub(crate) const OVERLOAD_RETRIES: usize = 5;
-
-/// How long a write may take before it counts as unanswered (an overload: it is sent again).
-pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Writes in flight when the reconciler starts; the limit adapts from there.
-pub(crate) const INITIAL_CONCURRENT_WRITES: usize = 16;
-
-/// Listed objects that may wait for a write slot beyond a page, so the writers do not run dry
-/// while the next page is prepared.
-pub(crate) const LISTED_AHEAD: usize = 64;
+use crate::terms::{ObjectId, Pass, Scope, Target};
 
 /// The rebalancer's clients: list pages, and object writes with the reads around them.
 #[derive(Clone)]
@@ -70,170 +47,13 @@ pub(crate) struct Settings {
     pub max_concurrent_writes: usize,
 }
 
-/// Counts of one rebalance.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Outcome {
-    /// Objects listed.
-    pub listed: usize,
-    /// Drain labels added.
-    pub drained: usize,
-    /// Main objects listed that were draining already (such as a previous leader's drains).
-    pub already_draining: usize,
-    /// Direct assignments, by reason.
-    pub assigned: BTreeMap<Reason, usize>,
-    /// Lists and writes that failed (writes after retries).
-    pub errors: usize,
-    /// Of those, failed lists.
-    pub failed_lists: usize,
-    /// Of those, writes refused for good (forbidden, invalid).
-    pub refused: usize,
-    /// Controlled objects waiting for their owner, or whose move failed.
-    pub awaiting: Vec<ObjectId>,
-    /// Objects that needed a write but were left because the ring was gone by then.
-    pub abandoned: usize,
-    /// Per resource, the objects no available shard held, as the last list of all of them found.
-    pub strays: BTreeMap<GroupResource, strays::Strays>,
-    /// The lists run.
-    pub lists: BTreeSet<Scope>,
-    /// Drains not acknowledged yet, as counted after the lists (0 when not counted).
-    pub pending_drains: usize,
-    /// Whether drains are pending, or the list after them must come again (it failed or
-    /// drained again).
-    pub drains_pending: bool,
-}
-
-impl Outcome {
-    /// Whether anything was written.
-    pub(crate) fn moved_anything(&self) -> bool {
-        self.drained > 0 || self.assigned.values().any(|n| *n > 0)
-    }
-
-    /// Adds `other`'s counts and waiting objects to these.
-    pub(crate) fn add(&mut self, other: Outcome) {
-        self.listed += other.listed;
-        self.drained += other.drained;
-        self.already_draining += other.already_draining;
-        self.errors += other.errors;
-        self.failed_lists += other.failed_lists;
-        self.refused += other.refused;
-        self.abandoned += other.abandoned;
-        for (reason, n) in other.assigned {
-            *self.assigned.entry(reason).or_default() += n;
-        }
-        self.awaiting.extend(other.awaiting);
-        self.lists.extend(other.lists);
-        self.pending_drains += other.pending_drains;
-        self.drains_pending |= other.drains_pending;
-        // `other` listed later: what it found replaces what was found before.
-        self.strays.extend(other.strays);
-    }
-
-    fn count(&mut self, handled: Handled) {
-        match handled {
-            Handled::Moved(Move::Drain { .. }) => self.drained += 1,
-            Handled::Moved(Move::Assign { reason, .. }) => {
-                *self.assigned.entry(reason).or_default() += 1;
-            }
-            Handled::Awaiting(object) => self.awaiting.push(object),
-            Handled::Stayed => {}
-            Handled::Failed { object, permanent } => {
-                self.errors += 1;
-                self.refused += usize::from(permanent);
-                self.awaiting.extend(object);
-            }
-            Handled::Abandoned => self.abandoned += 1,
-        }
-    }
-}
-
-/// One ring's view for a rebalance.
-pub(crate) struct RingView<'a> {
-    /// The ring.
-    pub id: &'a RingId,
-    /// Its label keys.
-    pub labels: &'a RingLabels,
-    /// The ring of available shards.
-    pub ring: &'a Ring,
-    /// The available shards.
-    pub available: &'a BTreeSet<String>,
-    /// Where namespaced objects may be.
-    pub namespaces: &'a Namespaces,
-    /// The shards holding their Leases now, read once when first needed.
-    pub live_now: &'a LiveNow,
-    /// Whether the ring is still the one this rebalance is for (not deleted or replaced).
-    pub current: &'a (dyn Fn() -> bool + Send + Sync),
-}
-
-impl RingView<'_> {
-    /// Whether the ring is still the one this rebalance is for.
-    pub(crate) fn is_current(&self) -> bool {
-        (self.current)()
-    }
-
-    /// What object `meta` of `target` needs on this ring ([`plan::decide`]; `owner`: its
-    /// owner's state once read).
-    fn decide(
-        &self,
-        target: &Target,
-        meta: &ObjectMeta,
-        owner: Option<&OwnerState>,
-    ) -> plan::Decision {
-        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
-        let (ring, available, labels) = (self.ring, self.available, self.labels);
-        plan::decide(
-            meta,
-            key.as_ref(),
-            target.role,
-            ring,
-            available,
-            labels,
-            owner,
-        )
-    }
-}
-
-/// The ring's shards whose Leases are held now: one list of the ring's Leases, the first time
-/// an object sits on a shard the rebalance's snapshot does not count as available.
-#[derive(Debug, Default)]
-pub(crate) struct LiveNow(tokio::sync::OnceCell<Option<BTreeSet<String>>>);
-
-impl LiveNow {
-    /// Whether `shard`'s Lease is held now; `true` when the Leases cannot be read (it stays).
-    pub(crate) async fn holds(&self, client: &Client, ring: &RingId, shard: &str) -> bool {
-        let live = self
-            .0
-            .get_or_init(|| async {
-                let leases: Api<Lease> = Api::all(client.clone());
-                let selector = ring.lease_selector();
-                match leases.list(&ListParams::default().labels(&selector)).await {
-                    Ok(list) => Some(
-                        list.items
-                            .iter()
-                            .filter(|l| is_available(l))
-                            .map(ResourceExt::name_any)
-                            .collect(),
-                    ),
-                    Err(e) => {
-                        warn!(%ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
-                        None
-                    }
-                }
-            })
-            .await;
-        live.as_ref().is_none_or(|live| live.contains(shard))
-    }
-}
-
-/// The rebalancer: lists and writes with one client, one rate limiter, one set of write slots
-/// and shared metrics.
+/// The rebalancer: lists with one client and writes through one [`Writer`] (its rate limit,
+/// write slots and metrics shared by every ring).
 #[derive(Clone)]
 pub(crate) struct Rebalancer {
     lists: Client,
-    writes: Client,
+    writer: Writer,
     settings: Settings,
-    limiter: Arc<RateLimiter>,
-    slots: Arc<WriteSlots>,
-    metrics: Metrics,
 }
 
 impl Rebalancer {
@@ -244,42 +64,32 @@ impl Rebalancer {
         max_writes_per_second: u32,
         metrics: Metrics,
     ) -> Self {
-        let max = settings.max_concurrent_writes.max(1);
+        let writer = Writer::new(
+            clients.writes,
+            settings.max_concurrent_writes,
+            max_writes_per_second,
+            metrics,
+        );
         Self {
             lists: clients.lists,
-            writes: clients.writes,
-            slots: Arc::new(WriteSlots::new(
-                INITIAL_CONCURRENT_WRITES.min(max),
-                max,
-                metrics.write_concurrency.clone(),
-            )),
+            writer,
             settings,
-            limiter: Arc::new(RateLimiter::new(max_writes_per_second)),
-            metrics,
         }
     }
 
     /// The writes the adaptive limit lets be in flight now ([`concurrency`]).
     pub(crate) fn write_limit(&self) -> usize {
-        self.slots.in_flight().1
+        self.writer.slots.in_flight().1
     }
 
     /// The integral of the writes in flight up to now (every ring's).
     pub(crate) fn busy(&self) -> concurrency::Busy {
-        self.slots.busy()
+        self.writer.slots.busy()
     }
 
     /// How many objects are handled at once: as many as there are write slots.
     fn parallel(&self) -> usize {
         self.settings.max_concurrent_writes.max(1)
-    }
-
-    /// Whether `meta` is a main object of `target` that needs no write (no request needed).
-    fn stays(&self, view: &RingView<'_>, target: &Target, meta: &ObjectMeta) -> bool {
-        if target.role != Role::Main {
-            return false;
-        }
-        view.decide(target, meta, None) == plan::Decision::Stay
     }
 
     /// Runs `pass`: its lists, then the children still waiting for their owners read again by
@@ -365,9 +175,11 @@ impl Rebalancer {
                 let Some(target) = targets.iter().find(|t| t.resource == object.resource) else {
                     return Handled::Stayed;
                 };
-                let api = self.api(target, object.namespace.as_deref());
+                let api = self.writer.api(target, object.namespace.as_deref());
                 match api.get_metadata_opt(&object.name).await {
-                    Ok(Some(fresh)) => self.handle(view, targets, target, fresh.metadata).await,
+                    Ok(Some(fresh)) => {
+                        self.writer.handle(view, targets, target, fresh.metadata).await
+                    }
                     Ok(None) => Handled::Stayed,
                     Err(e) => {
                         warn!(resource = %target.resource, object = %object.name, error = %e, "cannot read a waiting object");
@@ -425,12 +237,21 @@ impl Rebalancer {
     ) -> Outcome {
         let (tx, mut rx) =
             tokio::sync::mpsc::channel(listing::channel_capacity(self.settings.page_size));
-        let lister = self.list_into(view, target, scope, tx);
+        let lister = listing::list_into(
+            &self.lists,
+            view,
+            target,
+            scope,
+            self.settings.page_size,
+            tx,
+        );
         let writers = async {
             let mut outcome = Outcome::default();
             let mut results = std::pin::pin!(
                 futures::stream::poll_fn(|cx| rx.poll_recv(cx))
-                    .map(|meta: pages::ListedMeta| self.handle(view, targets, target, meta.into()))
+                    .map(|meta: pages::ListedMeta| {
+                        self.writer.handle(view, targets, target, meta.into())
+                    })
                     .buffer_unordered(self.parallel())
             );
             while let Some(result) = results.next().await {
@@ -441,34 +262,5 @@ impl Rebalancer {
         let (listed, mut outcome) = tokio::join!(lister, writers);
         outcome.add(listed);
         outcome
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn object(name: &str) -> ObjectId {
-        ObjectId {
-            resource: GroupResource::new("", "configmaps"),
-            namespace: Some("ns".into()),
-            name: name.into(),
-        }
-    }
-
-    #[test]
-    fn a_controlled_object_whose_write_failed_is_looked_at_again_and_a_main_one_is_not() {
-        let mut outcome = Outcome::default();
-        outcome.count(Handled::Failed {
-            object: Some(object("child-1")),
-            permanent: false,
-        });
-        outcome.count(Handled::Failed {
-            object: None,
-            permanent: true,
-        });
-        outcome.count(Handled::Awaiting(object("child-2")));
-        assert_eq!((outcome.errors, outcome.refused), (2, 1));
-        assert_eq!(outcome.awaiting, [object("child-1"), object("child-2")]);
     }
 }

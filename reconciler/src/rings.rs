@@ -225,13 +225,11 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         Ok(read) => read,
         Err(e) => {
             let reason = e.to_string();
-            let reported = reports(ring, status::REASON_INVALID_SPEC, &reason);
             counts.invalid = Some(&reason);
             status::patch_status(&ctx.client, ring, counts).await?;
-            if !reported {
-                warn!(error = %e, "invalid ring: nothing is assigned or moved until it is fixed");
-                report::warning(&ctx.recorder, ring, status::REASON_INVALID_SPEC, reason).await;
-            }
+            let note =
+                format!("invalid ring: {reason}; nothing is assigned or moved until it is fixed");
+            warn_once(ctx, ring, status::REASON_INVALID_SPEC, &reason, note).await;
             return Ok(Action::await_change());
         }
     };
@@ -240,18 +238,18 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     if !conflicts.is_empty() {
         let described = describe_conflicts(&conflicts);
         counts.conflicting = Some(&described);
-        let reported = reports(ring, status::REASON_CONFLICTING_SHARD_NAMES, &described);
         status::patch_status(&ctx.client, ring, counts).await?;
-        if !reported {
-            warn!(conflicts = %described, "shard names in more than one namespace: nothing is moved until each name is in one namespace");
-            report::warning(
-                &ctx.recorder,
-                ring,
-                status::REASON_CONFLICTING_SHARD_NAMES,
-                format!("shard names in more than one namespace: {described}; nothing is moved until each name is in one namespace"),
-            )
-            .await;
-        }
+        let note = format!(
+            "shard names in more than one namespace: {described}; nothing is moved until each name is in one namespace"
+        );
+        warn_once(
+            ctx,
+            ring,
+            status::REASON_CONFLICTING_SHARD_NAMES,
+            &described,
+            note,
+        )
+        .await;
         // Lease changes bring the ring back; the progress is kept, so the rebalance after the
         // conflict compares with the shards before it.
         return Ok(Action::await_change());
@@ -264,19 +262,10 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
             ranges::reconcile(&ctx.client, ring, &roles, key, &ctx.namespace_selector).await?;
         if let RangeState::Unserved(resource) = &state {
             let why = format!("does not apply shardSelector to {resource}");
-            if !reports(ring, status::REASON_SELECTORS_NOT_APPLIED, &why) {
-                warn!(%resource, "the apiserver ignores shardSelector (feature gate ShardedListAndWatch off): no ranges are handed out");
-                let note = format!(
-                    "the apiserver {why} (feature gate ShardedListAndWatch off): no ranges are handed out"
-                );
-                report::warning(
-                    &ctx.recorder,
-                    ring,
-                    status::REASON_SELECTORS_NOT_APPLIED,
-                    note,
-                )
-                .await;
-            }
+            let note = format!(
+                "the apiserver {why} (feature gate ShardedListAndWatch off): no ranges are handed out"
+            );
+            warn_once(ctx, ring, status::REASON_SELECTORS_NOT_APPLIED, &why, note).await;
         }
         counts.ranges = Some((key, &state));
         status::patch_status(&ctx.client, ring, counts).await?;
@@ -297,7 +286,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let pass = schedule::next_pass(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
     let ran = match pass {
         None => None,
-        Some(pass) => match rebalance(ctx, ring, &roles, &available, &pass).await? {
+        Some(pass) => match run_pass(ctx, ring, &roles, &available, &pass).await? {
             Some(ran) => Some(ran),
             None => {
                 // Deleted or replaced during its rebalance: nothing of it is kept.
@@ -320,13 +309,20 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     Ok(Action::requeue(wait))
 }
 
-/// Whether `ring`'s `Ready` condition already reports `reason` about `what` (logged already).
-fn reports(ring: &RingObject, reason: &str, what: &str) -> bool {
-    ring.object
+/// Warns of `note` (a log line and a Warning Event `reason` on `ring`) unless the ring's
+/// `Ready` condition already reports `reason` about `what`: once per problem, not at every
+/// reconcile.
+async fn warn_once(ctx: &Context, ring: &RingObject, reason: &str, what: &str, note: String) {
+    let reported = ring
+        .object
         .status
         .iter()
         .flat_map(|s| &s.conditions)
-        .any(|c| c.type_ == CONDITION_READY && c.reason == reason && c.message.contains(what))
+        .any(|c| c.type_ == CONDITION_READY && c.reason == reason && c.message.contains(what));
+    if !reported {
+        warn!(reason, "{note}");
+        report::warning(&ctx.recorder, ring, reason, note).await;
+    }
 }
 
 /// `shard-a (ns-1, ns-2), shard-b (...)`.
@@ -346,7 +342,7 @@ fn describe_conflicts(conflicts: &BTreeMap<String, BTreeSet<String>>) -> String 
 /// Runs `pass` on `ring` and reports it: its resources and namespaces read, the ring of its
 /// `available` shards, the pass ([`Rebalancer::pass`]), the metrics, the acknowledgement
 /// watches, the log and Events. `None`: the ring was deleted or replaced meanwhile.
-async fn rebalance(
+async fn run_pass(
     ctx: &Context,
     ring: &RingObject,
     roles: &Roles,

@@ -25,6 +25,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// How often a write or a list page the apiserver was too busy for is sent again.
+pub(crate) const OVERLOAD_RETRIES: usize = 5;
+
 /// A write answered after longer than this counts as a sign of overload: a merge patch of
 /// metadata is answered in milliseconds by an apiserver with room; one that took a second
 /// waited in a queue (API Priority and Fairness queues a request before it refuses it) or

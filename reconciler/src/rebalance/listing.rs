@@ -19,9 +19,16 @@ use tracing::{debug, warn};
 use sharder_common::RingLabels;
 use sharder_runtime::retry::retry_after;
 
+use super::concurrency::OVERLOAD_RETRIES;
+use super::outcome::Outcome;
 use super::pages;
 use super::strays::Strays;
-use super::{LISTED_AHEAD, OVERLOAD_RETRIES, Outcome, Rebalancer, RingView, Scope, Target};
+use super::view::RingView;
+use crate::terms::{Scope, Target};
+
+/// Listed objects that may wait for a write slot beyond a page, so the writers do not run dry
+/// while the next page is prepared.
+pub(crate) const LISTED_AHEAD: usize = 64;
 
 /// The resource version a list that needs no confirmed state starts at, with
 /// `resourceVersionMatch=NotOlderThan`: any state at least that new, which the apiserver's
@@ -127,86 +134,83 @@ pub(super) fn channel_capacity(page_size: u32) -> usize {
     page_size as usize + LISTED_AHEAD
 }
 
-impl Rebalancer {
-    /// Lists `target`'s objects in `scope` page by page into `tx` (of
-    /// [`channel_capacity`]), across the cluster or namespace by namespace
-    /// ([`Namespaces::list_ranges`]; objects in namespaces the ring does not shard are left
-    /// out), each page once `tx` has a place for each of its objects; main objects that stay
-    /// are done here. The outcome counts what was listed, the main objects already draining and
-    /// failed lists, and, when `scope` selects every object no available shard holds and was
-    /// listed to its end, those objects ([`Outcome::strays`]).
-    pub(super) async fn list_into(
-        &self,
-        view: &RingView<'_>,
-        target: &Target,
-        scope: &Scope,
-        tx: Sender<pages::ListedMeta>,
-    ) -> Outcome {
-        let mut outcome = Outcome::default();
-        let mut strays = scope.finds_strays().then(Strays::default);
-        let page_size = self.settings.page_size;
-        let first = first_page(scope, view.labels, view.available, page_size);
-        for namespace in view.namespaces.list_ranges(target) {
-            let mut params = first.clone();
-            loop {
-                if !view.is_current() {
+/// Lists `target`'s objects in `scope` with `client`, `page_size` at a time, into `tx` (of
+/// [`channel_capacity`]), across the cluster or namespace by namespace
+/// ([`Namespaces::list_ranges`]; objects in namespaces the ring does not shard are left
+/// out), each page once `tx` has a place for each of its objects; main objects that stay
+/// are done here. The outcome counts what was listed, the main objects already draining and
+/// failed lists, and, when `scope` selects every object no available shard holds and was
+/// listed to its end, those objects ([`Outcome::strays`]).
+pub(super) async fn list_into(
+    client: &Client,
+    view: &RingView<'_>,
+    target: &Target,
+    scope: &Scope,
+    page_size: u32,
+    tx: Sender<pages::ListedMeta>,
+) -> Outcome {
+    let mut outcome = Outcome::default();
+    let mut strays = scope.finds_strays().then(Strays::default);
+    let first = first_page(scope, view.labels, view.available, page_size);
+    for namespace in view.namespaces.list_ranges(target) {
+        let mut params = first.clone();
+        loop {
+            if !view.is_current() {
+                return outcome;
+            }
+            // The writers stopped taking objects: nothing more to list.
+            let Ok(mut places) = tx.reserve_many(page_size as usize).await else {
+                return outcome;
+            };
+            let page = as_told(|| Page::open(client, &target.api, namespace, &params)).await;
+            let mut page = match page {
+                Ok(page) => page,
+                Err(e) => {
+                    warn!(resource = %target.resource, namespace = namespace.unwrap_or(""), error = %e, "cannot list objects");
+                    outcome.errors += 1;
+                    outcome.failed_lists += 1;
                     return outcome;
                 }
-                // The writers stopped taking objects: nothing more to list.
-                let Ok(mut places) = tx.reserve_many(page_size as usize).await else {
-                    return outcome;
-                };
-                let page =
-                    as_told(|| Page::open(&self.lists, &target.api, namespace, &params)).await;
-                let mut page = match page {
-                    Ok(page) => page,
-                    Err(e) => {
-                        warn!(resource = %target.resource, namespace = namespace.unwrap_or(""), error = %e, "cannot list objects");
-                        outcome.errors += 1;
-                        outcome.failed_lists += 1;
-                        return outcome;
-                    }
-                };
-                let before = outcome.listed;
-                while let Some(meta) = page.next() {
-                    outcome.listed += 1;
-                    if !view.namespaces.holds(target, meta.namespace.as_deref()) {
-                        continue;
-                    }
-                    if let Some(strays) = strays.as_mut() {
-                        strays.see(&meta, view.labels, view.available);
-                    }
-                    if self.stays(view, target, &meta) {
-                        let labels = meta.labels.as_ref();
-                        outcome.already_draining +=
-                            usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
-                        continue;
-                    }
-                    // A page longer than asked for (an apiserver that ignores `limit`) waits
-                    // for places.
-                    let sent = match places.next() {
-                        Some(place) => {
-                            place.send(meta.into());
-                            true
-                        }
-                        None => tx.send(meta.into()).await.is_ok(),
-                    };
-                    if !sent {
-                        return outcome;
-                    }
+            };
+            let before = outcome.listed;
+            while let Some(meta) = page.next() {
+                outcome.listed += 1;
+                if !view.namespaces.holds(target, meta.namespace.as_deref()) {
+                    continue;
                 }
-                debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects = outcome.listed - before, "listed a page");
-                match page.continue_token() {
-                    Some(token) => params = first.clone().continue_token(token),
-                    None => break,
+                if let Some(strays) = strays.as_mut() {
+                    strays.see(&meta, view.labels, view.available);
+                }
+                if view.stays(target, &meta) {
+                    let labels = meta.labels.as_ref();
+                    outcome.already_draining +=
+                        usize::from(labels.is_some_and(|l| view.labels.is_draining(l)));
+                    continue;
+                }
+                // A page longer than asked for (an apiserver that ignores `limit`) waits
+                // for places.
+                let sent = match places.next() {
+                    Some(place) => {
+                        place.send(meta.into());
+                        true
+                    }
+                    None => tx.send(meta.into()).await.is_ok(),
+                };
+                if !sent {
+                    return outcome;
                 }
             }
+            debug!(resource = %target.resource, namespace = namespace.unwrap_or(""), objects = outcome.listed - before, "listed a page");
+            match page.continue_token() {
+                Some(token) => params = first.clone().continue_token(token),
+                None => break,
+            }
         }
-        if let Some(strays) = strays {
-            outcome.strays.insert(target.resource.clone(), strays);
-        }
-        outcome
     }
+    if let Some(strays) = strays {
+        outcome.strays.insert(target.resource.clone(), strays);
+    }
+    outcome
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! within the rate limit and a write slot, retried after a conflict (read again, planned again)
 //! or an overloaded apiserver.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -18,14 +19,37 @@ use sharder_runtime::retry::{retry_after, with_retry_after_header};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
-use super::concurrency::Answer;
+use super::concurrency::{Answer, OVERLOAD_RETRIES, WriteSlots};
+use super::outcome::Handled;
 use super::plan::{Decision, Move, Reason};
-use super::{
-    CONFLICT_BACKOFF_MAX, CONFLICT_BACKOFF_MIN, CONFLICT_RETRIES, OVERLOAD_RETRIES, ObjectId,
-    Rebalancer, RingView, Target, WRITE_TIMEOUT,
-};
+use super::view::RingView;
+use crate::metrics::{FailedWriteLabels, Metrics};
+use crate::terms::{ObjectId, Target};
 
-use crate::metrics::FailedWriteLabels;
+/// The first wait after a write conflict (409); it doubles, with jitter.
+pub(crate) const CONFLICT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+
+/// The longest wait between two attempts of a conflicting write.
+pub(crate) const CONFLICT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// How often a conflicting write is re-read, decided again and retried before it fails.
+pub(crate) const CONFLICT_RETRIES: usize = 5;
+
+/// How long a write may take before it counts as unanswered (an overload: it is sent again).
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Writes in flight when the reconciler starts; the limit adapts from there.
+pub(crate) const INITIAL_CONCURRENT_WRITES: usize = 16;
+
+/// Writes objects for every ring: one client, one rate limit, one set of write slots.
+#[derive(Clone)]
+pub(super) struct Writer {
+    client: Client,
+    limiter: Arc<RateLimiter>,
+    /// The write slots (their adaptive limit).
+    pub(super) slots: Arc<WriteSlots>,
+    metrics: Metrics,
+}
 
 /// Bounds the rate of writes: at most one per `interval`, shared by all writers.
 #[derive(Debug)]
@@ -63,23 +87,6 @@ impl RateLimiter {
     }
 }
 
-/// What handling one object ended with.
-pub(super) enum Handled {
-    Moved(Move),
-    Awaiting(ObjectId),
-    Stayed,
-    /// The write failed (after its retries). A controlled object is named: no label selects it
-    /// again (it sits on a live shard), so it is looked at again like one awaiting its owner.
-    Failed {
-        /// The controlled object to look at again, if any.
-        object: Option<ObjectId>,
-        /// Whether the apiserver refused the write for good ([`permanent`]).
-        permanent: bool,
-    },
-    /// Not written: the ring was deleted or replaced.
-    Abandoned,
-}
-
 /// A failed write of `meta` (named `name`) of `target`: see [`Handled::Failed`]. A controlled
 /// object is remembered unless the apiserver refused the write for good (`permanent`): trying
 /// it again at every drain check would only repeat the refusal; the next full list does.
@@ -99,15 +106,36 @@ fn permanent(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422))
 }
 
-impl Rebalancer {
+impl Writer {
+    /// A writer on `client`, at most `max_concurrent_writes` in flight (the adaptive limit's
+    /// ceiling) and `max_writes_per_second` (0: unlimited).
+    pub(super) fn new(
+        client: Client,
+        max_concurrent_writes: usize,
+        max_writes_per_second: u32,
+        metrics: Metrics,
+    ) -> Self {
+        let max = max_concurrent_writes.max(1);
+        Self {
+            client,
+            limiter: Arc::new(RateLimiter::new(max_writes_per_second)),
+            slots: Arc::new(WriteSlots::new(
+                INITIAL_CONCURRENT_WRITES.min(max),
+                max,
+                metrics.write_concurrency.clone(),
+            )),
+            metrics,
+        }
+    }
+
     /// The Api of `target` (in `namespace`) on the write client: object writes and the small
     /// reads around them (owners, re-reads after a conflict).
     pub(super) fn api(&self, target: &Target, namespace: Option<&str>) -> Api<DynamicObject> {
         match (namespace, target.namespaced) {
             (Some(ns), true) => {
-                Api::<DynamicObject>::namespaced_with(self.writes.clone(), ns, &target.api)
+                Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &target.api)
             }
-            _ => Api::<DynamicObject>::all_with(self.writes.clone(), &target.api),
+            _ => Api::<DynamicObject>::all_with(self.client.clone(), &target.api),
         }
     }
 
@@ -130,7 +158,7 @@ impl Rebalancer {
             reason: Reason::DeadShard,
             ..
         }) = &planned
-            && view.live_now.holds(&self.lists, view.id, from).await
+            && view.live_now.holds(&self.client, view.id, from).await
         {
             debug!(ring = %view.id, shard = %from, "shard joined after the ring's snapshot; its objects wait");
             return Decision::Stay;
@@ -249,7 +277,7 @@ impl Rebalancer {
                 let result = tokio::time::timeout(
                     WRITE_TIMEOUT,
                     merge_patch(
-                        &self.writes,
+                        &self.client,
                         target,
                         meta.namespace.as_deref(),
                         &name,

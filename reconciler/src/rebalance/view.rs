@@ -1,0 +1,97 @@
+//! One ring as a pass sees it ([`RingView`]): its shards, labels and namespaces, whether it is
+//! still there, and the decision for one object on it ([`plan::decide`]).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{ListParams, ObjectMeta};
+use kube::{Api, Client, ResourceExt};
+use sharder_common::handover::OwnerState;
+use sharder_common::{Ring, RingId, RingLabels, Role, is_available};
+use tracing::warn;
+
+use super::plan;
+use crate::terms::{Namespaces, Target};
+
+/// One ring's view for a rebalance.
+pub(crate) struct RingView<'a> {
+    /// The ring.
+    pub id: &'a RingId,
+    /// Its label keys.
+    pub labels: &'a RingLabels,
+    /// The ring of available shards.
+    pub ring: &'a Ring,
+    /// The available shards.
+    pub available: &'a BTreeSet<String>,
+    /// Where namespaced objects may be.
+    pub namespaces: &'a Namespaces,
+    /// The shards holding their Leases now, read once when first needed.
+    pub live_now: &'a LiveNow,
+    /// Whether the ring is still the one this rebalance is for (not deleted or replaced).
+    pub current: &'a (dyn Fn() -> bool + Send + Sync),
+}
+
+impl RingView<'_> {
+    /// Whether the ring is still the one this rebalance is for.
+    pub(crate) fn is_current(&self) -> bool {
+        (self.current)()
+    }
+
+    /// What object `meta` of `target` needs on this ring ([`plan::decide`]; `owner`: its
+    /// owner's state once read).
+    pub(crate) fn decide(
+        &self,
+        target: &Target,
+        meta: &ObjectMeta,
+        owner: Option<&OwnerState>,
+    ) -> plan::Decision {
+        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
+        let (ring, available, labels) = (self.ring, self.available, self.labels);
+        plan::decide(
+            meta,
+            key.as_ref(),
+            target.role,
+            ring,
+            available,
+            labels,
+            owner,
+        )
+    }
+
+    /// Whether `meta` is a main object of `target` that needs no write (no request needed).
+    pub(crate) fn stays(&self, target: &Target, meta: &ObjectMeta) -> bool {
+        target.role == Role::Main && self.decide(target, meta, None) == plan::Decision::Stay
+    }
+}
+
+/// The ring's shards whose Leases are held now: one list of the ring's Leases, the first time
+/// an object sits on a shard the rebalance's snapshot does not count as available.
+#[derive(Debug, Default)]
+pub(crate) struct LiveNow(tokio::sync::OnceCell<Option<BTreeSet<String>>>);
+
+impl LiveNow {
+    /// Whether `shard`'s Lease is held now; `true` when the Leases cannot be read (it stays).
+    pub(crate) async fn holds(&self, client: &Client, ring: &RingId, shard: &str) -> bool {
+        let live = self
+            .0
+            .get_or_init(|| async {
+                let leases: Api<Lease> = Api::all(client.clone());
+                let selector = ring.lease_selector();
+                match leases.list(&ListParams::default().labels(&selector)).await {
+                    Ok(list) => Some(
+                        list.items
+                            .iter()
+                            .filter(|l| is_available(l))
+                            .map(ResourceExt::name_any)
+                            .collect(),
+                    ),
+                    Err(e) => {
+                        warn!(%ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
+                        None
+                    }
+                }
+            })
+            .await;
+        live.as_ref().is_none_or(|live| live.contains(shard))
+    }
+}
