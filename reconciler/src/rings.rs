@@ -296,7 +296,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         },
     };
     let progress = schedule::progress_after(previous.as_ref(), &observed, ran, Instant::now());
-    if !progress.drain_checks_due {
+    if !progress.drain_checks_due() {
         ctx.acks.stop(&ring.id);
     }
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());

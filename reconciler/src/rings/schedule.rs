@@ -53,25 +53,70 @@ pub(crate) struct Progress {
     pub available: BTreeSet<String>,
     /// When the last full list ended.
     pub last_full: Instant,
-    /// When the last rebalance of any scope ended.
+    /// When the last pass of any lists ended.
     pub last_rebalance: Instant,
-    /// Whether drain checks are due (drains pending, or controlled objects waiting).
-    pub drain_checks_due: bool,
-    /// Whether drains were pending after the last rebalance (then [`Scope::AfterDrains`] follows
-    /// once none is).
-    pub drains_pending: bool,
-    /// Controlled objects waiting for their owner, or whose write failed.
-    pub awaiting: Vec<ObjectId>,
-    /// The next reconcile lists everything: a full list failed, or more than [`MAX_AWAITING`]
-    /// objects waited.
-    pub relist: bool,
-    /// Failed rebalances in a row (their work comes again after [`retry_delay`]).
+    /// Where the ring's moves stand.
+    pub moves: Moves,
+    /// The full list the ring is owed beyond its schedule.
+    pub owed: Owed,
+    /// Failed passes in a row (their work comes again after [`retry_delay`]).
     pub failures: u32,
-    /// When the last failed rebalance ended.
+    /// When the last failed pass ended.
     pub last_failure: Instant,
-    /// The full list to come again failed only through writes refused for good: it waits for
-    /// its retry.
-    pub refused: bool,
+}
+
+/// Where a ring's moves stand after its last pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Moves {
+    /// Done until the ring's next change, sweep, resync or retry.
+    #[default]
+    Done,
+    /// Drain checks follow: drains are pending, or children wait for their owners.
+    Draining {
+        /// Whether drains were pending (then everything is listed once none is,
+        /// [`Scope::AfterDrains`]).
+        drains_pending: bool,
+        /// Controlled objects waiting for their owner, or whose write failed.
+        awaiting: Vec<ObjectId>,
+    },
+}
+
+/// The full list a ring is owed beyond its schedule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Owed {
+    /// None.
+    #[default]
+    Nothing,
+    /// At the next reconcile: a full list failed, or more than [`MAX_AWAITING`] children
+    /// waited.
+    FullList,
+    /// At its retry: a full list failed only through writes refused for good (drain checks
+    /// before it list what they select).
+    FullListAtRetry,
+}
+
+impl Progress {
+    /// Whether drain checks are due (drains pending, or controlled objects waiting).
+    pub(crate) fn drain_checks_due(&self) -> bool {
+        matches!(self.moves, Moves::Draining { .. })
+    }
+
+    fn drains_pending(&self) -> bool {
+        matches!(
+            self.moves,
+            Moves::Draining {
+                drains_pending: true,
+                ..
+            }
+        )
+    }
+
+    fn awaiting(&self) -> &[ObjectId] {
+        match &self.moves {
+            Moves::Draining { awaiting, .. } => awaiting,
+            Moves::Done => &[],
+        }
+    }
 }
 
 /// How a rebalance went.
@@ -118,14 +163,14 @@ pub(crate) fn next_pass(
     let lists = scopes(progress, observed, intervals, now);
     let same = same_ring(progress, observed);
     let recheck = match same {
-        Some(p) if !lists.contains(&Scope::All) => p.awaiting.clone(),
+        Some(p) if !lists.contains(&Scope::All) => p.awaiting().to_vec(),
         _ => Vec::new(),
     };
     (!lists.is_empty() || !recheck.is_empty()).then(|| Pass {
         lists,
         recheck,
-        drain_checks_due: same.is_some_and(|p| p.drain_checks_due),
-        drains_pending: same.is_some_and(|p| p.drains_pending),
+        drain_checks_due: same.is_some_and(Progress::drain_checks_due),
+        drains_pending: same.is_some_and(Progress::drains_pending),
     })
 }
 
@@ -139,10 +184,10 @@ pub(crate) fn scopes(
     let Some(p) = same_ring(progress, observed) else {
         return [Scope::All].into();
     };
-    let retry_due = !p.refused
+    let retry_due = p.owed != Owed::FullListAtRetry
         || now.saturating_duration_since(p.last_failure) >= retry_delay(p.failures, intervals);
     if p.generation != observed.generation
-        || (p.relist && retry_due)
+        || (p.owed != Owed::Nothing && retry_due)
         || observed.available.difference(&p.available).next().is_some()
         || now.saturating_duration_since(p.last_full) >= intervals.resync
     {
@@ -153,9 +198,9 @@ pub(crate) fn scopes(
         .difference(observed.available)
         .map(|dead| Scope::OnShard(dead.clone()))
         .collect();
-    if p.drain_checks_due {
+    if p.drain_checks_due() {
         scopes.insert(Scope::Unassigned);
-    } else if (p.failures > 0 && !p.relist && scopes.is_empty())
+    } else if (p.failures > 0 && p.owed == Owed::Nothing && scopes.is_empty())
         || now.saturating_duration_since(p.last_rebalance) >= intervals.sweep
     {
         // A failed sweep is swept again at the retry (a dead shard's list, listed again while
@@ -175,20 +220,17 @@ pub(crate) fn progress_after(
     now: Instant,
 ) -> Progress {
     let previous = same_ring(progress, observed);
-    let held = previous.is_some_and(|p| p.relist && p.refused);
+    let held = previous.is_some_and(|p| p.owed == Owed::FullListAtRetry);
     let mut next = Progress {
         uid: observed.uid.to_owned(),
         generation: observed.generation,
         available: observed.available.clone(),
         last_full: previous.map_or(now, |p| p.last_full),
         last_rebalance: previous.map_or(now, |p| p.last_rebalance),
-        drain_checks_due: previous.is_some_and(|p| p.drain_checks_due),
-        drains_pending: previous.is_some_and(|p| p.drains_pending),
-        awaiting: previous.map(|p| p.awaiting.clone()).unwrap_or_default(),
-        relist: previous.is_some_and(|p| p.relist),
+        moves: previous.map(|p| p.moves.clone()).unwrap_or_default(),
+        owed: previous.map_or(Owed::Nothing, |p| p.owed),
         failures: previous.filter(|_| held).map_or(0, |p| p.failures),
         last_failure: previous.map_or(now, |p| p.last_failure),
-        refused: held,
     };
     if let Some(ran) = ran {
         if ran.full {
@@ -196,16 +238,27 @@ pub(crate) fn progress_after(
         }
         next.last_rebalance = now;
         let too_many = ran.awaiting.len() > MAX_AWAITING;
-        next.drain_checks_due = ran.drain_checks();
         // What a failed full list did not reach is known nowhere else (a resync or a spec
         // change would not come again): everything is listed again, until a full list goes
         // through.
-        next.relist = too_many || if ran.full { ran.failed } else { held };
-        next.refused = !too_many && if ran.full { ran.refused } else { held };
-        next.awaiting = if too_many { Vec::new() } else { ran.awaiting };
-        next.drains_pending = ran.drains_pending;
+        next.owed = match (too_many, ran.full) {
+            (true, _) => Owed::FullList,
+            (false, true) if ran.refused => Owed::FullListAtRetry,
+            (false, true) if ran.failed => Owed::FullList,
+            (false, false) if held => Owed::FullListAtRetry,
+            _ => Owed::Nothing,
+        };
+        next.moves = if ran.drain_checks() {
+            Moves::Draining {
+                drains_pending: ran.drains_pending,
+                awaiting: if too_many { Vec::new() } else { ran.awaiting },
+            }
+        } else {
+            Moves::Done
+        };
+        let refused = next.owed == Owed::FullListAtRetry;
         if ran.failed {
-            if !next.refused {
+            if !refused {
                 next.available = previous.map(|p| p.available.clone()).unwrap_or_default();
             }
             // A refused full list's retry is pushed back by its own failures only: a drain
@@ -214,7 +267,7 @@ pub(crate) fn progress_after(
                 next.failures = previous.map_or(0, |p| p.failures).saturating_add(1);
                 next.last_failure = now;
             }
-        } else if !next.refused {
+        } else if !refused {
             next.failures = 0;
         }
     }
@@ -239,7 +292,7 @@ pub(crate) fn requeue_after(progress: &Progress, intervals: &Intervals, now: Ins
         .sweep
         .saturating_sub(now.saturating_duration_since(progress.last_rebalance));
     let mut wait = until_resync.min(until_sweep);
-    if progress.drain_checks_due {
+    if progress.drain_checks_due() {
         wait = wait.min(intervals.drain_check);
     }
     let since = now.saturating_duration_since(progress.last_failure);
@@ -281,13 +334,10 @@ mod tests {
             available: set(available),
             last_full: at,
             last_rebalance: at,
-            drain_checks_due: false,
-            drains_pending: false,
-            awaiting: Vec::new(),
-            relist: false,
+            moves: Moves::Done,
+            owed: Owed::Nothing,
             failures: 0,
             last_failure: at,
-            refused: false,
         }
     }
 
@@ -341,7 +391,7 @@ mod tests {
             [Scope::Stray].into()
         );
         let draining = Progress {
-            drain_checks_due: true,
+            moves: draining(false, &[]),
             ..known.clone()
         };
         assert_eq!(
@@ -365,7 +415,7 @@ mod tests {
             [Scope::OnShard("b".into()), Scope::OnShard("c".into())].into()
         );
         let draining = Progress {
-            drain_checks_due: true,
+            moves: draining(false, &[]),
             ..progress(&["a"], t0)
         };
         assert_eq!(
@@ -395,11 +445,11 @@ mod tests {
                 after.available.clone(),
                 after.last_full,
                 after.last_rebalance,
-                after.drain_checks_due
+                after.drain_checks_due()
             ),
             (abc.clone(), later, later, true)
         );
-        assert!(after.drains_pending);
+        assert!(after.drains_pending());
         let ended = progress_after(
             Some(&after),
             &observed(&abc, 1),
@@ -407,7 +457,7 @@ mod tests {
             later,
         );
         assert_eq!(
-            (ended.drain_checks_due, ended.drains_pending),
+            (ended.drain_checks_due(), ended.drains_pending()),
             (false, false),
             "once no drain is pending"
         );
@@ -442,8 +492,8 @@ mod tests {
         };
         let held = progress_after(Some(&known), &observed(&abc, 1), Some(refused), at(0));
         assert_eq!(
-            (held.relist, held.refused, held.failures, &held.available),
-            (true, true, 1, &abc),
+            (held.owed, held.failures, &held.available),
+            (Owed::FullListAtRetry, 1, &abc),
             "the added shard is not new again"
         );
         let drain_check = Ran {
@@ -461,7 +511,11 @@ mod tests {
             Some(drain_check.clone()),
             at(1),
         );
-        assert_eq!((checked.relist, checked.failures), (true, 1), "still due");
+        assert_eq!(
+            (checked.owed, checked.failures),
+            (Owed::FullListAtRetry, 1),
+            "still due"
+        );
         let unreachable = Ran {
             failed: true,
             ..drain_check.clone()
@@ -470,11 +524,11 @@ mod tests {
             progress_after(Some(&checked), &observed(&abc, 1), Some(unreachable), at(1));
         assert_eq!(
             (
-                unreachable.relist,
+                unreachable.owed,
                 unreachable.failures,
                 unreachable.last_failure
             ),
-            (true, 1, at(0)),
+            (Owed::FullListAtRetry, 1, at(0)),
             "a failed drain check does not push the retry back"
         );
         assert_eq!(
@@ -501,7 +555,7 @@ mod tests {
             "a retry due with no shard to list for waits for the shards, not at every turn"
         );
         let idle = Progress {
-            drain_checks_due: false,
+            moves: Moves::Done,
             ..checked.clone()
         };
         assert!(
@@ -532,8 +586,8 @@ mod tests {
             at(6),
         );
         assert_eq!(
-            (listed.relist, listed.refused, listed.failures),
-            (false, false, 0),
+            (listed.owed, listed.failures),
+            (Owed::Nothing, 0),
             "once it went through"
         );
 
@@ -544,7 +598,7 @@ mod tests {
             ..ran(true, true)
         };
         let away = progress_after(Some(&known), &observed(&abc, 1), Some(away), at(0));
-        assert_eq!((away.refused, &away.available), (false, &ab));
+        assert_eq!((away.owed, &away.available), (Owed::FullList, &ab));
         assert_eq!(
             scopes(Some(&away), &observed(&abc, 1), &INTERVALS, at(0)),
             [Scope::All].into()
@@ -555,7 +609,7 @@ mod tests {
             ..ran(true, true)
         };
         let away = progress_after(Some(&checked), &observed(&abc, 1), Some(away), at(2));
-        assert_eq!((away.relist, away.refused), (true, false));
+        assert_eq!(away.owed, Owed::FullList);
         assert_eq!(
             scopes(Some(&away), &observed(&abc, 1), &INTERVALS, at(2)),
             [Scope::All].into()
@@ -582,7 +636,7 @@ mod tests {
             "listed again"
         );
         assert!(
-            !after.drain_checks_due,
+            !after.drain_checks_due(),
             "at the next reconcile, not at every drain check"
         );
         let listed = progress_after(
@@ -591,7 +645,7 @@ mod tests {
             Some(ran(true, false)),
             later,
         );
-        assert!(!listed.relist, "once it went through");
+        assert_eq!(listed.owed, Owed::Nothing, "once it went through");
 
         // A failed sweep: swept again at the retry, before the sweep interval passed.
         let after = progress_after(
@@ -656,6 +710,13 @@ mod tests {
         );
     }
 
+    fn draining(drains_pending: bool, awaiting: &[ObjectId]) -> Moves {
+        Moves::Draining {
+            drains_pending,
+            awaiting: awaiting.to_vec(),
+        }
+    }
+
     fn pass(drain_checks_due: bool, drains_pending: bool, lists: &[Scope]) -> Pass {
         Pass {
             lists: lists.iter().cloned().collect(),
@@ -709,9 +770,7 @@ mod tests {
         let t0 = Instant::now();
         let (ab, none) = (set(&["a", "b"]), set(&[]));
         let waiting = Progress {
-            awaiting: vec![child("c-1")],
-            drain_checks_due: true,
-            drains_pending: true,
+            moves: draining(true, &[child("c-1")]),
             ..progress(&["a", "b"], t0)
         };
         let check = next_pass(Some(&waiting), &observed(&ab, 1), &INTERVALS, t0);
@@ -742,14 +801,14 @@ mod tests {
             "no shard available"
         );
         let only_children = Progress {
-            drain_checks_due: false,
+            moves: draining(false, &[child("c-1")]),
             ..waiting.clone()
         };
         let rechecked = next_pass(Some(&only_children), &observed(&ab, 1), &INTERVALS, t0);
         assert_eq!(
-            rechecked.map(|p| (p.lists, p.recheck)),
-            Some((BTreeSet::new(), vec![child("c-1")])),
-            "waiting children alone make a pass"
+            rechecked.map(|p| (p.lists, p.recheck, p.drains_pending)),
+            Some(([Scope::Unassigned].into(), vec![child("c-1")], false)),
+            "waiting children alone keep the drain checks"
         );
     }
 
@@ -771,13 +830,13 @@ mod tests {
             ..ran(false, false)
         };
         let after = progress_after(Some(&known), &observed(&ab, 1), Some(waiting), t0);
-        assert_eq!(after.awaiting, [child("c-1")]);
+        assert_eq!(after.awaiting(), [child("c-1")]);
         assert!(
-            after.drain_checks_due,
+            after.drain_checks_due(),
             "a waiting child keeps the ring draining"
         );
         assert!(
-            !after.drains_pending,
+            !after.drains_pending(),
             "but no drain is pending: the children are not listed again"
         );
         assert_eq!(requeue_after(&after, &INTERVALS, t0), INTERVALS.drain_check);
@@ -789,7 +848,8 @@ mod tests {
             ..ran(false, false)
         };
         let after = progress_after(Some(&known), &observed(&ab, 1), Some(too_many), t0);
-        assert!(after.awaiting.is_empty(), "not remembered one by one");
+        assert!(after.awaiting().is_empty(), "not remembered one by one");
+        assert_eq!(after.owed, Owed::FullList);
         assert_eq!(
             scopes(Some(&after), &observed(&ab, 1), &INTERVALS, t0),
             [Scope::All].into(),
@@ -812,7 +872,7 @@ mod tests {
         );
         assert_eq!(requeue_after(&known, &INTERVALS, after(45)), MIN_REQUEUE);
         let draining = Progress {
-            drain_checks_due: true,
+            moves: draining(false, &[]),
             ..known.clone()
         };
         assert_eq!(
