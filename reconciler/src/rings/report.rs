@@ -103,16 +103,7 @@ pub(crate) async fn warning(recorder: &Recorder, ring: &RingObject, reason: &str
 
 /// Publishes `event` on `ring` (a failure is logged: Events are best effort).
 async fn publish(recorder: &Recorder, ring: &RingObject, event: Event) {
-    let reference = ring.object_reference();
-    let mut result = recorder.publish(&event, &reference).await;
-    if matches!(&result, Err(kube::Error::Api(s)) if s.code == 422) {
-        // kube-apiserver < 1.22 rejects an events.k8s.io/v1 Event in `default` about a
-        // cluster-scoped object unless the reference names that namespace too.
-        let mut in_default = reference;
-        in_default.namespace = Some("default".into());
-        result = recorder.publish(&event, &in_default).await;
-    }
-    if let Err(e) = result {
+    if let Err(e) = recorder.publish(&event, &ring.object_reference()).await {
         warn!(error = %e, reason = %event.reason, ring = %ring.id, "cannot publish an Event on the ring");
     }
 }

@@ -142,10 +142,7 @@ impl Ran {
 }
 
 /// The remembered progress of the ring `observed` shows, if it is the same ring.
-pub(crate) fn same_ring<'p>(
-    progress: Option<&'p Progress>,
-    observed: &Observed<'_>,
-) -> Option<&'p Progress> {
+fn same_ring<'p>(progress: Option<&'p Progress>, observed: &Observed<'_>) -> Option<&'p Progress> {
     progress.filter(|p| p.uid == observed.uid)
 }
 
@@ -166,7 +163,8 @@ pub(crate) fn next_pass(
         Some(p) if !lists.contains(&Scope::All) => p.awaiting().to_vec(),
         _ => Vec::new(),
     };
-    (!lists.is_empty() || !recheck.is_empty()).then(|| Pass {
+    // Children wait only while drain checks are due, so they never make a pass without lists.
+    (!lists.is_empty()).then(|| Pass {
         lists,
         recheck,
         drain_checks_due: same.is_some_and(Progress::drain_checks_due),
@@ -175,7 +173,7 @@ pub(crate) fn next_pass(
 }
 
 /// The lists to run now.
-pub(crate) fn scopes(
+fn scopes(
     progress: Option<&Progress>,
     observed: &Observed<'_>,
     intervals: &Intervals,
