@@ -3,6 +3,10 @@
 //! shard still holds it, and its children stay (or are created) there; once the owner carries
 //! its new shard, they follow. The webhook (for new children) and the reconciler (for existing
 //! ones) decide by the same function.
+//!
+//! In a chain (an owner that is itself a controlled object of the ring, as a ReplicaSet between
+//! a Deployment and its Pods) each level follows the level above it the same way, so only the
+//! main object's key is hashed ([`OwnerState::as_chain_level`]).
 
 use std::collections::BTreeMap;
 
@@ -15,7 +19,8 @@ use crate::labels::RingLabels;
 pub enum OwnerState {
     /// Labelled with this shard and not draining: settled there.
     Settled(String),
-    /// Labelled with this shard and draining off it: the shard holds it until it acknowledges.
+    /// Labelled with this shard and leaving it: a main object draining off it (the shard holds
+    /// it until it acknowledges), or a level of a chain that moves once its own owner has.
     Draining(String),
     /// Not labelled with a shard (yet).
     Unassigned,
@@ -38,6 +43,22 @@ impl OwnerState {
             None => Self::Unassigned,
             Some(shard) if ring.is_draining(labels) => Self::Draining(shard.to_owned()),
             Some(shard) => Self::Settled(shard.to_owned()),
+        }
+    }
+
+    /// What the children of an owner that is itself a controlled object of the ring (a level of
+    /// a chain) see of it, given whether it is `in_place` (nothing to move: its own owner holds
+    /// it where it is) and the available shards. Its holder, if available: settled there when
+    /// it is in place, leaving it otherwise (children wait there, never ahead of it). On a shard
+    /// that is not available it holds nothing yet: it moves first, its children after it, never
+    /// to the ring's choice for their own key.
+    pub fn as_chain_level(self, in_place: bool, is_available: impl Fn(&str) -> bool) -> Self {
+        match self {
+            Self::Settled(shard) | Self::Draining(shard) if !is_available(&shard) => {
+                Self::Unassigned
+            }
+            Self::Settled(shard) if !in_place => Self::Draining(shard),
+            other => other,
         }
     }
 
@@ -148,6 +169,33 @@ mod tests {
                 want,
                 "{owner:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_chain_level_holds_its_children_only_where_it_stays() {
+        let available = set(&["a", "b"]);
+        let settled = |s: &str| OwnerState::Settled(s.into());
+        let draining = |s: &str| OwnerState::Draining(s.into());
+        let table = [
+            (settled("a"), true, settled("a")),
+            (settled("a"), false, draining("a")),
+            (draining("a"), true, draining("a")),
+            (draining("a"), false, draining("a")),
+            (settled("gone"), true, OwnerState::Unassigned),
+            (settled("gone"), false, OwnerState::Unassigned),
+            (draining("gone"), false, OwnerState::Unassigned),
+            (OwnerState::Unassigned, true, OwnerState::Unassigned),
+            (OwnerState::Missing, false, OwnerState::Missing),
+        ];
+        for (owner, in_place, want) in table {
+            let seen = owner
+                .clone()
+                .as_chain_level(in_place, |s| available.contains(s));
+            assert_eq!(seen, want, "{owner:?}, in place: {in_place}");
+            // Never the ring's choice for the child's own key ("b" here).
+            let holder = child_shard(&seen, "b", |s| available.contains(s));
+            assert_ne!(holder, Some("b"), "{owner:?}, in place: {in_place}");
         }
     }
 }

@@ -188,8 +188,8 @@ pub struct Options {
     /// For a cluster with a node ([`crate::node`]): the apiserver binds and advertises this
     /// address (the pod bridge's gateway, which pods reach through the `kubernetes` Service)
     /// instead of 127.0.0.1, and kube-controller-manager runs every controller (ServiceAccount
-    /// tokens, ReplicaSets, StatefulSets, endpoints) instead of only garbage collection and
-    /// namespaces.
+    /// tokens, StatefulSets, endpoints) instead of only garbage collection, namespaces,
+    /// Deployments and ReplicaSets (whose Pods stay Pending where no node runs).
     pub node_address: Option<std::net::Ipv4Addr>,
     /// `--max-mutating-requests-inflight`, with API Priority and Fairness off so that the
     /// limit answers 429 at once instead of queueing (requests of `system:masters`, such as the
@@ -443,8 +443,9 @@ impl ControlPlane {
                 .kubeconfig_yaml(&control_plane.token)
                 .as_bytes(),
         )?;
-        // Garbage collection (ownerReferences) and namespace deletion need the controller
-        // manager; the provisioning script builds it beside the apiserver.
+        // Garbage collection (ownerReferences), namespace deletion and real Deployment ->
+        // ReplicaSet -> Pod hierarchies need the controller manager; the provisioning script
+        // builds it beside the apiserver.
         let kcm = assets.join("kube-controller-manager");
         if kcm.is_file() {
             let mut command = Command::new(kcm);
@@ -465,7 +466,10 @@ impl ControlPlane {
                         &path_str(&control_plane.dir.join("flexvolume")),
                     ]);
             } else {
-                command.args(["--controllers", "garbagecollector,namespace"]);
+                command.args([
+                    "--controllers",
+                    "garbagecollector,namespace,deployment,replicaset",
+                ]);
             }
             spawn_logged(
                 command,

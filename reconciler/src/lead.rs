@@ -170,6 +170,7 @@ impl Shared {
             acks,
             progress: Default::default(),
             strays: Default::default(),
+            chains: Default::default(),
         };
         let configuration_ctx = webhook_config::controller::Context {
             kind,

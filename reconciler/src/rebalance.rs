@@ -95,7 +95,8 @@ impl Rebalancer {
     /// Runs `pass`: its lists, then the children still waiting for their owners read again by
     /// name, then a count of the drains still pending where there can be some
     /// ([`Pass::counts_drains`]) and, once none is, everything once more
-    /// ([`Scope::AfterDrains`]). Stops after the lists when the ring is gone.
+    /// ([`Scope::AfterDrains`]), and the waiting children once more while a step moved
+    /// others. Stops after the lists when the ring is gone.
     pub(crate) async fn pass(
         &self,
         view: &RingView<'_>,
@@ -134,6 +135,18 @@ impl Rebalancer {
             outcome.drains_pending =
                 after.failed_lists > 0 || after.drained + after.already_draining > 0;
             outcome.add(after);
+        }
+        // Each level of a chain follows the level above it once that one has moved: while a
+        // step assigned objects and others wait, the waiting ones are read again.
+        let mut assigned = outcome.assigned.values().sum::<usize>();
+        for _ in 0..plan::MAX_CHAIN_LEVELS {
+            if assigned == 0 || outcome.awaiting.is_empty() || !view.is_current() {
+                break;
+            }
+            let waiting = std::mem::take(&mut outcome.awaiting);
+            let again = self.recheck(view, targets, waiting).await;
+            assigned = again.assigned.values().sum();
+            outcome.add(again);
         }
         outcome
     }

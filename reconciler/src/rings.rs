@@ -15,7 +15,6 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use sharder_common::cluster_ring::CONDITION_READY;
 use sharder_common::lease::{conflicting_names, namespace_and_name};
 use sharder_common::{GroupResource, Ring, RingId, RingKind, RingObject, Roles, is_available};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
@@ -76,6 +75,9 @@ pub(crate) struct Context {
     pub progress: Mutex<HashMap<String, Progress>>,
     /// Per ring, the resources whose unassigned-object gauges are set.
     pub strays: Mutex<HashMap<String, BTreeSet<GroupResource>>>,
+    /// Per ring, the owner chains its last passes could not follow (described), until a full
+    /// list finds none.
+    pub chains: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -83,10 +85,15 @@ impl Context {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn chains(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.chains.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Forgets `ring`: its progress, its acknowledgement watches and its unassigned-object
     /// gauges.
     fn forget(&self, ring: &RingId) {
         self.progress().remove(&ring.name);
+        self.chains().remove(&ring.name);
         self.acks.stop(ring);
         self.publish_strays(ring, &[], &BTreeMap::new());
         let label = RingLabel::new(ring);
@@ -219,6 +226,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         invalid: None,
         conflicting: None,
         ranges: None,
+        chains: None,
     };
 
     let (roles, range_key) = match ring.roles().and_then(|r| Ok((r, ring.range_key()?))) {
@@ -302,6 +310,8 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
     ctx.progress().insert(name.to_owned(), progress);
 
+    let chains = ctx.chains().get(name).cloned();
+    counts.chains = chains.as_deref();
     status::patch_status(&ctx.client, ring, counts).await?;
     if let Some(family) = ctx.metrics.observed_generation.get(&ctx.kind) {
         family.get_or_create(&label).set(generation);
@@ -309,16 +319,15 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     Ok(Action::requeue(wait))
 }
 
-/// Warns of `note` (a log line and a Warning Event `reason` on `ring`) unless the ring's
-/// `Ready` condition already reports `reason` about `what`: once per problem, not at every
-/// reconcile.
+/// Warns of `note` (a log line and a Warning Event `reason` on `ring`) unless one of the ring's
+/// conditions already reports `reason` about `what`: once per problem, not at every reconcile.
 async fn warn_once(ctx: &Context, ring: &RingObject, reason: &str, what: &str, note: String) {
     let reported = ring
         .object
         .status
         .iter()
         .flat_map(|s| &s.conditions)
-        .any(|c| c.type_ == CONDITION_READY && c.reason == reason && c.message.contains(what));
+        .any(|c| c.reason == reason && c.message.contains(what));
     if !reported {
         warn!(reason, "{note}");
         report::warning(&ctx.recorder, ring, reason, note).await;
@@ -419,6 +428,19 @@ async fn run_pass(
         elapsed,
     };
     report::report(&ctx.recorder, ring, &outcome, summary).await;
+    let full = pass.lists.contains(&Scope::All) && outcome.failed_lists == 0;
+    match &outcome.unresolved {
+        (left @ 1.., Some(problem)) => {
+            let what = format!("{problem}: objects below it are left where they are");
+            let note = format!("{what} ({left} in this pass)");
+            warn_once(ctx, ring, status::REASON_OWNER_CHAIN, &what, note).await;
+            ctx.chains().insert(ring.id.name.clone(), what);
+        }
+        _ if full => {
+            ctx.chains().remove(&ring.id.name);
+        }
+        _ => {}
+    }
     if outcome.errors > 0 {
         let failed_writes = outcome.errors - outcome.failed_lists;
         for (reason, n) in [("list", outcome.failed_lists), ("write", failed_writes)] {

@@ -1,5 +1,6 @@
 //! Reading the owner of a controlled object under admission, so the object goes where its owner
-//! is held now (`sharder_common::handover`): one metadata-only GET per new controlled object.
+//! is held now (`sharder_common::handover`): one metadata-only GET per new controlled object,
+//! whether the owner is a main object or a level of a chain.
 //! The owner's resource is found through discovery (its kind to its plural), once per kind, in a
 //! task of its own: the first children after a start all wait on one discovery instead of each
 //! sending its own, and one slower than the owner read's bound still ends and serves the children
@@ -14,8 +15,8 @@ use futures::future::BoxFuture;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::Scope;
 use kube::{Api, Client};
-use sharder_common::OwnerState;
 use sharder_common::key::group_of_api_version;
+use sharder_common::{OwnerState, Role};
 use tokio::sync::OnceCell;
 
 use crate::admission::{OwnerRef, RingSnapshot};
@@ -93,10 +94,9 @@ impl Owners for ApiOwners {
         Box::pin(async move {
             let read = async {
                 let (resource, namespaced) = self.resource(&owner.api_version, &owner.kind).await?;
-                if ring.role(&resource.group, &resource.plural) != Some(sharder_common::Role::Main)
-                {
+                let Some(role) = ring.role(&resource.group, &resource.plural) else {
                     return Ok(OwnerState::NotSharded);
-                }
+                };
                 let api = match (&owner.namespace, namespaced) {
                     (Some(ns), true) => {
                         Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &resource)
@@ -107,10 +107,12 @@ impl Owners for ApiOwners {
                     .get_metadata_opt(&owner.name)
                     .await
                     .map_err(|e| format!("reading owner {} {}: {e}", owner.kind, owner.name))?;
-                Ok(OwnerState::of(
-                    found.as_ref().map(|o| &o.metadata),
-                    &ring.labels,
-                ))
+                let state = OwnerState::of(found.as_ref().map(|o| &o.metadata), &ring.labels);
+                Ok(match role {
+                    Role::Main => state,
+                    // A level of a chain: its holder now, if that shard is on the ring.
+                    Role::Controlled => state.as_chain_level(true, |s| ring.ring.contains(s)),
+                })
             };
             tokio::time::timeout(OWNER_LOOKUP_TIMEOUT, read)
                 .await

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sharder_common::GroupResource;
 
-use super::plan::{Move, Reason};
+use super::plan::{ChainProblem, Move, Reason};
 use super::strays::Strays;
 use crate::terms::{ObjectId, Scope};
 
@@ -28,6 +28,8 @@ pub(crate) enum Handled {
     },
     /// Not written: the ring was deleted or replaced.
     Abandoned,
+    /// Left where it is: its owner chain cannot be followed.
+    Unresolved(ChainProblem),
 }
 
 /// Counts of one rebalance.
@@ -51,6 +53,9 @@ pub(crate) struct Outcome {
     pub awaiting: Vec<ObjectId>,
     /// Objects that needed a write but were left because the ring was gone by then.
     pub abandoned: usize,
+    /// Objects left where they are because their owner chain cannot be followed, and the
+    /// least such problem.
+    pub unresolved: (usize, Option<ChainProblem>),
     /// Per resource, the objects no available shard held, as the last list of all of them found.
     pub strays: BTreeMap<GroupResource, Strays>,
     /// The lists run.
@@ -77,6 +82,10 @@ impl Outcome {
         self.failed_lists += other.failed_lists;
         self.refused += other.refused;
         self.abandoned += other.abandoned;
+        self.unresolved.0 += other.unresolved.0;
+        if let Some(problem) = other.unresolved.1 {
+            self.unresolved(problem);
+        }
         for (reason, n) in other.assigned {
             *self.assigned.entry(reason).or_default() += n;
         }
@@ -86,6 +95,16 @@ impl Outcome {
         self.drains_pending |= other.drains_pending;
         // `other` listed later: what it found replaces what was found before.
         self.strays.extend(other.strays);
+    }
+
+    /// Keeps `problem` if it is the least (in order) seen: the same chains give the same one.
+    fn unresolved(&mut self, problem: ChainProblem) {
+        let least = self
+            .unresolved
+            .1
+            .take()
+            .map_or(problem.clone(), |p| p.min(problem));
+        self.unresolved.1 = Some(least);
     }
 
     /// Counts what handling one object ended with.
@@ -103,6 +122,10 @@ impl Outcome {
                 self.awaiting.extend(object);
             }
             Handled::Abandoned => self.abandoned += 1,
+            Handled::Unresolved(problem) => {
+                self.unresolved.0 += 1;
+                self.unresolved(problem);
+            }
         }
     }
 }

@@ -137,25 +137,45 @@ pub(crate) enum Decision {
     ReadOwner,
 }
 
-/// What object `meta` (its key on the ring `key`, its resource's `role`) needs, as a pure
-/// function of its labels, the ring, the `available` shards and, for a controlled object
-/// whose owner decides, the owner's state (`None`: not read yet, then [`Decision::ReadOwner`]).
+/// How an object is placed on the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// A main object: by its own key.
+    Main,
+    /// A controlled object whose controller is a main object of the ring or not of the ring:
+    /// by its controller's key, with its controller's current holder.
+    Child,
+    /// A controlled object whose controller is a controlled object of the ring (a level of a
+    /// chain): with its controller's current holder alone, once that level is in place
+    /// (`OwnerState::as_chain_level`).
+    Chained,
+}
+
+/// What object `meta` (its key on the ring `key`, its `placement`) needs, as a pure function of
+/// its labels, the ring, the `available` shards and, for a controlled object whose owner
+/// decides, the owner's state (`None`: not read yet, then [`Decision::ReadOwner`]).
 pub(crate) fn decide(
     meta: &ObjectMeta,
     key: Option<&ObjectKey>,
-    role: Role,
+    placement: Placement,
     ring: &Ring,
     available: &BTreeSet<String>,
     labels: &RingLabels,
     owner: Option<&OwnerState>,
 ) -> Decision {
-    if role == Role::Main {
-        return plan(meta, key, ring, available, labels).map_or(Decision::Stay, Decision::Move);
-    }
-    match (plan_child(meta, key, ring, available, labels), owner) {
-        (Some(decided), _) => decided,
-        (None, None) => Decision::ReadOwner,
-        (None, Some(owner)) => follow_owner(meta, key, ring, available, labels, owner),
+    match (placement, owner) {
+        (Placement::Main, _) => {
+            plan(meta, key, ring, available, labels).map_or(Decision::Stay, Decision::Move)
+        }
+        (Placement::Child, owner) => {
+            match (plan_child(meta, key, ring, available, labels), owner) {
+                (Some(decided), _) => decided,
+                (None, None) => Decision::ReadOwner,
+                (None, Some(owner)) => follow_owner(meta, key, ring, available, labels, owner),
+            }
+        }
+        (Placement::Chained, None) => Decision::ReadOwner,
+        (Placement::Chained, Some(owner)) => follow_chain(meta, available, labels, owner),
     }
 }
 
@@ -225,6 +245,67 @@ fn follow_owner(
         }),
         (None, Some(_)) if *owner != OwnerState::Missing => Decision::AwaitOwner,
         (None, _) => Decision::Stay,
+    }
+}
+
+/// The decision for a level of a chain once its owner's state is known: it goes to the shard
+/// that holds its owner (settled or leaving), and waits there while the owner is leaving. An
+/// owner that no available shard holds: an assigned object waits, an unassigned one stays
+/// unassigned until the next sweep; an object whose owner is missing stays.
+fn follow_chain(
+    meta: &ObjectMeta,
+    available: &BTreeSet<String>,
+    labels: &RingLabels,
+    owner: &OwnerState,
+) -> Decision {
+    let object_labels = meta.labels.as_ref();
+    let current = object_labels.and_then(|l| l.get(&labels.shard));
+    let draining = object_labels.is_some_and(|l| l.contains_key(&labels.drain));
+    let holder = match owner {
+        OwnerState::Settled(shard) | OwnerState::Draining(shard) if available.contains(shard) => {
+            shard
+        }
+        OwnerState::Missing | OwnerState::NotSharded => return Decision::Stay,
+        _ if current.is_some() => return Decision::AwaitOwner,
+        _ => return Decision::Stay,
+    };
+    let settled = matches!(owner, OwnerState::Settled(_));
+    match current {
+        Some(current) if current == holder && !settled => Decision::AwaitOwner,
+        Some(current) if current == holder && !draining => Decision::Stay,
+        current => Decision::Move(Move::Assign {
+            from: current.cloned(),
+            to: holder.clone(),
+            reason: match current {
+                None => Reason::Unassigned,
+                Some(current) if !available.contains(current) => Reason::DeadShard,
+                Some(_) => Reason::Drain,
+            },
+        }),
+    }
+}
+
+/// The most controlled levels a chain may have above an object, up to its main object.
+pub(crate) const MAX_CHAIN_LEVELS: usize = 8;
+
+/// Why an object's owner chain cannot be followed (its objects stay where they are).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ChainProblem {
+    /// The chain comes back to an object already in it (named).
+    Cycle(String),
+    /// More than [`MAX_CHAIN_LEVELS`] controlled levels above the object (the level named).
+    TooDeep(String),
+}
+
+impl fmt::Display for ChainProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Cycle(at) => write!(f, "an owner chain cycles through {at}"),
+            Self::TooDeep(at) => write!(
+                f,
+                "an owner chain has more than {MAX_CHAIN_LEVELS} controlled levels (at {at})"
+            ),
+        }
     }
 }
 
@@ -378,7 +459,7 @@ mod tests {
                 "a main object on a live wrong shard: drained, no owner read",
                 &main,
                 main_key.as_ref(),
-                Role::Main,
+                Placement::Main,
                 None,
                 Decision::Move(Move::Drain {
                     from: "a".into(),
@@ -389,7 +470,7 @@ mod tests {
                 "a child on its owner's desired shard: stays, no owner read",
                 &on_its_shard,
                 key.as_ref(),
-                Role::Controlled,
+                Placement::Child,
                 None,
                 Decision::Stay,
             ),
@@ -397,7 +478,7 @@ mod tests {
                 "a child on another live shard, owner not read yet",
                 &elsewhere,
                 elsewhere_key.as_ref(),
-                Role::Controlled,
+                Placement::Child,
                 None,
                 Decision::ReadOwner,
             ),
@@ -405,14 +486,14 @@ mod tests {
                 "the same, its owner settled on a",
                 &elsewhere,
                 elsewhere_key.as_ref(),
-                Role::Controlled,
+                Placement::Child,
                 Some(&settled),
                 assign(Some("b"), "a", Reason::Drain),
             ),
         ];
-        for (what, object, key, role, owner, want) in table {
+        for (what, object, key, placement, owner, want) in table {
             assert_eq!(
-                decide(object, key, role, &ring, &available, &labels(), owner),
+                decide(object, key, placement, &ring, &available, &labels(), owner),
                 want,
                 "{what}"
             );
@@ -591,5 +672,99 @@ mod tests {
             Value::Null,
             "null removes the drain label"
         );
+    }
+
+    #[test]
+    fn a_chain_level_follows_its_owners_holder_and_waits_while_the_owner_leaves() {
+        let ring = Ring::new(["a", "b"]);
+        let available = set(&["a", "b"]);
+        let settled = |s: &str| OwnerState::Settled(s.into());
+        let leaving = |s: &str| OwnerState::Draining(s.into());
+        let table = [
+            ("in place", Some("a"), false, settled("a"), Decision::Stay),
+            (
+                "leftover drain label",
+                Some("a"),
+                true,
+                settled("a"),
+                assign(Some("a"), "a", Reason::Drain),
+            ),
+            (
+                "with its owner, which leaves",
+                Some("a"),
+                false,
+                leaving("a"),
+                Decision::AwaitOwner,
+            ),
+            (
+                "owner settled elsewhere",
+                Some("b"),
+                false,
+                settled("a"),
+                assign(Some("b"), "a", Reason::Drain),
+            ),
+            (
+                "on a dead shard, owner held on a, leaving",
+                Some("gone"),
+                false,
+                leaving("a"),
+                assign(Some("gone"), "a", Reason::DeadShard),
+            ),
+            (
+                "unassigned, owner settled",
+                None,
+                false,
+                settled("b"),
+                assign(None, "b", Reason::Unassigned),
+            ),
+            (
+                "owner held by no available shard: waits where it is",
+                Some("gone"),
+                false,
+                OwnerState::Unassigned,
+                Decision::AwaitOwner,
+            ),
+            (
+                "owner on a dead shard (as read, not yet mapped): waits",
+                Some("b"),
+                false,
+                settled("gone"),
+                Decision::AwaitOwner,
+            ),
+            (
+                "unassigned, owner held by none: left to the sweep",
+                None,
+                false,
+                OwnerState::Unassigned,
+                Decision::Stay,
+            ),
+            (
+                "owner missing",
+                Some("a"),
+                false,
+                OwnerState::Missing,
+                Decision::Stay,
+            ),
+        ];
+        for (what, shard, drain, owner, want) in table {
+            let (object, key) = child_on(&ring, shard, drain);
+            let decided = |owner| {
+                decide(
+                    &object,
+                    key.as_ref(),
+                    Placement::Chained,
+                    &ring,
+                    &available,
+                    &labels(),
+                    owner,
+                )
+            };
+            assert_eq!(
+                decided(None),
+                Decision::ReadOwner,
+                "{what}: the owner decides"
+            );
+            assert_eq!(decided(Some(&owner)), want, "{what}");
+        }
     }
 }

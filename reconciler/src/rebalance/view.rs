@@ -4,13 +4,15 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::handover::OwnerState;
+use sharder_common::key::group_of_api_version;
 use sharder_common::{Ring, RingId, RingLabels, Role, is_available};
 use tracing::warn;
 
-use super::plan;
+use super::plan::{self, Placement};
 use crate::terms::{Namespaces, Target};
 
 /// One ring's view for a rebalance.
@@ -37,11 +39,12 @@ impl RingView<'_> {
         (self.current)()
     }
 
-    /// What object `meta` of `target` needs on this ring ([`plan::decide`]; `owner`: its
-    /// owner's state once read).
+    /// What object `meta` of `target`, placed as `placement`, needs on this ring
+    /// ([`plan::decide`]; `owner`: its owner's state once read).
     pub(crate) fn decide(
         &self,
         target: &Target,
+        placement: Placement,
         meta: &ObjectMeta,
         owner: Option<&OwnerState>,
     ) -> plan::Decision {
@@ -50,7 +53,7 @@ impl RingView<'_> {
         plan::decide(
             meta,
             key.as_ref(),
-            target.role,
+            placement,
             ring,
             available,
             labels,
@@ -60,7 +63,36 @@ impl RingView<'_> {
 
     /// Whether `meta` is a main object of `target` that needs no write (no request needed).
     pub(crate) fn stays(&self, target: &Target, meta: &ObjectMeta) -> bool {
-        target.role == Role::Main && self.decide(target, meta, None) == plan::Decision::Stay
+        target.role == Role::Main
+            && self.decide(target, Placement::Main, meta, None) == plan::Decision::Stay
+    }
+}
+
+/// The controller ownerReference of `meta`, if any.
+pub(crate) fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+}
+
+/// How object `meta` of `target` is placed among the ring's `targets`: a controlled object whose
+/// controller is of a controlled resource of the ring is a level of a chain.
+pub(crate) fn placement(targets: &[Target], target: &Target, meta: &ObjectMeta) -> Placement {
+    if target.role == Role::Main {
+        return Placement::Main;
+    }
+    let chained = controller_of(meta).is_some_and(|owner| {
+        group_of_api_version(&owner.api_version).is_ok_and(|group| {
+            targets.iter().any(|t| {
+                t.role == Role::Controlled && t.resource.group == group && t.api.kind == owner.kind
+            })
+        })
+    });
+    if chained {
+        Placement::Chained
+    } else {
+        Placement::Child
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::future::BoxFuture;
 use http_body_util::BodyExt as _;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::client::Body;
@@ -21,8 +22,8 @@ use tracing::{debug, info, warn};
 
 use super::concurrency::{Answer, OVERLOAD_RETRIES, WriteSlots};
 use super::outcome::Handled;
-use super::plan::{Decision, Move, Reason};
-use super::view::RingView;
+use super::plan::{ChainProblem, Decision, MAX_CHAIN_LEVELS, Move, Reason};
+use super::view::{RingView, controller_of, placement};
 use crate::metrics::{FailedWriteLabels, Metrics};
 use crate::terms::{ObjectId, Target};
 
@@ -147,8 +148,8 @@ impl Writer {
         targets: &[Target],
         target: &Target,
         meta: &ObjectMeta,
-    ) -> Decision {
-        let planned = self.plan_on_snapshot(view, targets, target, meta).await;
+    ) -> Result<Decision, ChainProblem> {
+        let planned = self.plan_on_snapshot(view, targets, target, meta).await?;
         // The ring's snapshot of Leases predates the objects it lists: an object may sit on a
         // shard that joined since (the webhook saw its Lease first). Only a shard whose Lease
         // is not held now is dead; an object on a live one waits for the rebalance its Lease
@@ -161,65 +162,92 @@ impl Writer {
             && view.live_now.holds(&self.client, view.id, from).await
         {
             debug!(ring = %view.id, shard = %from, "shard joined after the ring's snapshot; its objects wait");
-            return Decision::Stay;
+            return Ok(Decision::Stay);
         }
-        planned
+        Ok(planned)
     }
 
     /// What [`plan`](Self::plan) decides from the ring's snapshot alone (and the owner, read
-    /// when it decides).
+    /// when it decides). An owner chain that cannot be followed leaves the object where it is.
     async fn plan_on_snapshot(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
         target: &Target,
         meta: &ObjectMeta,
-    ) -> Decision {
-        match view.decide(target, meta, None) {
+    ) -> Result<Decision, ChainProblem> {
+        let placement = placement(targets, target, meta);
+        Ok(match view.decide(target, placement, meta, None) {
             Decision::ReadOwner => {
-                let owner = self.owner_state(view, targets, meta).await;
-                view.decide(target, meta, Some(&owner))
+                let uid = meta.uid.clone().unwrap_or_default();
+                let owner = self.owner_state(view, targets, meta, vec![uid]).await?;
+                view.decide(target, placement, meta, Some(&owner))
             }
             decided => decided,
-        }
+        })
     }
 
-    /// The state of the controller owner of the controlled object `meta`: read from the
-    /// apiserver (metadata only) when the owner's resource is a main resource of the ring.
-    async fn owner_state(
-        &self,
-        view: &RingView<'_>,
-        targets: &[Target],
-        meta: &ObjectMeta,
-    ) -> OwnerState {
-        let Some(owner) = meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-        else {
-            return OwnerState::Missing;
-        };
-        let Ok(group) = group_of_api_version(&owner.api_version) else {
-            return OwnerState::Missing;
-        };
-        let Some(target) = targets.iter().find(|t| {
-            t.role == Role::Main && t.resource.group == group && t.api.kind == owner.kind
-        }) else {
-            return OwnerState::NotSharded;
-        };
-        match self
-            .api(target, meta.namespace.as_deref())
-            .get_metadata_opt(&owner.name)
-            .await
-        {
-            Ok(found) => OwnerState::of(found.as_ref().map(|o| &o.metadata), view.labels),
-            // Unknown: treat it as not settled, so the child waits (never moves ahead of it).
-            Err(e) => {
-                warn!(object = %display_name(meta), owner = %owner.name, error = %e, "cannot read the owner");
-                OwnerState::Unassigned
+    /// The state of the controller owner of the controlled object `meta` (metadata only, read
+    /// from the apiserver when the owner's resource is a resource of the ring). An owner that is
+    /// itself controlled (a level of a chain) is decided in turn, up its chain to the main
+    /// object, and its children see it as [`OwnerState::as_chain_level`] says. `chain`: the
+    /// uids of the objects below the owner, to stop at a cycle and at [`MAX_CHAIN_LEVELS`].
+    fn owner_state<'a>(
+        &'a self,
+        view: &'a RingView<'a>,
+        targets: &'a [Target],
+        meta: &'a ObjectMeta,
+        mut chain: Vec<String>,
+    ) -> BoxFuture<'a, Result<OwnerState, ChainProblem>> {
+        Box::pin(async move {
+            let Some(owner) = controller_of(meta) else {
+                return Ok(OwnerState::Missing);
+            };
+            let Ok(group) = group_of_api_version(&owner.api_version) else {
+                return Ok(OwnerState::Missing);
+            };
+            let Some(target) = targets
+                .iter()
+                .find(|t| t.resource.group == group && t.api.kind == owner.kind)
+            else {
+                return Ok(OwnerState::NotSharded);
+            };
+            let found = match self
+                .api(target, meta.namespace.as_deref())
+                .get_metadata_opt(&owner.name)
+                .await
+            {
+                Ok(Some(found)) => found.metadata,
+                Ok(None) => return Ok(OwnerState::Missing),
+                // Unknown: treat it as not settled, so the child waits (never moves ahead of it).
+                Err(e) => {
+                    warn!(object = %display_name(meta), owner = %owner.name, error = %e, "cannot read the owner");
+                    return Ok(OwnerState::Unassigned);
+                }
+            };
+            let state = OwnerState::of(Some(&found), view.labels);
+            if target.role == Role::Main {
+                return Ok(state);
             }
-        }
+            let uid = found.uid.clone().unwrap_or_default();
+            if chain.contains(&uid) {
+                return Err(ChainProblem::Cycle(display_name(&found)));
+            }
+            if chain.len() > MAX_CHAIN_LEVELS {
+                return Err(ChainProblem::TooDeep(display_name(&found)));
+            }
+            chain.push(uid);
+            let placement = placement(targets, target, &found);
+            let decided = match view.decide(target, placement, &found, None) {
+                Decision::ReadOwner => {
+                    let above = self.owner_state(view, targets, &found, chain).await?;
+                    view.decide(target, placement, &found, Some(&above))
+                }
+                decided => decided,
+            };
+            let in_place = decided == Decision::Stay;
+            Ok(state.as_chain_level(in_place, |s| view.available.contains(s)))
+        })
     }
 
     /// Plans object `meta` and writes its move with the object's resourceVersion; on a conflict
@@ -249,10 +277,14 @@ impl Writer {
                 return Handled::Abandoned;
             }
             let mv = match self.plan(view, targets, target, &meta).await {
-                Decision::Move(mv) => mv,
+                Ok(Decision::Move(mv)) => mv,
                 // `ReadOwner` does not come back: the owner was read.
-                Decision::Stay | Decision::ReadOwner => return Handled::Stayed,
-                Decision::AwaitOwner => {
+                Ok(Decision::Stay | Decision::ReadOwner) => return Handled::Stayed,
+                Err(problem) => {
+                    debug!(object = %display_name(&meta), %problem, "left where it is");
+                    return Handled::Unresolved(problem);
+                }
+                Ok(Decision::AwaitOwner) => {
                     debug!(object = %display_name(&meta), "waiting for its owner to settle");
                     return Handled::Awaiting(ObjectId {
                         resource: target.resource.clone(),

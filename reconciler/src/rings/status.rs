@@ -23,6 +23,13 @@ pub(crate) const REASON_SELECTORS_NOT_APPLIED: &str = "ShardedListAndWatchOff";
 /// Reason of the `Ready` condition when shard names are ambiguous.
 pub(crate) const REASON_CONFLICTING_SHARD_NAMES: &str = "ConflictingShardNames";
 
+/// Type of the condition present while objects are left where they are because their owner
+/// chain cannot be followed (always `False`; gone once a full list finds no such chain).
+pub(crate) const CONDITION_OWNER_CHAINS: &str = "OwnerChainsFollowed";
+
+/// Its reason, and that of the Warning Event.
+pub(crate) const REASON_OWNER_CHAIN: &str = "OwnerChainNotFollowed";
+
 /// What the status reports.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Counts<'a> {
@@ -36,6 +43,8 @@ pub(crate) struct Counts<'a> {
     pub conflicting: Option<&'a str>,
     /// In range mode, its key and where the assignment stands.
     pub ranges: Option<(RangeKey, &'a RangeState)>,
+    /// Owner chains not followed, if any (described).
+    pub chains: Option<&'a str>,
 }
 
 /// The `Ready` condition for `counts` at generation `generation`; its transition time moves
@@ -52,6 +61,7 @@ pub(crate) fn ready_condition(
         invalid,
         conflicting,
         ranges,
+        chains: _,
     } = counts;
     let (status, reason, message) = match (invalid, conflicting) {
         (Some(reason), _) => ("False", REASON_INVALID_SPEC, reason.to_owned()),
@@ -100,13 +110,25 @@ pub(crate) fn ready_condition(
             format!("0 of {shards} shards available"),
         ),
     };
-    let previous = existing.and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY));
+    let condition = (CONDITION_READY, status, reason, message);
+    condition_of(existing, generation, condition, now)
+}
+
+/// The condition (type, status, reason, message) at `generation`; its transition time moves
+/// only when its status changes (then it is `now`).
+fn condition_of(
+    existing: Option<&ClusterRingStatus>,
+    generation: i64,
+    (type_, status, reason, message): (&str, &str, &str, String),
+    now: Timestamp,
+) -> Condition {
+    let previous = existing.and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
     let last_transition_time = match previous {
         Some(p) if p.status == status => p.last_transition_time.clone(),
         _ => Time(now),
     };
     Condition {
-        type_: CONDITION_READY.into(),
+        type_: type_.into(),
         status: status.into(),
         reason: reason.into(),
         message,
@@ -122,17 +144,23 @@ pub(crate) fn desired_status(
     now: Timestamp,
 ) -> ClusterRingStatus {
     let generation = ring.object.meta().generation.unwrap_or_default();
+    let existing = ring.object.status.as_ref();
     let count = |n: usize| Some(i32::try_from(n).unwrap_or(i32::MAX));
     ClusterRingStatus {
         observed_generation: Some(generation),
         shards: count(counts.shards),
         available_shards: count(counts.available),
-        conditions: vec![ready_condition(
-            ring.object.status.as_ref(),
-            generation,
-            counts,
-            now,
-        )],
+        conditions: std::iter::once(ready_condition(existing, generation, counts, now))
+            .chain(counts.chains.map(|problem| {
+                let chains = (
+                    CONDITION_OWNER_CHAINS,
+                    "False",
+                    REASON_OWNER_CHAIN,
+                    problem.into(),
+                );
+                condition_of(existing, generation, chains, now)
+            }))
+            .collect(),
     }
 }
 
@@ -174,6 +202,7 @@ mod tests {
             invalid,
             conflicting: None,
             ranges: None,
+            chains: None,
         }
     }
 
@@ -277,5 +306,40 @@ mod tests {
         assert_eq!(same.available_shards, Some(3));
         let flipped = desired_status(&ring, counts(0, None), at(10));
         assert_eq!(flipped.conditions[0].last_transition_time, Time(at(10)));
+    }
+
+    #[test]
+    fn unfollowed_owner_chains_have_a_condition_of_their_own_while_they_last() {
+        let mut ring = RingObject::cluster_ring(sharder_common::ClusterRing::new(
+            "r",
+            ClusterRingSpec::default(),
+        ));
+        let problem =
+            "an owner chain cycles through ns/a: objects below it are left where they are";
+        let with = |available| Counts {
+            chains: Some(problem),
+            ..counts(available, None)
+        };
+        ring.object.status = Some(desired_status(&ring, with(1), at(0)));
+        let status = desired_status(&ring, with(2), at(10));
+        let types: Vec<(&str, &str)> = status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(
+            types,
+            [(CONDITION_READY, "True"), (CONDITION_OWNER_CHAINS, "False")],
+            "the ring is ready all the same"
+        );
+        let chains = &status.conditions[1];
+        assert_eq!(
+            (chains.reason.as_str(), chains.message.as_str()),
+            (REASON_OWNER_CHAIN, problem)
+        );
+        assert_eq!(chains.last_transition_time, Time(at(0)));
+        ring.object.status = Some(status);
+        let resolved = desired_status(&ring, counts(2, None), at(20));
+        assert_eq!(resolved.conditions.len(), 1, "gone once resolved");
     }
 }

@@ -18,6 +18,7 @@ use sharder_harness::launch::{Env, Reconciler, Webhook};
 use sharder_harness::wait::{Rebalances, eventually};
 use sharder_harness::world::World;
 
+mod chains;
 mod clients;
 mod controller_ring;
 mod hostile_rings;
