@@ -670,13 +670,28 @@ async fn latency(m: &Movers, webhooks: &Webhooks, args: &Args) -> Result<Latency
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in 0..=args.rounds {
         let base = plain
-            .samples(false, &format!("plain-{r}"), args.creates, args.rate)
+            .samples(
+                crate::create_latency::Level::Main,
+                &format!("plain-{r}"),
+                args.creates,
+                args.rate,
+            )
             .await;
         let least = floored
-            .samples(false, &format!("floor-{r}"), args.creates, args.rate)
+            .samples(
+                crate::create_latency::Level::Main,
+                &format!("floor-{r}"),
+                args.creates,
+                args.rate,
+            )
             .await;
         let hooked = ringed
-            .samples(false, &format!("lat-{r}"), args.creates, args.rate)
+            .samples(
+                crate::create_latency::Level::Main,
+                &format!("lat-{r}"),
+                args.creates,
+                args.rate,
+            )
             .await;
         created.extend((0..args.creates).map(|i| format!("lat-{r}-{i}")));
         let failed = base.2 + least.2 + hooked.2;

@@ -1,8 +1,9 @@
 //! Section 1: CREATE latency through kube-apiserver at a fixed rate, in interleaved rounds of: no
 //! webhook registered, the floor webhook registered, the sharder webhook registered (the same
 //! MutatingWebhookConfiguration, only the URL differs); and for controlled objects (ConfigMaps
-//! with a controller Secret), no webhook and the sharder webhook, which reads each new child's
-//! owner so the child lands where the owner is held now.
+//! with a controller Secret) and a level below them (ConfigMaps controlled by such a ConfigMap:
+//! a chain), no webhook and the sharder webhook, which reads each new child's direct owner so
+//! the child lands where the owner is held now.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use sharder_common::webhook_configuration::{
     WebhookSettings, WebhookTarget, webhook_configuration,
 };
@@ -33,14 +34,31 @@ enum Hook {
     Sharder,
 }
 
-/// The rounds' modes, in the order run: the report's name, the webhook registered, and
-/// whether controlled objects are created; each mode adds latency to the first of its kind.
-const MODES: [(&str, Hook, bool); 5] = [
-    ("no webhook", Hook::None, false),
-    ("floor webhook", Hook::Floor, false),
-    ("sharder webhook", Hook::Sharder, false),
-    ("no webhook, children", Hook::None, true),
-    ("sharder webhook, children", Hook::Sharder, true),
+/// What a round creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Level {
+    /// Secrets (main objects).
+    Main,
+    /// ConfigMaps controlled by a Secret on its shard.
+    Child,
+    /// ConfigMaps controlled by such a ConfigMap on its shard (a level of a chain).
+    Grandchild,
+}
+
+/// The rounds' modes, in the order run: the report's name, the webhook registered, and what is
+/// created; each mode adds latency to the first of its level.
+const MODES: [(&str, Hook, Level); 7] = [
+    ("no webhook", Hook::None, Level::Main),
+    ("floor webhook", Hook::Floor, Level::Main),
+    ("sharder webhook", Hook::Sharder, Level::Main),
+    ("no webhook, children", Hook::None, Level::Child),
+    ("sharder webhook, children", Hook::Sharder, Level::Child),
+    ("no webhook, grandchildren", Hook::None, Level::Grandchild),
+    (
+        "sharder webhook, grandchildren",
+        Hook::Sharder,
+        Level::Grandchild,
+    ),
 ];
 
 /// Registers `hook` (or none) for the ring of `setup`.
@@ -75,12 +93,14 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, hook: Hook) -> Result<
 }
 
 /// Creates the objects of the rounds: Secrets, or ConfigMaps each controlled by one of the
-/// owners (Secrets already on their shards).
+/// owners (Secrets already on their shards) or by one of the parents (ConfigMaps controlled by
+/// an owner, on its shard).
 #[derive(Clone)]
 pub(crate) struct Creator {
     secrets: Api<Secret>,
     configmaps: Api<ConfigMap>,
     owners: Arc<[Secret]>,
+    parents: Arc<[ConfigMap]>,
 }
 
 impl Creator {
@@ -90,18 +110,28 @@ impl Creator {
             secrets: Api::namespaced(client.clone(), ns),
             configmaps: Api::namespaced(client.clone(), ns),
             owners: Arc::from([]),
+            parents: Arc::from([]),
         }
     }
 
-    /// Creates object `name`, a child of the owner `i` picks if `child`; the labels it came
-    /// back with.
-    async fn create(&self, child: bool, name: &str, i: usize) -> Result<Vec<String>, kube::Error> {
+    /// Creates object `name` of `level`, controlled by the owner or parent `i` picks; the
+    /// labels it came back with.
+    async fn create(&self, level: Level, name: &str, i: usize) -> Result<Vec<String>, kube::Error> {
         let post = PostParams::default();
-        let created = if child {
-            let child = child_of(&self.owners[i % self.owners.len()], name);
-            self.configmaps.create(&post, &child).await?.metadata
-        } else {
-            self.secrets.create(&post, &secret(name)).await?.metadata
+        let created = match level {
+            Level::Main => self.secrets.create(&post, &secret(name)).await?.metadata,
+            Level::Child => {
+                let child = child_of(&self.owners[i % self.owners.len()], name);
+                self.configmaps.create(&post, &child).await?.metadata
+            }
+            Level::Grandchild => {
+                let parent = &self.parents[i % self.parents.len()];
+                let mut grandchild = ConfigMap::default();
+                grandchild.metadata.name = Some(name.to_owned());
+                grandchild.metadata.owner_references =
+                    parent.controller_owner_ref(&()).map(|r| vec![r]);
+                self.configmaps.create(&post, &grandchild).await?.metadata
+            }
         };
         Ok(created.labels.unwrap_or_default().into_keys().collect())
     }
@@ -112,7 +142,7 @@ impl Creator {
         &self,
         setup: &RingSetup,
         webhooks: &Webhooks,
-        (name, hook, child): (&str, Hook, bool),
+        (name, hook, child): (&str, Hook, Level),
     ) -> Result<(), Error> {
         register(setup, webhooks, hook).await?;
         static PROBES: AtomicUsize = AtomicUsize::new(0);
@@ -137,8 +167,8 @@ impl Creator {
 
     /// One round of `n` creates at `rate`: p50, p90, p99 (ms), creates per second achieved and
     /// failed creates.
-    pub(crate) async fn round(&self, child: bool, prefix: &str, n: usize, rate: f64) -> [f64; 5] {
-        let (latencies, achieved, errors) = self.samples(child, prefix, n, rate).await;
+    pub(crate) async fn round(&self, level: Level, prefix: &str, n: usize, rate: f64) -> [f64; 5] {
+        let (latencies, achieved, errors) = self.samples(level, prefix, n, rate).await;
         let p = |q| ms(percentile(&latencies, q));
         [p(50.0), p(90.0), p(99.0), achieved, errors as f64]
     }
@@ -147,14 +177,14 @@ impl Creator {
     /// per second achieved and failed creates.
     pub(crate) async fn samples(
         &self,
-        child: bool,
+        level: Level,
         prefix: &str,
         n: usize,
         rate: f64,
     ) -> (Vec<Duration>, f64, usize) {
         paced(n, rate, |i| {
             let (creator, name) = (self.clone(), format!("{prefix}-{i}"));
-            async move { creator.create(child, &name, i).await.map(|_| ()) }
+            async move { creator.create(level, &name, i).await.map(|_| ()) }
         })
         .await
     }
@@ -203,14 +233,28 @@ pub(crate) async fn run(
     // Ten owners, each already on the shard the ring picks (settled: the common case).
     let ring = Ring::new((0..3).map(|i| format!("shard-{i}")));
     setup.create_assigned(0..10, &ring).await?;
-    let owners = setup.secrets().list(&ListParams::default()).await?.items;
+    let owners: Vec<Secret> = setup.secrets().list(&ListParams::default()).await?.items;
+    let owners: Arc<[Secret]> = owners
+        .into_iter()
+        .filter(|s| s.name_any().starts_with("object-"))
+        .collect();
+    // Ten parents, each a child of an owner on the owner's shard.
+    let mut parents = Vec::new();
+    for (i, owner) in owners.iter().enumerate() {
+        let mut parent = child_of(owner, &format!("parent-{i}"));
+        parent.metadata.labels = owner.metadata.labels.clone();
+        parents.push(
+            setup
+                .configmaps()
+                .create(&PostParams::default(), &parent)
+                .await?,
+        );
+    }
     let creator = Creator {
         secrets: setup.secrets(),
         configmaps: setup.configmaps(),
-        owners: owners
-            .into_iter()
-            .filter(|s| s.name_any().starts_with("object-"))
-            .collect(),
+        owners,
+        parents: parents.into(),
     };
     for mode in MODES {
         creator.switch(&setup, webhooks, mode).await?;
@@ -238,7 +282,7 @@ pub(crate) async fn run(
 /// errors).
 fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
     let mut out = format!(
-        "Secrets created through kube-apiserver at {}/s, {} per round, rounds interleaved: no webhook registered, the floor webhook (parses the review, answers a fixed one-label patch: the transport cost any webhook pays) and the sharder webhook, each its own process serving TLS on loopback, registered with the same MutatingWebhookConfiguration (only the URL differs). Then controlled objects (ConfigMaps with a controller Secret already on its shard) with no webhook and with the sharder webhook, which reads each new child's owner (one metadata GET) so the child lands on the shard holding the owner now, never ahead of it. Added latency: a main object's against no webhook, a child's against no webhook for children.\n\n",
+        "Secrets created through kube-apiserver at {}/s, {} per round, rounds interleaved: no webhook registered, the floor webhook (parses the review, answers a fixed one-label patch: the transport cost any webhook pays) and the sharder webhook, each its own process serving TLS on loopback, registered with the same MutatingWebhookConfiguration (only the URL differs). Then controlled objects (ConfigMaps with a controller Secret already on its shard) with no webhook and with the sharder webhook, which reads each new child's owner (one metadata GET) so the child lands on the shard holding the owner now, never ahead of it; and grandchildren (ConfigMaps controlled by such a ConfigMap: a level of a chain), for which the webhook reads the direct owner alike. Added latency: against no webhook for the same level.\n\n",
         args.rate, args.creates
     );
     out += &table(
@@ -256,7 +300,11 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
         MODES
             .iter()
             .find(|m| m.0 == mode)
-            .map_or("", |m| if m.2 { MODES[3].0 } else { MODES[0].0 })
+            .map_or("", |m| match m.2 {
+                Level::Main => MODES[0].0,
+                Level::Child => MODES[3].0,
+                Level::Grandchild => MODES[5].0,
+            })
     };
     let added = |mode: &str, i: usize| median(mode, i) - median(base(mode), i);
     out += &table(
@@ -299,9 +347,17 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
             sharder <= 1.2 * floor.max(0.0) + 0.1,
         )
     };
+    let behind_child = added(MODES[6].0, 0) - added(MODES[4].0, 0);
+    let grandchild = (
+        "a grandchild's added CREATE latency against a child's, p50".to_owned(),
+        format!("{} ms", difference(behind_child)),
+        "<= +1 ms",
+        behind_child <= 1.0,
+    );
     out + &goals(&[
         goal("CREATE latency the sharder webhook adds, p50", 0),
         goal("the same at p90", 1),
+        grandchild,
     ])
 }
 
@@ -328,10 +384,11 @@ mod tests {
 
     #[test]
     fn the_latency_added_is_held_against_the_floors_and_the_owner_read_against_a_main_objects() {
-        // p50s of 2, 3 (floor), 3.1 (sharder), 2, 4 (children) ms; p90s 1 ms above.
+        // p50s of 2, 3 (floor), 3.1 (sharder), 2, 4 (children), 2, 5.5 (grandchildren) ms; p90s
+        // 1 ms above.
         let rounds: Vec<(&str, [f64; 5])> = MODES
             .iter()
-            .zip([2.0, 3.0, 3.1, 2.0, 4.0])
+            .zip([2.0, 3.0, 3.1, 2.0, 4.0, 2.0, 5.5])
             .map(|(m, p50)| (m.0, [p50, p50 + 1.0, 9.0, 150.0, 0.0]))
             .collect();
         let args = <Args as clap::Parser>::parse_from(["sharder-bench"]);
@@ -345,5 +402,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("| +1.10 ms (floor +1.00 ms) | <= 1.2x the floor's added + 0.1 ms (a mode's p50 moves more between rounds) | met |"), "{text}");
+        assert!(
+            text.contains("| +1.50 ms | <= +1 ms | **missed** |"),
+            "a grandchild 1.5 ms behind a child: {text}"
+        );
     }
 }
