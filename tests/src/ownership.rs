@@ -359,7 +359,7 @@ impl Held {
 /// `versions` of owners and children and the shards' records `lines`:
 ///
 /// - a child is never labelled with a shard other than the one holding its owner at that
-///   moment (in resourceVersion order), unless the owner's shard was dead then by `lives`
+///   moment (in resourceVersion order; in a chain its owner is the controlled object above it), unless the owner's shard was dead then by `lives`
 ///   (owners and children of a dead shard move together), or the child lands on the shard its
 ///   owner left at most [`ADMITTED_BEHIND`] earlier (behind it, not ahead);
 /// - after an owner settles on a new shard, its children follow within `bound` nanoseconds
@@ -377,86 +377,84 @@ pub fn check_handover(
     let mut report = Handover::default();
     let mut sorted: Vec<&Version> = versions.iter().collect();
     sorted.sort_by_key(|v| v.rv);
-    let mut owners: BTreeMap<&str, Held> = BTreeMap::new();
-    let mut children: BTreeMap<&str, (Held, &str)> = BTreeMap::new();
+    // Every object's state so far, main or controlled: in a chain a controlled object owns
+    // the level below it.
+    let mut held: BTreeMap<&str, Held> = BTreeMap::new();
     let mut behind: BTreeMap<&str, u128> = BTreeMap::new();
     let mut by_owner: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    // The shard each owner last left, and when.
+    // The shard each object last left, and when.
     let mut left: BTreeMap<&str, (String, u128)> = BTreeMap::new();
     for v in &sorted {
-        let held = Held {
+        let now_held = Held {
             shard: v.shard.clone(),
             draining: v.draining,
             present: !v.deleted,
         };
-        match &v.owner {
-            Some(owner) => {
-                let previous = children
-                    .get(v.object.as_str())
-                    .map(|(h, _)| h.shard.clone());
-                if previous.is_none() {
-                    report.children += 1;
-                }
-                by_owner.entry(owner).or_default().insert(&v.object);
-                let moved =
-                    held.present && held.shard.is_some() && previous.flatten() != held.shard;
-                if moved {
-                    report.child_moves += 1;
-                    let owner_held = owners.get(owner.as_str()).cloned().unwrap_or_default();
-                    let just_left = left.get(owner.as_str()).is_some_and(|(s, t)| {
-                        held.shard.as_ref() == Some(s) && v.t.saturating_sub(*t) <= ADMITTED_BEHIND
-                    });
-                    let allowed = owner_held.present
-                        && (owner_held.shard == held.shard
-                            || just_left
-                            || owner_held
-                                .shard
-                                .as_ref()
-                                .is_some_and(|s| dead_at(lives, s, v.t)));
-                    if owner_held.present && !allowed {
-                        report.violations.push(Violation {
-                            object: v.object.clone(),
-                            what: format!(
-                                "child moved to {:?} at rv {} while its owner {owner} was on {:?} (draining: {})",
-                                held.shard, v.rv, owner_held.shard, owner_held.draining
-                            ),
-                        });
-                    }
-                }
-                children.insert(&v.object, (held, owner));
+        let before = held.get(v.object.as_str()).cloned();
+        if let Some(owner) = &v.owner {
+            if before.is_none() {
+                report.children += 1;
             }
-            None => {
-                if let Some(before) = owners.get(v.object.as_str())
-                    && let Some(shard) = &before.shard
-                    && before.present
-                    && held.shard.as_ref() != Some(shard)
-                {
-                    left.insert(&v.object, (shard.clone(), v.t));
+            by_owner.entry(owner).or_default().insert(&v.object);
+            let moved = now_held.present
+                && now_held.shard.is_some()
+                && before.as_ref().and_then(|b| b.shard.clone()) != now_held.shard;
+            if moved {
+                report.child_moves += 1;
+                let owner_held = held.get(owner.as_str()).cloned().unwrap_or_default();
+                let just_left = left.get(owner.as_str()).is_some_and(|(s, t)| {
+                    now_held.shard.as_ref() == Some(s) && v.t.saturating_sub(*t) <= ADMITTED_BEHIND
+                });
+                let allowed = owner_held.present
+                    && (owner_held.shard == now_held.shard
+                        || just_left
+                        || owner_held
+                            .shard
+                            .as_ref()
+                            .is_some_and(|s| dead_at(lives, s, v.t)));
+                if owner_held.present && !allowed {
+                    report.violations.push(Violation {
+                        object: v.object.clone(),
+                        what: format!(
+                            "child moved to {:?} at rv {} while its owner {owner} was on {:?} (draining: {})",
+                            now_held.shard, v.rv, owner_held.shard, owner_held.draining
+                        ),
+                    });
                 }
-                owners.insert(&v.object, held);
             }
         }
-        // Windows in which a child is behind its owner's settled shard.
-        let owner = v.owner.as_deref().unwrap_or(&v.object);
-        let owner_held = owners.get(owner).cloned().unwrap_or_default();
-        for child in by_owner.get(owner).into_iter().flatten() {
-            let Some((child_held, _)) = children.get(child) else {
-                continue;
-            };
-            let is_behind = child_held.present
-                && child_held.shard.is_some()
-                && owner_held
-                    .settled()
-                    .is_some_and(|s| child_held.shard.as_deref() != Some(s));
-            match (is_behind, behind.get(child).copied()) {
-                (true, None) => {
-                    behind.insert(child, v.t);
+        if let Some(before) = &before
+            && let Some(shard) = &before.shard
+            && before.present
+            && now_held.shard.as_ref() != Some(shard)
+        {
+            left.insert(&v.object, (shard.clone(), v.t));
+        }
+        held.insert(&v.object, now_held);
+        // Windows in which a child is behind its owner's settled shard: this object's siblings
+        // (its owner changed nothing, but the object itself did) and its own children.
+        for owner in v.owner.as_deref().into_iter().chain([v.object.as_str()]) {
+            let owner_held = held.get(owner).cloned().unwrap_or_default();
+            for child in by_owner.get(owner).into_iter().flatten() {
+                let Some(child_held) = held.get(child) else {
+                    continue;
+                };
+                let is_behind = child_held.present
+                    && child_held.shard.is_some()
+                    && owner_held
+                        .settled()
+                        .is_some_and(|s| child_held.shard.as_deref() != Some(s));
+                match (is_behind, behind.get(child).copied()) {
+                    (true, None) => {
+                        behind.insert(child, v.t);
+                    }
+                    (false, Some(since)) => {
+                        behind.remove(child);
+                        report.longest_behind =
+                            report.longest_behind.max(v.t.saturating_sub(since));
+                    }
+                    _ => {}
                 }
-                (false, Some(since)) => {
-                    behind.remove(child);
-                    report.longest_behind = report.longest_behind.max(v.t.saturating_sub(since));
-                }
-                _ => {}
             }
         }
     }
@@ -565,6 +563,15 @@ mod handover_tests {
         }
     }
 
+    /// A child of [`child`]: the third level of a chain.
+    fn grandchild(rv: u64, shard: Option<&str>) -> Version {
+        Version {
+            object: "ns/grandchild".into(),
+            owner: Some("ns/checksums-o".into()),
+            ..owner(rv, shard, false)
+        }
+    }
+
     fn check(versions: &[Version], lines: &[Line]) -> Handover {
         check_handover(versions, lines, &Lives::new(), 5_000 * MS, 100_000 * MS)
     }
@@ -583,6 +590,36 @@ mod handover_tests {
         let report = check(&versions, &[]);
         assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
         assert!(report.violations[0].what.contains("child moved to"));
+    }
+
+    #[test]
+    fn a_grandchild_ahead_of_its_parent_is_a_violation_and_one_following_it_is_not() {
+        // The owner moves from a to b; the grandchild lands on b while a still holds its parent.
+        let ahead = [
+            owner(1, Some("a"), false),
+            child(2, Some("a")),
+            grandchild(3, Some("a")),
+            owner(10, Some("a"), true),
+            owner(12, Some("b"), false),
+            grandchild(13, Some("b")),
+            child(14, Some("b")),
+        ];
+        let report = check(&ahead, &[]);
+        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+        assert_eq!(report.violations[0].object, "ns/grandchild");
+        let ordered = [
+            owner(1, Some("a"), false),
+            child(2, Some("a")),
+            grandchild(3, Some("a")),
+            owner(10, Some("a"), true),
+            owner(12, Some("b"), false),
+            child(13, Some("b")),
+            grandchild(15, Some("b")),
+        ];
+        let report = check(&ordered, &[]);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!((report.children, report.child_moves), (2, 4));
+        assert_eq!(report.longest_behind, 200 * MS, "rv 13 -> rv 15");
     }
 
     #[test]
