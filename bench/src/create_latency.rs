@@ -347,10 +347,17 @@ fn markdown(rounds: &[(&str, [f64; 5])], args: &Args) -> String {
             sharder <= 1.2 * floor.max(0.0) + 0.1,
         )
     };
-    let behind_child = added(MODES[6].0, 0) - added(MODES[4].0, 0);
+    let (grandchild, child) = (added(MODES[6].0, 0), added(MODES[4].0, 0));
+    let behind_child = grandchild - child;
+    let unit = if behind_child >= 0.0 { " ms" } else { "" };
     let grandchild = (
         "a grandchild's added CREATE latency against a child's, p50".to_owned(),
-        format!("{} ms", difference(behind_child)),
+        format!(
+            "{}{unit} (grandchild {} ms, child {} ms)",
+            difference(behind_child),
+            difference(grandchild),
+            difference(child)
+        ),
         "<= +1 ms",
         behind_child <= 1.0,
     );
@@ -403,7 +410,9 @@ mod tests {
         );
         assert!(text.contains("| +1.10 ms (floor +1.00 ms) | <= 1.2x the floor's added + 0.1 ms (a mode's p50 moves more between rounds) | met |"), "{text}");
         assert!(
-            text.contains("| +1.50 ms | <= +1 ms | **missed** |"),
+            text.contains(
+                "| +1.50 ms (grandchild +3.50 ms, child +2.00 ms) | <= +1 ms | **missed** |"
+            ),
             "a grandchild 1.5 ms behind a child: {text}"
         );
     }

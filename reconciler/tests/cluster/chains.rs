@@ -90,32 +90,8 @@ impl Test {
                 wrong.push(format!("deployment {name} on {:?}", self.shard_of(d)));
             }
         }
-        let owner_shard =
-            |owner: Option<String>, of: &dyn Fn(&str) -> Option<String>| owner.and_then(|o| of(&o));
-        for (name, rs) in &h.replicasets {
-            let owner = controller_name(rs);
-            let want = owner_shard(owner, &|o| {
-                h.deployments.get(o).and_then(|d| self.shard_of(d))
-            });
-            if want.is_none() || self.shard_of(rs) != want {
-                wrong.push(format!(
-                    "replicaset {name} on {:?}, its Deployment on {want:?}",
-                    self.shard_of(rs)
-                ));
-            }
-        }
-        for (name, pod) in &h.pods {
-            let owner = controller_name(pod);
-            let want = owner_shard(owner, &|o| {
-                h.replicasets.get(o).and_then(|r| self.shard_of(r))
-            });
-            if want.is_none() || self.shard_of(pod) != want {
-                wrong.push(format!(
-                    "pod {name} on {:?}, its ReplicaSet on {want:?}",
-                    self.shard_of(pod)
-                ));
-            }
-        }
+        self.with_owners("replicaset", &h.replicasets, &h.deployments, &mut wrong);
+        self.with_owners("pod", &h.pods, &h.replicasets, &mut wrong);
         if h.pods.len() < 2 * DEPLOYMENTS {
             wrong.push(format!("{} pods so far", h.pods.len()));
         }
@@ -123,6 +99,25 @@ impl Test {
             Ok(h)
         } else {
             Err(format!("{} not settled: {wrong:?}", wrong.len()))
+        }
+    }
+
+    /// Adds to `wrong` each of `objects` (of `kind`) not on the shard of its controller among
+    /// `owners`.
+    fn with_owners<K: Resource, O: Resource>(
+        &self,
+        kind: &str,
+        objects: &BTreeMap<String, K>,
+        owners: &BTreeMap<String, O>,
+        wrong: &mut Vec<String>,
+    ) {
+        for (name, object) in objects {
+            let owner = controller_name(object).and_then(|o| owners.get(&o));
+            let want = owner.and_then(|o| self.shard_of(o));
+            if want.is_none() || self.shard_of(object) != want {
+                let on = self.shard_of(object);
+                wrong.push(format!("{kind} {name} on {on:?}, its owner on {want:?}"));
+            }
         }
     }
 
