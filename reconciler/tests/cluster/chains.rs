@@ -2,7 +2,8 @@
 //! real ReplicaSets and Pods (Pending: no node runs them) for a ring of Deployments controlling
 //! ReplicaSets and Pods. Every ReplicaSet and Pod carries its Deployment's shard from CREATE; a
 //! scale-out moves Deployments, then their ReplicaSets, then their Pods, each level after the
-//! one above it; a rollout stays on its Deployment's shard.
+//! one above it; a rollout stays on its Deployment's shard; after a switch from the reference
+//! (a Pod placed by its ReplicaSet's key) each Pod off its ReplicaSet's shard moves once.
 
 use std::collections::BTreeMap;
 
@@ -80,8 +81,9 @@ impl Test {
     }
 
     /// Whether every Deployment is on the shard `ring` picks for its key and not draining, and
-    /// every ReplicaSet and Pod is on its controller's shard; else which are not.
-    async fn chains_settled(&self, ring: &Ring) -> Result<Hierarchy, String> {
+    /// every ReplicaSet and Pod (`pods` of them at least) is on its controller's shard; else
+    /// which are not.
+    async fn chains_settled(&self, ring: &Ring, pods: usize) -> Result<Hierarchy, String> {
         let h = self.hierarchy().await;
         let mut wrong = Vec::new();
         for (name, d) in &h.deployments {
@@ -92,7 +94,7 @@ impl Test {
         }
         self.with_owners("replicaset", &h.replicasets, &h.deployments, &mut wrong);
         self.with_owners("pod", &h.pods, &h.replicasets, &mut wrong);
-        if h.pods.len() < 2 * DEPLOYMENTS {
+        if h.pods.len() < pods {
             wrong.push(format!("{} pods so far", h.pods.len()));
         }
         if wrong.is_empty() {
@@ -147,9 +149,10 @@ fn controller_name<K: Resource>(object: &K) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
-#[tokio::test]
-async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_by_level() {
-    let mut w = Test::new("chains").await;
+/// A test whose ring shards Deployments with the ReplicaSets and Pods they control, with
+/// Leases of `shard-a` and `shard-b` held for an hour; nothing started yet.
+async fn chain_ring(prefix: &str) -> Test {
+    let w = Test::new(prefix).await;
     // Pods need their namespace's default ServiceAccount (no controller here makes it).
     Api::<ServiceAccount>::namespaced(w.client.clone(), &w.ns)
         .create(
@@ -183,6 +186,12 @@ async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_b
     for shard in ["shard-a", "shard-b"] {
         w.add_shard_lease(shard, 3600).await;
     }
+    w
+}
+
+#[tokio::test]
+async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_by_level() {
+    let mut w = chain_ring("chains").await;
     w.start_webhook().await;
     w.start_reconciler().await;
     w.wait_until_admission_sees_configurations().await;
@@ -229,7 +238,7 @@ async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_b
             .expect("deployment");
     }
     eventually("each level on its Deployment's shard", WAIT, || {
-        w.chains_settled(&two)
+        w.chains_settled(&two, 2 * DEPLOYMENTS)
     })
     .await;
     let written: Vec<(String, String)> =
@@ -254,7 +263,7 @@ async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_b
         WAIT,
         || async {
             w.acknowledge_deployments().await;
-            w.chains_settled(&three).await
+            w.chains_settled(&three, 2 * DEPLOYMENTS).await
         },
     )
     .await;
@@ -341,7 +350,7 @@ async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_b
         "the rollout's ReplicaSet and Pods with their Deployment",
         WAIT,
         || async {
-            let h = w.chains_settled(&three).await?;
+            let h = w.chains_settled(&three, 2 * DEPLOYMENTS).await?;
             let of_app = h
                 .replicasets
                 .values()
@@ -358,4 +367,84 @@ async fn a_deployments_replicasets_and_pods_are_placed_and_moved_with_it_level_b
             .filter(|e| audited_write(e, &w.ns, &reconciler).is_some())
             .count();
     assert_eq!(written, 0, "the reconciler moved parts of a rollout");
+}
+
+/// Switching from the reference, which places a Pod by its ReplicaSet's key: each Pod it put on
+/// another shard than its ReplicaSet moves there, 1 write, and nothing else is written.
+#[tokio::test]
+async fn after_a_switch_from_the_reference_each_pod_off_its_replicasets_shard_moves_once() {
+    const SWITCHED: usize = 12;
+    let mut w = chain_ring("chainswitch").await;
+    let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), &w.ns);
+    for i in 0..SWITCHED {
+        let mut one = deployment(&format!("app-{i}"));
+        one.spec.as_mut().expect("spec").replicas = Some(1);
+        deployments
+            .create(&PostParams::default(), &one)
+            .await
+            .expect("deployment");
+    }
+    let h = eventually("every Deployment's Pod", WAIT, || async {
+        let h = w.hierarchy().await;
+        (h.pods.len() == SWITCHED && h.replicasets.len() == SWITCHED)
+            .then_some(h)
+            .ok_or("not yet".to_owned())
+    })
+    .await;
+    // Placed as the reference places them: each object by its controller's key (a
+    // Deployment by its own).
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let key = |kind: &str, name: &str| format!("apps/{kind}/{}/{name}", w.ns);
+    let label = |shard: Option<&str>| json!({"metadata": {"labels": {w.labels.shard.as_str(): shard.expect("a shard")}}});
+    let params = PatchParams::default();
+    let mut misplaced = Vec::new();
+    for name in h.deployments.keys() {
+        let patch = label(two.shard_for(&key("Deployment", name)));
+        deployments
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .expect("label");
+    }
+    let replicasets: Api<ReplicaSet> = Api::namespaced(w.client.clone(), &w.ns);
+    for (name, rs) in &h.replicasets {
+        let owner = controller_name(rs).expect("controlled");
+        let patch = label(two.shard_for(&key("Deployment", &owner)));
+        replicasets
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .expect("label");
+    }
+    let pods: Api<Pod> = Api::namespaced(w.client.clone(), &w.ns);
+    for (name, pod) in &h.pods {
+        let owner = controller_name(pod).expect("controlled");
+        let shard = two.shard_for(&key("ReplicaSet", &owner));
+        let deployment = h.replicasets[&owner].owner_references()[0].name.clone();
+        if shard != two.shard_for(&key("Deployment", &deployment)) {
+            misplaced.push(("pods".to_owned(), name.clone()));
+        }
+        pods.patch(name, &params, &Patch::Merge(&label(shard)))
+            .await
+            .expect("label");
+    }
+    assert!(
+        !misplaced.is_empty(),
+        "the reference put every Pod with its ReplicaSet"
+    );
+
+    let mark = w.audit_mark();
+    w.start_reconciler().await;
+    eventually("every Pod with its ReplicaSet", WAIT, || {
+        w.chains_settled(&two, SWITCHED)
+    })
+    .await;
+    let reconciler = w.service_account(RECONCILER_ACCOUNT);
+    let mut written: Vec<(String, String)> =
+        w.cp.audited_writes_since(mark)
+            .iter()
+            .filter_map(|e| audited_write(e, &w.ns, &reconciler))
+            .map(|(r, n)| (r.to_owned(), n.to_owned()))
+            .collect();
+    written.sort();
+    misplaced.sort();
+    assert_eq!(written, misplaced, "one write per misplaced Pod, none else");
 }
