@@ -464,6 +464,22 @@ impl World {
             .ok_or(format!("{} objects not settled: {wrong:?}", wrong.len()))
     }
 
+    /// The ring's condition of `type_` as it stands (JSON), or why there is none.
+    pub async fn ring_condition(&self, type_: &str) -> Result<serde_json::Value, String> {
+        let ring = self
+            .rings()
+            .get(&self.ring)
+            .await
+            .map_err(|e| e.to_string())?;
+        ring.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == type_)
+            .cloned()
+            .ok_or_else(|| format!("no condition {type_}: {}", ring.data["status"]))
+    }
+
     /// Waits until the ring's status counts `shards` shards, every one available, and says
     /// `Ready`.
     pub async fn wait_until_ring_ready(&self, shards: u64) {

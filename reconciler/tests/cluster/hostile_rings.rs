@@ -232,14 +232,7 @@ async fn long_ring_names_two_controllers_and_owner_cycles_are_cut_refused_or_pla
         }
     }
     eventually("the ring's status names the cycle", WAIT, || async {
-        let ring = w.rings().get(&w.ring).await.map_err(|e| e.to_string())?;
-        let chains = ring.data["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "OwnerChainsFollowed")
-            .cloned()
-            .unwrap_or_default();
+        let chains = w.ring_condition("OwnerChainsFollowed").await?;
         let message = chains["message"].as_str().unwrap_or_default();
         (chains["status"] == "False" && message.contains("cycles through"))
             .then_some(())
@@ -249,18 +242,7 @@ async fn long_ring_names_two_controllers_and_owner_cycles_are_cut_refused_or_pla
 
     // The long ring is reported, once, and gets no configuration.
     let message = eventually("the long ring reports why", WAIT, || async {
-        let ring = refused
-            .rings()
-            .get(&refused.ring)
-            .await
-            .map_err(|e| e.to_string())?;
-        let ready = ring.data["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "Ready")
-            .cloned()
-            .ok_or("no condition")?;
+        let ready = refused.ring_condition("Ready").await?;
         (ready["status"] == "False" && ready["reason"] == "InvalidSpec")
             .then(|| ready["message"].as_str().unwrap_or_default().to_owned())
             .ok_or(ready.to_string())
