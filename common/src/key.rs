@@ -3,14 +3,63 @@
 //! A main object's key is `<group>/<Kind>/<namespace>/<name>` (core group empty, cluster-scoped
 //! objects with an empty namespace). A controlled object's key is its controller owner's key,
 //! built from the `controller: true` ownerReference, so owner and children land on one shard. The
-//! version is never part of a key: a version bump must not move objects.
+//! version is never part of a key: a version bump must not move objects. A ring keyed by
+//! namespace ([`Keying::Namespace`]) hashes every namespaced object by its namespace instead, so
+//! a namespace's objects live on one shard whatever owns what.
 
 use std::fmt;
+use std::str::FromStr;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::Error;
 use crate::cluster_ring::Role;
+
+/// The ring annotation that chooses what a ring in label mode hashes ([`Keying`]): `object`
+/// (the default) or `namespace`. An annotation, not a spec field: the reference's CRDs prune
+/// fields their schema does not know, annotations survive.
+pub const KEY_ANNOTATION: &str = "sharder.dev/key";
+
+/// What a ring hashes for each object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Keying {
+    /// A main object's own key, a controlled object's controller's key (the reference's rule).
+    #[default]
+    Object,
+    /// The namespace of every namespaced object ([`ObjectKey::namespace`]); cluster-scoped
+    /// objects keep their object key, so a Namespace lands with its objects.
+    Namespace,
+}
+
+impl Keying {
+    /// The annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Object => "object",
+            Self::Namespace => "namespace",
+        }
+    }
+}
+
+impl FromStr for Keying {
+    type Err = Error;
+
+    fn from_str(value: &str) -> Result<Self, Error> {
+        match value {
+            "object" => Ok(Self::Object),
+            "namespace" => Ok(Self::Namespace),
+            other => Err(Error::InvalidRing(format!(
+                "annotation {KEY_ANNOTATION}: {other:?} is not object or namespace"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Keying {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The key of an object on the ring.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,17 +126,29 @@ impl ObjectKey {
         )))
     }
 
-    /// The key of an object of a resource with `role` in a ring (group and kind of the
-    /// object's resource, the object's namespace, its metadata): a main object's own key, a
-    /// controlled object's owner's key. `Ok(None)` when it has none (no name yet, no controller
-    /// reference); errors name a malformed controller reference.
+    /// The key of every namespaced object of `namespace` in a ring keyed by namespace: the key
+    /// of the Namespace object itself (`/Namespace//<namespace>`).
+    pub fn namespace(namespace: &str) -> Self {
+        Self::build("", "Namespace", "", namespace)
+    }
+
+    /// The key of an object of a resource with `role` in a ring that hashes as `keying` says
+    /// (group and kind of the object's resource, the object's namespace, its metadata): its
+    /// namespace's key when keyed by namespace and namespaced, otherwise a main object's own
+    /// key, a controlled object's owner's key. `Ok(None)` when it has none (no name yet, no
+    /// controller reference); errors name a malformed controller reference.
     pub fn of(
+        keying: Keying,
         role: Role,
         group: &str,
         kind: &str,
         namespace: Option<&str>,
         meta: &ObjectMeta,
     ) -> Result<Option<Self>, Error> {
+        if let (Keying::Namespace, Some(namespace)) = (keying, namespace.filter(|n| !n.is_empty()))
+        {
+            return Ok(Some(Self::namespace(namespace)));
+        }
         match role {
             Role::Main => Ok(Self::main(
                 group,
@@ -318,26 +379,172 @@ mod tests {
             owner_references: Some(vec![owner("v1", "Secret", "parent", Some(true))]),
             ..ObjectMeta::default()
         };
-        let main = ObjectKey::of(Role::Main, "", "ConfigMap", Some("ns"), &meta);
+        let main = ObjectKey::of(
+            Keying::Object,
+            Role::Main,
+            "",
+            "ConfigMap",
+            Some("ns"),
+            &meta,
+        );
         assert_eq!(
             main.expect("valid").expect("named").as_str(),
             "/ConfigMap/ns/child"
         );
-        let controlled = ObjectKey::of(Role::Controlled, "", "ConfigMap", Some("ns"), &meta);
+        let controlled = ObjectKey::of(
+            Keying::Object,
+            Role::Controlled,
+            "",
+            "ConfigMap",
+            Some("ns"),
+            &meta,
+        );
         assert_eq!(
             controlled.expect("valid").expect("controlled").as_str(),
             "/Secret/ns/parent"
         );
         let unnamed = ObjectMeta::default();
         assert_eq!(
-            ObjectKey::of(Role::Main, "", "Secret", Some("ns"), &unnamed).expect("valid"),
+            ObjectKey::of(
+                Keying::Object,
+                Role::Main,
+                "",
+                "Secret",
+                Some("ns"),
+                &unnamed
+            )
+            .expect("valid"),
             None
         );
         let malformed = ObjectMeta {
             owner_references: Some(vec![owner("a/b/c", "Secret", "p", Some(true))]),
             ..ObjectMeta::default()
         };
-        assert!(ObjectKey::of(Role::Controlled, "", "ConfigMap", Some("ns"), &malformed).is_err());
+        assert!(
+            ObjectKey::of(
+                Keying::Object,
+                Role::Controlled,
+                "",
+                "ConfigMap",
+                Some("ns"),
+                &malformed
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_ring_keyed_by_namespace_hashes_each_namespaced_object_by_its_namespace() {
+        let meta = |name: &str, owners: Vec<OwnerReference>| ObjectMeta {
+            name: (!name.is_empty()).then(|| name.into()),
+            owner_references: (!owners.is_empty()).then_some(owners),
+            ..ObjectMeta::default()
+        };
+        let controller = || vec![owner("v1", "Secret", "parent", Some(true))];
+        let malformed = || vec![owner("a/b/c", "Secret", "p", Some(true))];
+        // (role, kind, namespace, name, owners, key by object, key by namespace)
+        let table = [
+            (
+                Role::Main,
+                "ConfigMap",
+                Some("ns"),
+                "a",
+                vec![],
+                Some("/ConfigMap/ns/a"),
+                Some("/Namespace//ns"),
+            ),
+            (
+                Role::Main,
+                "ConfigMap",
+                Some("ns"),
+                "",
+                vec![],
+                None,
+                Some("/Namespace//ns"),
+            ),
+            (
+                Role::Controlled,
+                "ConfigMap",
+                Some("ns"),
+                "c",
+                controller(),
+                Some("/Secret/ns/parent"),
+                Some("/Namespace//ns"),
+            ),
+            (
+                Role::Controlled,
+                "ConfigMap",
+                Some("ns"),
+                "c",
+                vec![],
+                None,
+                Some("/Namespace//ns"),
+            ),
+            (
+                Role::Controlled,
+                "ConfigMap",
+                Some("other"),
+                "c",
+                malformed(),
+                None,
+                Some("/Namespace//other"),
+            ),
+            // Cluster-scoped: the object key either way; a Namespace's own key is its objects'.
+            (
+                Role::Main,
+                "Namespace",
+                None,
+                "ns",
+                vec![],
+                Some("/Namespace//ns"),
+                Some("/Namespace//ns"),
+            ),
+            (
+                Role::Main,
+                "Namespace",
+                Some(""),
+                "ns",
+                vec![],
+                Some("/Namespace//ns"),
+                Some("/Namespace//ns"),
+            ),
+            (
+                Role::Controlled,
+                "Widget",
+                None,
+                "w",
+                controller(),
+                Some("/Secret//parent"),
+                Some("/Secret//parent"),
+            ),
+        ];
+        for (role, kind, namespace, name, owners, by_object, by_namespace) in table {
+            let meta = meta(name, owners);
+            let key = |keying| {
+                ObjectKey::of(keying, role, "", kind, namespace, &meta)
+                    .ok()
+                    .flatten()
+                    .map(|k| k.as_str().to_owned())
+            };
+            let case = format!("{role:?} {kind} {namespace:?}/{name}");
+            assert_eq!(key(Keying::Object).as_deref(), by_object, "{case}");
+            assert_eq!(key(Keying::Namespace).as_deref(), by_namespace, "{case}");
+        }
+    }
+
+    #[test]
+    fn keyings_parse_from_their_names_only() {
+        for keying in [Keying::Object, Keying::Namespace] {
+            assert_eq!(keying.as_str().parse::<Keying>().expect("own name"), keying);
+            assert_eq!(keying.to_string(), keying.as_str());
+        }
+        let error = "Namespace".parse::<Keying>().expect_err("case matters");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "invalid ring: annotation {KEY_ANNOTATION}: \"Namespace\" is not object or namespace"
+            )
+        );
     }
 
     #[test]

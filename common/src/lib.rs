@@ -19,7 +19,7 @@ pub use cluster_ring::{
     ClusterRing, ClusterRingSpec, ClusterRingStatus, GroupResource, RingResource, Role, Roles,
 };
 pub use handover::OwnerState;
-pub use key::ObjectKey;
+pub use key::{Keying, ObjectKey};
 pub use labels::RingLabels;
 pub use lease::{LeaseStatus, ShardLease, ShardState, is_available, shard_state};
 pub use ring::Ring;

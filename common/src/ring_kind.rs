@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use sha2::{Digest, Sha256};
 
+use crate::key::{KEY_ANNOTATION, Keying};
 use crate::labels::{
     DRAIN_LABEL_PREFIX, MAX_LABEL_NAME_LEN, MAX_LABEL_VALUE_LEN, RingLabels, SHARD_LABEL_PREFIX,
 };
@@ -341,6 +342,22 @@ impl RingObject {
             )));
         }
         Ok(Some(key))
+    }
+
+    /// What the ring hashes in label mode ([`crate::key::KEY_ANNOTATION`]; by object when not
+    /// annotated), or why it cannot say: an unknown value, or the annotation on a ring in range
+    /// mode, whose key is its range key's.
+    pub fn keying(&self) -> Result<Keying, Error> {
+        let annotations = self.object.annotations();
+        let Some(value) = annotations.get(KEY_ANNOTATION) else {
+            return Ok(Keying::Object);
+        };
+        if annotations.contains_key(RANGE_KEY_ANNOTATION) {
+            return Err(Error::InvalidRing(format!(
+                "annotation {KEY_ANNOTATION} is for label mode; a ring in range mode is keyed by its {RANGE_KEY_ANNOTATION}: remove one"
+            )));
+        }
+        value.parse()
     }
 
     /// The ring's shard and drain label keys.
@@ -678,6 +695,47 @@ mod tests {
                 (Ok(key), Ok(want)) => assert_eq!(key, want, "{annotation:?}"),
                 (Err(e), Err(fault)) => assert!(e.to_string().contains(fault), "{e}"),
                 (got, want) => panic!("{annotation:?} {children:?}: {got:?}, expected {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_rings_keying_comes_from_its_key_annotation_in_label_mode_only() {
+        let ring = |annotations: &[(&str, &str)]| {
+            let mut object = ClusterRing::new("ring", crate::ClusterRingSpec::default());
+            for (key, value) in annotations {
+                object
+                    .annotations_mut()
+                    .insert((*key).into(), (*value).into());
+            }
+            RingObject::cluster_ring(object)
+        };
+        type Annotations<'a> = &'a [(&'a str, &'a str)];
+        let table: [(Annotations<'_>, Result<Keying, &str>); 6] = [
+            (&[], Ok(Keying::Object)),
+            (&[(KEY_ANNOTATION, "object")], Ok(Keying::Object)),
+            (&[(KEY_ANNOTATION, "namespace")], Ok(Keying::Namespace)),
+            (
+                &[(KEY_ANNOTATION, "")],
+                Err("\"\" is not object or namespace"),
+            ),
+            (
+                &[(KEY_ANNOTATION, "uid")],
+                Err("\"uid\" is not object or namespace"),
+            ),
+            (
+                &[
+                    (KEY_ANNOTATION, "namespace"),
+                    (RANGE_KEY_ANNOTATION, "namespace"),
+                ],
+                Err("is for label mode"),
+            ),
+        ];
+        for (annotations, expected) in table {
+            match (ring(annotations).keying(), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{annotations:?}"),
+                (Err(e), Err(fault)) => assert!(e.to_string().contains(fault), "{e}"),
+                (got, want) => panic!("{annotations:?}: {got:?}, expected {want:?}"),
             }
         }
     }

@@ -16,7 +16,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sharder_common::lease::{conflicting_names, namespace_and_name};
-use sharder_common::{GroupResource, Ring, RingId, RingKind, RingObject, Roles, is_available};
+use sharder_common::{
+    GroupResource, Keying, Ring, RingId, RingKind, RingObject, Roles, is_available,
+};
 use sharder_runtime::metrics::{ResourceLabels, RingLabel};
 use tokio::time::Instant;
 use tracing::{Instrument as _, info, info_span, warn};
@@ -205,6 +207,8 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let observed = Observed {
         uid: &uid,
         generation: ring.object.meta().generation.unwrap_or_default(),
+        // An invalid value is reported below and nothing runs.
+        keying: ring.keying().unwrap_or_default(),
         available: &available,
     };
     let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -229,7 +233,10 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         chains: None,
     };
 
-    let (roles, range_key) = match ring.roles().and_then(|r| Ok((r, ring.range_key()?))) {
+    let read = ring
+        .roles()
+        .and_then(|r| Ok((r, ring.range_key()?, ring.keying()?)));
+    let (roles, range_key, keying) = match read {
         Ok(read) => read,
         Err(e) => {
             let reason = e.to_string();
@@ -294,7 +301,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     let pass = schedule::next_pass(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
     let ran = match pass {
         None => None,
-        Some(pass) => match run_pass(ctx, ring, &roles, &available, &pass).await? {
+        Some(pass) => match run_pass(ctx, ring, &roles, keying, &available, &pass).await? {
             Some(ran) => Some(ran),
             None => {
                 // Deleted or replaced during its rebalance: nothing of it is kept.
@@ -355,6 +362,7 @@ async fn run_pass(
     ctx: &Context,
     ring: &RingObject,
     roles: &Roles,
+    keying: Keying,
     available: &BTreeSet<String>,
     pass: &Pass,
 ) -> Result<Option<Ran>, Error> {
@@ -378,6 +386,7 @@ async fn run_pass(
     let view = RingView {
         id: &ring.id,
         labels: &ring_labels,
+        keying,
         ring: &ring_of_shards,
         available,
         namespaces: &namespaces,

@@ -13,7 +13,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde::Serialize;
 use serde_json::Value;
 use sharder_common::handover::{OwnerState, child_shard};
-use sharder_common::{ClusterRingSpec, ObjectKey, Ring, RingId, RingLabels, Role, Roles};
+use sharder_common::{ClusterRingSpec, Keying, ObjectKey, Ring, RingId, RingLabels, Role, Roles};
 
 /// Everything the webhook needs of one ring: its label keys, which resources it shards
 /// in which role, and the ring of its available shards. Immutable; rebuilt when the ring or its
@@ -31,6 +31,8 @@ pub struct RingSnapshot {
     /// The resources' roles, or why the spec is invalid (then nothing is assigned, as the
     /// reconciler moves nothing of an invalid ring).
     roles: Result<Roles, String>,
+    /// What the ring hashes.
+    keying: Keying,
 }
 
 impl RingSnapshot {
@@ -51,7 +53,14 @@ impl RingSnapshot {
                 .validate()
                 .and_then(|()| spec.roles())
                 .map_err(|e| e.to_string()),
+            keying: Keying::Object,
         }
+    }
+
+    /// The same snapshot for a ring that hashes as `keying` says.
+    pub fn keyed_by(mut self, keying: Keying) -> Self {
+        self.keying = keying;
+        self
     }
 
     /// The snapshot of `ring` whose spec cannot be read (`reason`): it assigns nothing.
@@ -62,6 +71,7 @@ impl RingSnapshot {
             pointers: Pointers::new(&ring.labels()),
             ring: Ring::new(std::iter::empty::<String>()),
             roles: Err(reason),
+            keying: Keying::Object,
         }
     }
 
@@ -270,6 +280,7 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnaps
         return Decision::AlreadyAssigned;
     }
     let key = match ObjectKey::of(
+        ring.keying,
         role,
         group,
         &request.kind.kind,
@@ -284,13 +295,17 @@ pub fn decide(request: &AdmissionRequest<DynamicObject>, ring: Option<&RingSnaps
     let Some(shard) = ring.ring.shard_for(key.as_str()) else {
         return skip(SkipReason::NoShardAvailable, String::new());
     };
-    if role == Role::Controlled {
-        let controller = object
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true));
+    // A controlled object follows its owner's holder; in a ring keyed by namespace one without
+    // a (well-formed) controller has a key all the same and takes the ring's choice.
+    let owners = object
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    if role == Role::Controlled
+        && ObjectKey::controlled(request.namespace.as_deref(), owners).is_ok_and(|k| k.is_some())
+    {
+        let controller = owners.iter().find(|r| r.controller == Some(true));
         if let Some(controller) = controller {
             return Decision::FollowOwner {
                 key,

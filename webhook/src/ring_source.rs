@@ -19,7 +19,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::lease::conflicting_names;
-use sharder_common::{ClusterRingSpec, RingId, RingKind, RingObject, ShardLease};
+use sharder_common::{ClusterRingSpec, Keying, RingId, RingKind, RingObject, ShardLease};
 use sharder_runtime::Readiness;
 use sharder_runtime::controller::watch;
 use sharder_runtime::metrics::RingLabel;
@@ -53,16 +53,18 @@ impl Rings {
     }
 }
 
-/// What the source keeps of one ring: its spec, or why it cannot be read.
-type RingInput = Result<ClusterRingSpec, String>;
+/// What the source keeps of one ring: its spec and what it hashes, or why it cannot be read.
+type RingInput = Result<(ClusterRingSpec, Keying), String>;
 
-/// A ring object of `kind` as the source keeps it: its identity and spec, or why it cannot be
-/// read ([`RingObject::from_dynamic`]; such a ring is invalid).
+/// A ring object of `kind` as the source keeps it: its identity, spec and keying, or why it
+/// cannot be read ([`RingObject::from_dynamic`], [`RingObject::keying`]; such a ring is invalid).
 fn ring_input(kind: RingKind, object: &DynamicObject) -> (RingId, RingInput) {
     let ring = RingObject::from_dynamic(kind, object);
-    let input = match ring.unreadable {
-        Some(reason) => Err(reason),
-        None => Ok(ring.object.spec),
+    let keying = ring.keying();
+    let input = match (ring.unreadable, keying) {
+        (Some(reason), _) => Err(reason),
+        (None, Err(e)) => Err(e.to_string()),
+        (None, Ok(keying)) => Ok((ring.object.spec, keying)),
     };
     (ring.id, input)
 }
@@ -144,7 +146,9 @@ impl RingState {
                 _ => {
                     changes.rebuilt.push((id.clone(), shards.clone()));
                     let snapshot = Arc::new(match input {
-                        Ok(spec) => RingSnapshot::new(id, spec, shards.iter().cloned()),
+                        Ok((spec, keying)) => {
+                            RingSnapshot::new(id, spec, shards.iter().cloned()).keyed_by(*keying)
+                        }
                         Err(reason) => RingSnapshot::invalid(id, reason.clone()),
                     });
                     (input.clone(), shards, snapshot)
@@ -504,5 +508,55 @@ mod tests {
             );
             assert!(snapshots[&ring].invalid_reason().is_some(), "{ring}");
         }
+    }
+
+    #[test]
+    fn a_rings_key_annotation_decides_what_its_snapshot_hashes() {
+        let mut state = RingState::default();
+        let annotated = |name: &str, value: &str| {
+            let mut ring = ring(name);
+            ring.metadata.annotations =
+                Some([("sharder.dev/key".to_owned(), value.to_owned())].into());
+            ring
+        };
+        state.apply_ring_event(
+            CLUSTER,
+            Event::Apply(annotated("by-namespace", "namespace")),
+        );
+        state.apply_ring_event(CLUSTER, Event::Apply(annotated("bad", "name")));
+        state.apply_ring_event(CLUSTER, Event::Apply(ring("plain")));
+        for ring in ["by-namespace", "bad", "plain"] {
+            let shard = format!("{ring}-a");
+            state.apply_lease_event(
+                CLUSTER,
+                Event::Apply(lease(&shard, Some(ring), Some(&shard))),
+            );
+        }
+        let (snapshots, _) = state.snapshots();
+        let spec =
+            serde_json::from_value(json!({"resources": [{"group": "", "resource": "secrets"}]}))
+                .expect("spec");
+        let expected = |name: &str, keying| {
+            RingSnapshot::new(&id(name), &spec, [format!("{name}-a")]).keyed_by(keying)
+        };
+        assert_eq!(
+            *snapshots[&id("by-namespace")],
+            expected("by-namespace", Keying::Namespace)
+        );
+        assert_eq!(*snapshots[&id("plain")], expected("plain", Keying::Object));
+        let reason = snapshots[&id("bad")].invalid_reason().expect("invalid");
+        assert!(reason.contains("sharder.dev/key: \"name\""), "{reason}");
+
+        // Changing the annotation alone rebuilds the snapshot.
+        state.apply_ring_event(CLUSTER, Event::Apply(annotated("plain", "namespace")));
+        let (snapshots, changes) = state.snapshots();
+        assert_eq!(
+            changes.rebuilt,
+            vec![(id("plain"), ["plain-a".to_owned()].into())]
+        );
+        assert_eq!(
+            *snapshots[&id("plain")],
+            expected("plain", Keying::Namespace)
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use sharder_common::handover::{OwnerState, child_shard};
-use sharder_common::{ObjectKey, Ring, RingLabels, Role};
+use sharder_common::{Keying, ObjectKey, Ring, RingLabels, Role};
 
 /// Why an object moves (the `reason` of the move log line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -75,10 +75,16 @@ impl Move {
     }
 }
 
-/// The object's key on the ring, or `None` when it has none (no name yet, no controller
-/// reference, or a malformed one: such objects are left alone).
-pub(crate) fn key_of(meta: &ObjectMeta, role: Role, group: &str, kind: &str) -> Option<ObjectKey> {
-    ObjectKey::of(role, group, kind, meta.namespace.as_deref(), meta)
+/// The object's key on a ring hashing as `keying` says, or `None` when it has none (no name
+/// yet, no controller reference, or a malformed one: such objects are left alone).
+pub(crate) fn key_of(
+    keying: Keying,
+    meta: &ObjectMeta,
+    role: Role,
+    group: &str,
+    kind: &str,
+) -> Option<ObjectKey> {
+    ObjectKey::of(keying, role, group, kind, meta.namespace.as_deref(), meta)
         .ok()
         .flatten()
 }
@@ -350,7 +356,7 @@ mod tests {
     }
 
     fn run(meta: &ObjectMeta, ring: &Ring, available: &BTreeSet<String>) -> Option<Move> {
-        let key = key_of(meta, Role::Main, "", "Secret");
+        let key = key_of(Keying::Object, meta, Role::Main, "", "Secret");
         plan(meta, key.as_ref(), ring, available, &labels())
     }
 
@@ -432,7 +438,7 @@ mod tests {
             controller: Some(true),
             block_owner_deletion: None,
         }]);
-        let key = key_of(&child, Role::Controlled, "", "ConfigMap");
+        let key = key_of(Keying::Object, &child, Role::Controlled, "", "ConfigMap");
         (child, key)
     }
 
@@ -450,7 +456,7 @@ mod tests {
         let available = set(&["a", "b"]);
         let on_b = name_on(&ring, "b");
         let main = meta(&on_b, Some("a"), false);
-        let main_key = key_of(&main, Role::Main, "", "Secret");
+        let main_key = key_of(Keying::Object, &main, Role::Main, "", "Secret");
         let (on_its_shard, key) = child_on(&ring, Some("a"), false);
         let (elsewhere, elsewhere_key) = child_on(&ring, Some("b"), false);
         let settled = OwnerState::Settled("a".into());

@@ -9,7 +9,7 @@ use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::handover::OwnerState;
 use sharder_common::key::group_of_api_version;
-use sharder_common::{Ring, RingId, RingLabels, Role, is_available};
+use sharder_common::{Keying, Ring, RingId, RingLabels, Role, is_available};
 use tracing::warn;
 
 use super::plan::{self, Placement};
@@ -21,6 +21,8 @@ pub(crate) struct RingView<'a> {
     pub id: &'a RingId,
     /// Its label keys.
     pub labels: &'a RingLabels,
+    /// What it hashes.
+    pub keying: Keying,
     /// The ring of available shards.
     pub ring: &'a Ring,
     /// The available shards.
@@ -48,7 +50,13 @@ impl RingView<'_> {
         meta: &ObjectMeta,
         owner: Option<&OwnerState>,
     ) -> plan::Decision {
-        let key = plan::key_of(meta, target.role, &target.resource.group, &target.api.kind);
+        let key = plan::key_of(
+            self.keying,
+            meta,
+            target.role,
+            &target.resource.group,
+            &target.api.kind,
+        );
         let (ring, available, labels) = (self.ring, self.available, self.labels);
         plan::decide(
             meta,
@@ -76,19 +84,29 @@ pub(crate) fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-/// How object `meta` of `target` is placed among the ring's `targets`: a controlled object whose
-/// controller is of a controlled resource of the ring is a level of a chain.
-pub(crate) fn placement(targets: &[Target], target: &Target, meta: &ObjectMeta) -> Placement {
+/// How object `meta` of `target` is placed among the ring's `targets` on a ring hashing as
+/// `keying` says: a controlled object whose controller is of a controlled resource of the ring
+/// is a level of a chain, unless the ring is keyed by namespace (then each level's place is
+/// known from its own namespace, and it follows its owner as a child does).
+pub(crate) fn placement(
+    keying: Keying,
+    targets: &[Target],
+    target: &Target,
+    meta: &ObjectMeta,
+) -> Placement {
     if target.role == Role::Main {
         return Placement::Main;
     }
-    let chained = controller_of(meta).is_some_and(|owner| {
-        group_of_api_version(&owner.api_version).is_ok_and(|group| {
-            targets.iter().any(|t| {
-                t.role == Role::Controlled && t.resource.group == group && t.api.kind == owner.kind
+    let chained = keying == Keying::Object
+        && controller_of(meta).is_some_and(|owner| {
+            group_of_api_version(&owner.api_version).is_ok_and(|group| {
+                targets.iter().any(|t| {
+                    t.role == Role::Controlled
+                        && t.resource.group == group
+                        && t.api.kind == owner.kind
+                })
             })
-        })
-    });
+        });
     if chained {
         Placement::Chained
     } else {
@@ -125,5 +143,103 @@ impl LiveNow {
             })
             .await;
         live.as_ref().is_none_or(|live| live.contains(shard))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::core::{ApiResource, GroupVersionKind};
+    use sharder_common::GroupResource;
+
+    use super::*;
+
+    fn target(group: &str, version: &str, kind: &str, plural: &str, role: Role) -> Target {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        Target {
+            resource: GroupResource::new(group, plural),
+            role,
+            api: ApiResource::from_gvk_with_plural(&gvk, plural),
+            namespaced: true,
+        }
+    }
+
+    fn controlled_by(api_version: &str, kind: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("object".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "owner".into(),
+                uid: "u".into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    #[test]
+    fn levels_of_a_chain_are_chained_only_in_a_ring_keyed_by_object() {
+        let deployments = target("apps", "v1", "Deployment", "deployments", Role::Main);
+        let replicasets = target("apps", "v1", "ReplicaSet", "replicasets", Role::Controlled);
+        let pods = target("", "v1", "Pod", "pods", Role::Controlled);
+        let targets = [deployments.clone(), replicasets.clone(), pods.clone()];
+        let table = [
+            (
+                "a main object",
+                &deployments,
+                ObjectMeta::default(),
+                Placement::Main,
+                Placement::Main,
+            ),
+            (
+                "a child of a main object",
+                &replicasets,
+                controlled_by("apps/v1", "Deployment"),
+                Placement::Child,
+                Placement::Child,
+            ),
+            (
+                "a child of a controlled object",
+                &pods,
+                controlled_by("apps/v1", "ReplicaSet"),
+                Placement::Chained,
+                Placement::Child,
+            ),
+            (
+                "a child of an object outside the ring",
+                &pods,
+                controlled_by("v1", "Node"),
+                Placement::Child,
+                Placement::Child,
+            ),
+            (
+                "an object without a controller",
+                &pods,
+                ObjectMeta::default(),
+                Placement::Child,
+                Placement::Child,
+            ),
+            (
+                "a malformed controller",
+                &pods,
+                controlled_by("a/b/c", "ReplicaSet"),
+                Placement::Child,
+                Placement::Child,
+            ),
+        ];
+        for (what, target, meta, by_object, by_namespace) in table {
+            assert_eq!(
+                placement(Keying::Object, &targets, target, &meta),
+                by_object,
+                "{what}"
+            );
+            assert_eq!(
+                placement(Keying::Namespace, &targets, target, &meta),
+                by_namespace,
+                "{what}"
+            );
+        }
     }
 }

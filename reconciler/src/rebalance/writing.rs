@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use super::concurrency::{Answer, OVERLOAD_RETRIES, WriteSlots};
 use super::outcome::Handled;
-use super::plan::{ChainProblem, Decision, MAX_CHAIN_LEVELS, Move, Reason};
+use super::plan::{ChainProblem, Decision, MAX_CHAIN_LEVELS, Move, Placement, Reason};
 use super::view::{RingView, controller_of, placement};
 use crate::metrics::{FailedWriteLabels, Metrics};
 use crate::terms::{ObjectId, Target};
@@ -176,7 +176,7 @@ impl Writer {
         target: &Target,
         meta: &ObjectMeta,
     ) -> Result<Decision, ChainProblem> {
-        let placement = placement(targets, target, meta);
+        let placement = placement(view.keying, targets, target, meta);
         Ok(match view.decide(target, placement, meta, None) {
             Decision::ReadOwner => {
                 let uid = meta.uid.clone().unwrap_or_default();
@@ -200,11 +200,13 @@ impl Writer {
         mut chain: Vec<String>,
     ) -> BoxFuture<'a, Result<OwnerState, ChainProblem>> {
         Box::pin(async move {
-            let Some(owner) = controller_of(meta) else {
-                return Ok(OwnerState::Missing);
-            };
-            let Ok(group) = group_of_api_version(&owner.api_version) else {
-                return Ok(OwnerState::Missing);
+            // Reached without a (well-formed) controller only in a ring keyed by namespace,
+            // where such an object has a key all the same: nothing holds it, it follows the ring.
+            let Some((owner, group)) = controller_of(meta).and_then(|owner| {
+                let group = group_of_api_version(&owner.api_version).ok()?;
+                Some((owner, group))
+            }) else {
+                return Ok(OwnerState::NotSharded);
             };
             let Some(target) = targets
                 .iter()
@@ -237,9 +239,9 @@ impl Writer {
                 return Err(ChainProblem::TooDeep(display_name(&found)));
             }
             chain.push(uid);
-            let placement = placement(targets, target, &found);
+            let placement = placement(view.keying, targets, target, &found);
             let decided = match view.decide(target, placement, &found, None) {
-                Decision::ReadOwner => {
+                Decision::ReadOwner if placement == Placement::Chained => {
                     let above = self.owner_state(view, targets, &found, chain).await?;
                     view.decide(target, placement, &found, Some(&above))
                 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use sharder_common::Keying;
 use tokio::time::Instant;
 
 use crate::terms::{ObjectId, Pass, Scope};
@@ -38,6 +39,8 @@ pub(crate) struct Observed<'a> {
     pub uid: &'a str,
     /// Its generation (spec changes).
     pub generation: i64,
+    /// What it hashes (an annotation: no generation counts its changes).
+    pub keying: Keying,
     /// Its available shards.
     pub available: &'a BTreeSet<String>,
 }
@@ -49,6 +52,8 @@ pub(crate) struct Progress {
     pub uid: String,
     /// The generation last acted on.
     pub generation: i64,
+    /// The keying last acted on.
+    pub keying: Keying,
     /// The available shards last rebalanced for.
     pub available: BTreeSet<String>,
     /// When the last full list ended.
@@ -185,6 +190,7 @@ fn scopes(
     let retry_due = p.owed != Owed::FullListAtRetry
         || now.saturating_duration_since(p.last_failure) >= retry_delay(p.failures, intervals);
     if p.generation != observed.generation
+        || p.keying != observed.keying
         || (p.owed != Owed::Nothing && retry_due)
         || observed.available.difference(&p.available).next().is_some()
         || now.saturating_duration_since(p.last_full) >= intervals.resync
@@ -222,6 +228,7 @@ pub(crate) fn progress_after(
     let mut next = Progress {
         uid: observed.uid.to_owned(),
         generation: observed.generation,
+        keying: observed.keying,
         available: observed.available.clone(),
         last_full: previous.map_or(now, |p| p.last_full),
         last_rebalance: previous.map_or(now, |p| p.last_rebalance),
@@ -321,6 +328,7 @@ mod tests {
         Observed {
             uid: "uid-1",
             generation,
+            keying: Keying::Object,
             available,
         }
     }
@@ -329,6 +337,7 @@ mod tests {
         Progress {
             uid: "uid-1".into(),
             generation: 1,
+            keying: Keying::Object,
             available: set(available),
             last_full: at,
             last_rebalance: at,
@@ -367,6 +376,14 @@ mod tests {
             ("recreated", Some(&recreated), observed(&ab, 1)),
             ("spec changed", Some(&known), observed(&ab, 2)),
             ("shard added", Some(&known), observed(&abc, 1)),
+            (
+                "keyed by namespace now",
+                Some(&known),
+                Observed {
+                    keying: Keying::Namespace,
+                    ..observed(&ab, 1)
+                },
+            ),
         ];
         for (what, progress, observed) in table {
             assert_eq!(scopes(progress, &observed, &INTERVALS, t0), all, "{what}");

@@ -76,7 +76,7 @@ pub(crate) async fn reconcile(
         return Ok(Action::await_change());
     }
     // An invalid ring gets no configuration; the ring controller reports it in its status.
-    let (Ok(roles), Ok(range_key)) = (ring.roles(), ring.range_key()) else {
+    let (Ok(roles), Ok(range_key), Ok(_)) = (ring.roles(), ring.range_key(), ring.keying()) else {
         return Ok(Action::await_change());
     };
     if range_key.is_some() {

@@ -3,8 +3,8 @@
 //! plane), one module per topic: lease states and takeover, one webhook configuration per ring,
 //! rebalancing (drains on scale-out that touch exactly the objects that move, direct moves off
 //! dead shards, sweeps of objects the webhook missed, cluster-scoped resources), hostile rings
-//! and owner references, the label guard, leader election, switching from the reference, and
-//! range mode.
+//! and owner references, chains and rings keyed by namespace, the label guard, leader election,
+//! switching from the reference, and range mode.
 
 use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
@@ -25,6 +25,7 @@ mod hostile_rings;
 mod label_guard;
 mod leader_election;
 mod lease_states;
+mod namespace_key;
 mod range_mode;
 mod rebalancing;
 mod switching;

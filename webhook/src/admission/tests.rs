@@ -320,6 +320,76 @@ fn a_new_child_goes_where_its_owner_is_held_now_never_ahead_of_it() {
 }
 
 #[test]
+fn a_ring_keyed_by_namespace_gives_each_object_its_namespaces_shard_and_children_their_owners_holder()
+ {
+    let shards = ["shard-a", "shard-b", "shard-c"];
+    let ring = snapshot(&shards).keyed_by(Keying::Namespace);
+    let desired = ring.ring.shard_for("/Namespace//default").expect("shard");
+    let other = shards.into_iter().find(|s| *s != desired).expect("another");
+    let orphan = configmap(object(
+        "ConfigMap",
+        json!({"name": "c", "namespace": "default"}),
+    ));
+    let malformed = configmap(object(
+        "ConfigMap",
+        json!({"name": "c", "namespace": "default", "ownerReferences": [
+            {"apiVersion": "a/b/c", "kind": "Secret", "name": "s", "uid": "u", "controller": true}
+        ]}),
+    ));
+    // (what, request, its owner's holder, the shard it gets)
+    let table = [
+        (
+            "a main object",
+            secret(
+                "foo",
+                object("Secret", json!({"name": "foo", "namespace": "default"})),
+            ),
+            None,
+            desired,
+        ),
+        (
+            "a main object without a name yet",
+            secret(
+                "",
+                object(
+                    "Secret",
+                    json!({"generateName": "foo-", "namespace": "default"}),
+                ),
+            ),
+            None,
+            desired,
+        ),
+        ("a child without a controller", orphan, None, desired),
+        (
+            "a child with a malformed controller",
+            malformed,
+            None,
+            desired,
+        ),
+        (
+            "a child whose owner is held elsewhere (draining)",
+            child_of("s1"),
+            Some(OwnerState::Draining(other.into())),
+            other,
+        ),
+        (
+            "a child whose owner is settled",
+            child_of("s1"),
+            Some(OwnerState::Settled(desired.into())),
+            desired,
+        ),
+    ];
+    for (what, req, owner, want) in table {
+        let request = parse(&body(&req)).expect("valid");
+        let follows = matches!(decide(&request, Some(&ring)), Decision::FollowOwner { .. });
+        assert_eq!(follows, owner.is_some(), "{what}: reads its owner");
+        let owner = owner.unwrap_or(OwnerState::Missing);
+        let (_, _, patched) = run_with_owner(&req, Some(&ring), &owner);
+        assert_eq!(shard_of(&patched), Some(want), "{what}");
+    }
+}
+
+#[test]
 fn objects_that_cannot_be_keyed_are_allowed_unassigned() {
     let ring = snapshot(&["shard-a"]);
     let table = [

@@ -1,0 +1,390 @@
+//! Rings keyed by namespace (annotation `sharder.dev/key: namespace`): every object of a
+//! namespace, main or controlled, owned or not, carries the namespace's shard from CREATE; a
+//! scale-out moves whole namespaces (main objects drained and acknowledged first, each level of
+//! their hierarchies after the level above it); a shard's death moves its namespaces whole; a bad value makes the ring invalid,
+//! reported, and nothing is assigned or moved.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use sharder_common::Ring;
+use sharder_common::key::KEY_ANNOTATION;
+use sharder_harness::control_plane::{ADMIN_USER, audited_write};
+use sharder_harness::fixtures::{ring_object, secrets_ring};
+use sharder_harness::wait::eventually;
+use sharder_harness::world::set_lease_holder;
+
+use crate::{RECONCILER_ACCOUNT, Test, WAIT};
+
+/// The label selecting the test's namespaces for its ring.
+const SELECTED: &str = "namespace-key-test";
+
+/// Each namespace's objects: Secrets (main), ConfigMaps controlled by the first Secret, one
+/// ConfigMap controlled by the first of those (a level of a chain), and one without an owner.
+const SECRETS: [&str; 3] = ["s-0", "s-1", "s-2"];
+const CHILDREN: [&str; 2] = ["c-0", "c-1"];
+const GRANDCHILD: &str = "g-0";
+const LOOSE: &str = "loose";
+
+fn key(namespace: &str) -> String {
+    format!("/Namespace//{namespace}")
+}
+
+impl Test {
+    /// Each of `namespaces` whose Secrets and ConfigMaps are not all on the shard `ring` picks
+    /// for the namespace (or are draining), with what is off.
+    async fn namespaces_off(&self, namespaces: &[String], ring: &Ring) -> Result<(), String> {
+        let mut off = Vec::new();
+        for ns in namespaces {
+            let want = ring.shard_for(&key(ns));
+            let secrets = Api::<Secret>::namespaced(self.client.clone(), ns);
+            let configmaps = Api::<ConfigMap>::namespaced(self.client.clone(), ns);
+            let lp = ListParams::default();
+            let secrets = secrets.list(&lp).await.map_err(|e| e.to_string())?;
+            let configmaps = configmaps.list(&lp).await.map_err(|e| e.to_string())?;
+            let objects = secrets
+                .items
+                .iter()
+                .map(|s| (s.name_any(), self.shard_of(s), self.draining(s)))
+                .chain(
+                    configmaps
+                        .items
+                        .iter()
+                        .map(|c| (c.name_any(), self.shard_of(c), self.draining(c))),
+                );
+            let mut count = 0;
+            for (name, shard, draining) in objects {
+                count += 1;
+                if shard.as_deref() != want || draining {
+                    off.push(format!(
+                        "{ns}/{name} on {shard:?} (draining: {draining}), want {want:?}"
+                    ));
+                }
+            }
+            if count < SECRETS.len() + CHILDREN.len() + 2 {
+                off.push(format!("{ns}: {count} objects so far"));
+            }
+        }
+        if off.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} off: {off:?}", off.len()))
+        }
+    }
+
+    /// Acknowledges every drained Secret of `namespaces` as its shard does.
+    async fn acknowledge_in(&self, namespaces: &[String]) {
+        for ns in namespaces {
+            let api = Api::<Secret>::namespaced(self.client.clone(), ns);
+            let Ok(list) = api.list(&ListParams::default()).await else {
+                continue;
+            };
+            for secret in list.items.iter().filter(|s| self.draining(*s)) {
+                let patch = json!({"metadata": {
+                    "resourceVersion": secret.resource_version(),
+                    "labels": {self.labels.shard.as_str(): null, self.labels.drain.as_str(): null},
+                }});
+                let _ = api
+                    .patch(
+                        &secret.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await;
+            }
+        }
+    }
+}
+
+fn named<K: kube::Resource<DynamicType = ()> + Default>(name: &str) -> K {
+    let mut object = K::default();
+    object.meta_mut().name = Some(name.into());
+    object
+}
+
+#[tokio::test]
+async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
+    let mut w = Test::new("nskey").await;
+    // Six namespaces: two that move to shard-c when it joins, two that stay on shard-a and two
+    // on shard-b (which moves them when shard-b dies).
+    let (two, three) = (
+        Ring::new(["shard-a", "shard-b"]),
+        Ring::new(["shard-a", "shard-b", "shard-c"]),
+    );
+    let survivors = Ring::new(["shard-a", "shard-c"]);
+    let candidates: Vec<String> = (0..300).map(|i| format!("{}-t{i}", w.ns)).collect();
+    let pick = |from: &str, to: &str| {
+        candidates
+            .iter()
+            .filter(|ns| {
+                two.shard_for(&key(ns)) == Some(from) && three.shard_for(&key(ns)) == Some(to)
+            })
+            .take(2)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let moving: Vec<String> = [pick("shard-a", "shard-c"), pick("shard-b", "shard-c")].concat();
+    let moving = moving[..2].to_vec();
+    let namespaces: Vec<String> = [
+        moving.clone(),
+        pick("shard-a", "shard-a"),
+        pick("shard-b", "shard-b"),
+    ]
+    .concat();
+    assert_eq!(namespaces.len(), 6, "candidates of every kind");
+    let api = Api::<Namespace>::all(w.client.clone());
+    for ns in &namespaces {
+        let mut namespace: Namespace = named(ns);
+        namespace.metadata.labels = Some([(SELECTED.to_owned(), w.ns.clone())].into());
+        api.create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+    let mut ring = secrets_ring(&w.ring, Some(&w.ns));
+    ring.spec.namespace_selector = Some(LabelSelector {
+        match_labels: Some([(SELECTED.to_owned(), w.ns.clone())].into()),
+        match_expressions: None,
+    });
+    let mut object = ring_object(&w.id(), &ring);
+    object.metadata.annotations =
+        Some([(KEY_ANNOTATION.to_owned(), "namespace".to_owned())].into());
+    w.rings()
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("ring");
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    w.start_webhook().await;
+    w.start_reconciler().await;
+    w.wait_until_admission_sees_configurations().await;
+    let probes = Api::<Secret>::namespaced(w.client.clone(), &namespaces[0]);
+    let mut probe = 0;
+    eventually("the webhook assigns new Secrets", WAIT, || {
+        probe += 1;
+        let (name, probes, w) = (format!("probe-{probe}"), &probes, &w);
+        async move {
+            let created = probes
+                .create(&PostParams::default(), &named(&name))
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = probes.delete(&name, &Default::default()).await;
+            w.shard_of(&created)
+                .ok_or_else(|| "not labelled".to_owned())
+        }
+    })
+    .await;
+    let reconciler = w.service_account(RECONCILER_ACCOUNT);
+
+    // Placed from CREATE, by the webhook alone: each namespace's objects on its shard.
+    let mark = w.audit_mark();
+    for ns in &namespaces {
+        let secrets = Api::<Secret>::namespaced(w.client.clone(), ns);
+        let configmaps = Api::<ConfigMap>::namespaced(w.client.clone(), ns);
+        let mut owner = None;
+        for name in SECRETS {
+            let created = secrets
+                .create(&PostParams::default(), &named(name))
+                .await
+                .expect("secret");
+            owner.get_or_insert(created);
+        }
+        let controlled_by = |kind: &str, owner: &ObjectMeta| {
+            Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: kind.into(),
+                name: owner.name.clone().expect("name"),
+                uid: owner.uid.clone().expect("uid"),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }])
+        };
+        let owner = owner.expect("an owner");
+        let mut first = None;
+        for name in CHILDREN {
+            let mut child: ConfigMap = named(name);
+            child.metadata.owner_references = controlled_by("Secret", &owner.metadata);
+            let created = configmaps
+                .create(&PostParams::default(), &child)
+                .await
+                .expect("child");
+            first.get_or_insert(created);
+        }
+        let mut grandchild: ConfigMap = named(GRANDCHILD);
+        grandchild.metadata.owner_references =
+            controlled_by("ConfigMap", &first.expect("a child").metadata);
+        configmaps
+            .create(&PostParams::default(), &grandchild)
+            .await
+            .expect("grandchild");
+        configmaps
+            .create(&PostParams::default(), &named(LOOSE))
+            .await
+            .expect("loose configmap");
+    }
+    eventually("each namespace on its shard", WAIT, || {
+        w.namespaces_off(&namespaces, &two)
+    })
+    .await;
+    let written: Vec<String> =
+        w.cp.audited_writes_since(mark)
+            .iter()
+            .filter_map(|e| {
+                namespaces.iter().find_map(|ns| {
+                    audited_write(e, ns, &reconciler).map(|(r, n)| format!("{ns} {r}/{n}"))
+                })
+            })
+            .collect();
+    assert_eq!(
+        written,
+        Vec::<String>::new(),
+        "the reconciler placed what the webhook should have"
+    );
+
+    // Scale-out: the moving namespaces' Secrets drain and are acknowledged, then their
+    // ConfigMaps follow; nothing of the other namespaces is written.
+    let mark = w.audit_mark();
+    w.add_shard_lease("shard-c", 3600).await;
+    eventually("each namespace on its shard of three", WAIT, || async {
+        w.acknowledge_in(&moving).await;
+        w.namespaces_off(&namespaces, &three).await
+    })
+    .await;
+    let mut moved: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    let mut acknowledged: BTreeMap<(String, String), String> = BTreeMap::new();
+    for event in w.cp.audited_writes_since(mark) {
+        let received = event["requestReceivedTimestamp"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        for ns in &namespaces {
+            if let Some((resource, name)) = audited_write(&event, ns, &reconciler) {
+                moved
+                    .entry((ns.clone(), format!("{resource}/{name}")))
+                    .or_default()
+                    .push(received.clone());
+            } else if let Some(("secrets", name)) = audited_write(&event, ns, ADMIN_USER)
+                && event["verb"] == "patch"
+            {
+                acknowledged.insert((ns.clone(), name.to_owned()), received.clone());
+            }
+        }
+    }
+    let mut expected: Vec<(String, String)> = Vec::new();
+    for ns in &moving {
+        for name in SECRETS {
+            expected.push((ns.clone(), format!("secrets/{name}")));
+        }
+        for name in CHILDREN.into_iter().chain([GRANDCHILD, LOOSE]) {
+            expected.push((ns.clone(), format!("configmaps/{name}")));
+        }
+    }
+    expected.sort();
+    assert_eq!(
+        moved.keys().cloned().collect::<Vec<_>>(),
+        expected,
+        "exactly the moving namespaces' objects were written"
+    );
+    for ((ns, object), at) in &moved {
+        // A Secret is drained again if the webhook had not seen shard-c at its acknowledgement;
+        // a ConfigMap is written once.
+        let Some(child) = object.strip_prefix("configmaps/") else {
+            continue;
+        };
+        assert_eq!(at.len(), 1, "{ns} {object} written once: {at:?}");
+        // Each after the level above it: a child after its Secret's acknowledgement, the
+        // grandchild after its ConfigMap's move.
+        let above = match child {
+            LOOSE => continue,
+            GRANDCHILD => &moved[&(ns.clone(), format!("configmaps/{}", CHILDREN[0]))][0],
+            _ => &acknowledged[&(ns.clone(), SECRETS[0].to_owned())],
+        };
+        assert!(
+            at[0] > *above,
+            "{ns} {child} moved at {}, before the level above it at {above}",
+            at[0]
+        );
+    }
+
+    // Shard-b dies (its Lease released): its namespaces move whole, directly.
+    set_lease_holder(&w.leases(), "shard-b", "").await;
+    eventually("each namespace on a surviving shard", WAIT, || {
+        w.namespaces_off(&namespaces, &survivors)
+    })
+    .await;
+
+    // A value the ring does not know: invalid, reported, nothing assigned or moved.
+    let patch = json!({"metadata": {"annotations": {KEY_ANNOTATION: "name"}}});
+    w.rings()
+        .patch(&w.ring, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+    let message = eventually("the ring reports the bad value", WAIT, || async {
+        let ready = w.ring_condition("Ready").await?;
+        (ready["status"] == "False" && ready["reason"] == "InvalidSpec")
+            .then(|| ready["message"].as_str().unwrap_or_default().to_owned())
+            .ok_or(ready.to_string())
+    })
+    .await;
+    assert!(message.contains("sharder.dev/key: \"name\""), "{message}");
+    eventually("a Warning Event names it", WAIT, || async {
+        w.ring_event("Warning", "InvalidSpec")
+            .await
+            .then_some(())
+            .ok_or("no Event")
+    })
+    .await;
+    let mark = w.audit_mark();
+    w.add_shard_lease("shard-d", 3600).await;
+    eventually("the invalid ring counts the new shard", WAIT, || async {
+        let ring = w
+            .rings()
+            .get_status(&w.ring)
+            .await
+            .map_err(|e| e.to_string())?;
+        (ring.data["status"]["availableShards"] == 3)
+            .then_some(())
+            .ok_or(ring.data["status"].to_string())
+    })
+    .await;
+    let late = Api::<Secret>::namespaced(w.client.clone(), &namespaces[0]);
+    eventually("the webhook leaves new objects unassigned", WAIT, || {
+        probe += 1;
+        let (name, late, w) = (format!("late-{probe}"), &late, &w);
+        async move {
+            let created = late
+                .create(&PostParams::default(), &named(&name))
+                .await
+                .map_err(|e| e.to_string())?;
+            match w.shard_of(&created) {
+                None => Ok(()),
+                Some(shard) => {
+                    let _ = late.delete(&name, &Default::default()).await;
+                    Err(format!("assigned to {shard}"))
+                }
+            }
+        }
+    })
+    .await;
+    let written: Vec<String> =
+        w.cp.audited_writes_since(mark)
+            .iter()
+            .filter_map(|e| {
+                namespaces.iter().find_map(|ns| {
+                    audited_write(e, ns, &reconciler).map(|(r, n)| format!("{ns} {r}/{n}"))
+                })
+            })
+            .collect();
+    assert_eq!(
+        written,
+        Vec::<String>::new(),
+        "an invalid ring moves nothing"
+    );
+    w.namespaces_off(&namespaces[1..], &survivors)
+        .await
+        .expect("every namespace where it was");
+}
