@@ -37,7 +37,7 @@ test: control-plane helm
 
 ## The benchmarks (release build), every section in one run of about 40 minutes on 2 cores:
 ## webhook latency through the apiserver and under load, reconciler memory against object
-## count, rebalancing, shard crashes, rolling updates, the ring, the chart's pods on a real node
+## count, a scale-out of Pods in chains, rebalancing, shard crashes, rolling updates, the ring, the chart's pods on a real node
 ## (root: a bridge, iptables, cgroups; --sections leaves it out), the idle cost, range mode
 ## beside label mode, and Sharder beside the reference's own binary (BENCH_ARGS="--reference <its sharder binary>
 ## --reference-version <its release>", built by you; without it Sharder's figures stand

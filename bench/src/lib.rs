@@ -27,6 +27,7 @@ use sharder_harness::world::World;
 use crate::progress::progress;
 
 mod beside;
+mod chains;
 mod create_latency;
 pub mod floor;
 mod guard;
@@ -83,6 +84,16 @@ pub struct Args {
         default_value = "1000,10000,100000"
     )]
     pub sizes: Vec<usize>,
+
+    /// Pods of the chains section (in chains of a Secret, a ConfigMap and 10 Pods),
+    /// comma-separated.
+    #[arg(
+        long,
+        env = "SHARDER_BENCH_CHAIN_SIZES",
+        value_delimiter = ',',
+        default_value = "10000,100000"
+    )]
+    pub chain_sizes: Vec<usize>,
 
     /// Objects of the rebalancing, crash and rolling update benchmarks.
     #[arg(
@@ -189,7 +200,7 @@ pub struct Args {
         env = "SHARDER_BENCH_SECTIONS",
         value_enum,
         value_delimiter = ',',
-        default_value = "latency,load,memory,rebalance,rolling,ranges,ring,node,idle,reference"
+        default_value = "latency,load,memory,chains,rebalance,rolling,ranges,ring,node,idle,reference"
     )]
     pub sections: Vec<Section>,
 }
@@ -203,6 +214,8 @@ pub enum Section {
     Load,
     /// 3. Reconciler memory against object count.
     Memory,
+    /// 3b. A scale-out of Pods in chains.
+    Chains,
     /// 4-5. Rebalancing and shard crashes.
     Rebalance,
     /// 5b. Rolling updates of the shards.
@@ -226,6 +239,7 @@ impl Section {
             Self::Latency => "1. CREATE latency added by the webhook",
             Self::Load => "2. The webhook alone under load",
             Self::Memory => "3. Reconciler memory against object count",
+            Self::Chains => "3b. A scale-out of Pods in chains",
             Self::Rebalance => "4. Rebalancing 3 -> 4 shards",
             Self::Rolling => "5b. A rolling update of the shards",
             Self::Ring => "6. Ring",
@@ -259,6 +273,15 @@ impl Section {
                 create(args.rebalance_objects) + 2.0 * 3.0 * n / (MOVE / 1.4) + 30.0
             }
             Self::Ring => 15.0,
+            Self::Chains => args
+                .chain_sizes
+                .iter()
+                .map(|&pods| {
+                    // Created (Pods more slowly), a quarter moved, deleted.
+                    let objects = pods as f64 * 1.2;
+                    1.5 * objects / CREATE + 2.0 * (objects / 4.0) / MOVE + objects / 2e3 + 20.0
+                })
+                .sum(),
             Self::Ranges => args
                 .range_sizes
                 .iter()
@@ -663,13 +686,14 @@ where
 /// before it starts). Sections 8 and 3 run last, size by size on the same objects
 /// ([`shared_objects`]): the largest size's namespace is left to the control plane's end
 /// (deleting 100,000 objects takes longer than measuring them).
-const ORDER: [Section; 7] = [
+const ORDER: [Section; 8] = [
     Section::Latency,
     Section::Rebalance,
     Section::Rolling,
     Section::Ranges,
     Section::Ring,
     Section::Reference,
+    Section::Chains,
     Section::Node,
 ];
 
@@ -754,6 +778,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
                 Section::Rebalance => rebalance::run(cp, &webhooks, &args).await?,
                 Section::Rolling => rolling::run(cp, &webhooks, &args).await?,
                 Section::Ranges => ranges::run(cp, &webhooks, &args).await?,
+                Section::Chains => chains::run(cp, &webhooks, &args).await?,
                 Section::Ring => ring_balance::run(),
                 Section::Node => node::run(args.node_objects)
                     .await
