@@ -26,7 +26,7 @@ use crate::memory::settled_rss;
 use crate::progress::{self, progress};
 use crate::report::{goals, table};
 use crate::webhooks::Webhooks;
-use crate::{Args, Error, REBALANCE_CONCURRENCY, RingSetup, each_metadata};
+use crate::{Args, Error, REBALANCE_CONCURRENCY, RingSetup, delete_if_there, each_metadata};
 
 /// Pods under each ConfigMap.
 pub(crate) const PODS_PER_CHAIN: usize = 10;
@@ -165,6 +165,9 @@ impl Chains {
         };
         progress!("  {pods} Pods: {row:?}");
         self.rows.push(row);
+        // The apiserver deletes a collection one object at a time: the Pods go first, 64
+        // deletes in flight, then the namespace with the rest.
+        delete_pods(&setup, chains).await?;
         setup.remove(true).await
     }
 
@@ -296,6 +299,20 @@ async fn create_chains(setup: &RingSetup, chains: usize, ring: &Ring) -> Result<
         })
         .await?;
     Ok((chains * (2 + PODS_PER_CHAIN)) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Deletes the Pods of `chains` chains, 64 deletes in flight.
+async fn delete_pods(setup: &RingSetup, chains: usize) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(setup.client.clone(), &setup.ns);
+    let names = (0..chains).flat_map(|i| (0..PODS_PER_CHAIN).map(move |j| format!("app-{i}-{j}")));
+    futures::stream::iter(names)
+        .map(|name| {
+            let pods = &pods;
+            async move { delete_if_there(pods, &name).await }
+        })
+        .buffer_unordered(64)
+        .try_for_each(|()| async { Ok(()) })
+        .await
 }
 
 /// Acknowledges every drained Secret as its shard would: both labels removed in one write with

@@ -9,7 +9,7 @@ use clap::Parser as _;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
     let report =
-        small_run("latency,load,memory,rebalance,rolling,ranges,ring,idle,reference").await;
+        small_run("latency,load,memory,chains,rebalance,rolling,ranges,ring,idle,reference").await;
     assert_holds(
         &report,
         &[
@@ -17,6 +17,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "## 1. CREATE latency added by the webhook",
             "## 2. The webhook alone under load",
             "## 3. Reconciler memory against object count",
+            "## 3b. A scale-out of Pods in chains",
             "## 4. Rebalancing 3 -> 4 shards",
             "## 5. Shard crash",
             "## 5b. A rolling update of the shards",
@@ -39,6 +40,8 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| 100 | ",
             "| 200 | ",
             "| every run's peak MiB |",
+            "| 100 | 120 | ",
+            "| reconciler peak RSS with 200 Pods in chains against 100 | ",
             "| objects moved, worst round off the ideal | ",
             "| rebalancing writes/s vs the mix's rate beside it (median over the rounds) | ",
             "| goal | figure | bound | verdict |",
@@ -157,6 +160,8 @@ fn args(output: &std::path::Path, sections: &str) -> sharder_bench::Args {
         "100",
         "--range-sizes",
         "200",
+        "--chain-sizes",
+        "100,200",
         // One round: each more waits out another crash's Lease (the rounds' medians are unit
         // tests of the report).
         "--reference-rounds",

@@ -21,7 +21,7 @@ mod view;
 mod writing;
 
 pub(crate) use outcome::Outcome;
-pub(crate) use view::{LiveNow, RingView};
+pub(crate) use view::{LiveNow, OwnerReads, RingView};
 
 use outcome::Handled;
 use writing::Writer;
@@ -143,8 +143,14 @@ impl Rebalancer {
             if assigned == 0 || outcome.awaiting.is_empty() || !view.is_current() {
                 break;
             }
-            let waiting = std::mem::take(&mut outcome.awaiting);
-            let again = self.recheck(view, targets, waiting).await;
+            let again = if outcome.too_many_awaiting() {
+                // Too many to read by name: everything is listed again.
+                outcome.awaiting.clear();
+                self.run(view, targets, &[Scope::AfterDrains].into()).await
+            } else {
+                let waiting = std::mem::take(&mut outcome.awaiting);
+                self.recheck(view, targets, waiting).await
+            };
             assigned = again.assigned.values().sum();
             outcome.add(again);
         }
@@ -182,6 +188,7 @@ impl Rebalancer {
         targets: &[Target],
         awaiting: Vec<ObjectId>,
     ) -> Outcome {
+        view.owner_reads.new_round();
         let mut outcome = Outcome::default();
         let results: Vec<Handled> = futures::stream::iter(awaiting)
             .map(|object| async move {
@@ -248,6 +255,7 @@ impl Rebalancer {
         target: &Target,
         scope: &Scope,
     ) -> Outcome {
+        view.owner_reads.new_round();
         let (tx, mut rx) =
             tokio::sync::mpsc::channel(listing::channel_capacity(self.settings.page_size));
         let lister = listing::list_into(

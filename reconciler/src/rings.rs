@@ -26,7 +26,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 use crate::Error;
 use crate::metrics::{FailedRebalanceLabels, Metrics, RebalanceLabels};
 use crate::rebalance::strays::Strays;
-use crate::rebalance::{LiveNow, Outcome, Rebalancer, RingView};
+use crate::rebalance::{LiveNow, Outcome, OwnerReads, Rebalancer, RingView};
 use crate::shard_leases::leases_of;
 use crate::terms::{Pass, Scope, Target};
 
@@ -380,6 +380,7 @@ async fn run_pass(
     let ring_of_shards = Ring::new(available.iter().cloned());
     let ring_labels = ring.labels();
     let live_now = LiveNow::default();
+    let owner_reads = OwnerReads::default();
     let this = ObjectRef::new_with(&ring.id.name, ctx.kind.api_resource());
     let uid = ring.object.uid();
     let current = || ctx.rings.get(&this).is_some_and(|r| r.uid() == uid);
@@ -391,6 +392,7 @@ async fn run_pass(
         available,
         namespaces: &namespaces,
         live_now: &live_now,
+        owner_reads: &owner_reads,
         current: &current,
     };
     ctx.metrics

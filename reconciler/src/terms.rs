@@ -168,6 +168,10 @@ impl Namespaces {
     }
 }
 
+/// The most controlled objects remembered as waiting for their owners (a pass keeps one more to
+/// tell that there were more); beyond it they are listed again instead of read by name.
+pub(crate) const MAX_AWAITING: usize = 10_000;
+
 /// One object of a ring's resource: enough to read it again.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct ObjectId {

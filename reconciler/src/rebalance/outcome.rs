@@ -8,7 +8,7 @@ use sharder_common::GroupResource;
 
 use super::plan::{ChainProblem, Move, Reason};
 use super::strays::Strays;
-use crate::terms::{ObjectId, Scope};
+use crate::terms::{MAX_AWAITING, ObjectId, Scope};
 
 /// What handling one object ended with.
 pub(crate) enum Handled {
@@ -49,7 +49,9 @@ pub(crate) struct Outcome {
     pub failed_lists: usize,
     /// Of those, writes refused for good (forbidden, invalid).
     pub refused: usize,
-    /// Controlled objects waiting for their owner, or whose move failed.
+    /// Controlled objects waiting for their owner, or whose move failed: at most
+    /// [`MAX_AWAITING`] and one more, which says there were too many to remember (memory stays
+    /// bounded however many wait).
     pub awaiting: Vec<ObjectId>,
     /// Objects that needed a write but were left because the ring was gone by then.
     pub abandoned: usize,
@@ -89,12 +91,24 @@ impl Outcome {
         for (reason, n) in other.assigned {
             *self.assigned.entry(reason).or_default() += n;
         }
-        self.awaiting.extend(other.awaiting);
+        other.awaiting.into_iter().for_each(|o| self.wait(o));
         self.lists.extend(other.lists);
         self.pending_drains += other.pending_drains;
         self.drains_pending |= other.drains_pending;
         // `other` listed later: what it found replaces what was found before.
         self.strays.extend(other.strays);
+    }
+
+    /// Remembers `object` as waiting, up to one beyond [`MAX_AWAITING`].
+    fn wait(&mut self, object: ObjectId) {
+        if self.awaiting.len() <= MAX_AWAITING {
+            self.awaiting.push(object);
+        }
+    }
+
+    /// Whether more objects wait than are remembered by name.
+    pub(crate) fn too_many_awaiting(&self) -> bool {
+        self.awaiting.len() > MAX_AWAITING
     }
 
     /// Keeps `problem` if it is the least (in order) seen: the same chains give the same one.
@@ -114,12 +128,12 @@ impl Outcome {
             Handled::Moved(Move::Assign { reason, .. }) => {
                 *self.assigned.entry(reason).or_default() += 1;
             }
-            Handled::Awaiting(object) => self.awaiting.push(object),
+            Handled::Awaiting(object) => self.wait(object),
             Handled::Stayed => {}
             Handled::Failed { object, permanent } => {
                 self.errors += 1;
                 self.refused += usize::from(permanent);
-                self.awaiting.extend(object);
+                object.into_iter().for_each(|o| self.wait(o));
             }
             Handled::Abandoned => self.abandoned += 1,
             Handled::Unresolved(problem) => {
@@ -158,5 +172,21 @@ mod tests {
         outcome.count(Handled::Awaiting(object("child-2")));
         assert_eq!((outcome.errors, outcome.refused), (2, 1));
         assert_eq!(outcome.awaiting, [object("child-1"), object("child-2")]);
+    }
+
+    #[test]
+    fn an_outcome_remembers_one_waiting_object_beyond_the_bound_and_no_more() {
+        let mut outcome = Outcome::default();
+        for i in 0..MAX_AWAITING {
+            outcome.count(Handled::Awaiting(object(&format!("child-{i}"))));
+        }
+        assert!(!outcome.too_many_awaiting(), "as many as the bound");
+        let mut more = Outcome::default();
+        for i in 0..5 {
+            more.count(Handled::Awaiting(object(&format!("more-{i}"))));
+        }
+        outcome.add(more);
+        assert!(outcome.too_many_awaiting());
+        assert_eq!(outcome.awaiting.len(), MAX_AWAITING + 1);
     }
 }

@@ -1,7 +1,9 @@
 //! One ring as a pass sees it ([`RingView`]): its shards, labels and namespaces, whether it is
 //! still there, and the decision for one object on it ([`plan::decide`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -9,7 +11,9 @@ use kube::api::{ListParams, ObjectMeta};
 use kube::{Api, Client, ResourceExt};
 use sharder_common::handover::OwnerState;
 use sharder_common::key::group_of_api_version;
-use sharder_common::{Keying, Ring, RingId, RingLabels, Role, is_available};
+use sharder_common::{GroupResource, Keying, Ring, RingId, RingLabels, Role, is_available};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
 use tracing::warn;
 
 use super::plan::{self, Placement};
@@ -31,6 +35,8 @@ pub(crate) struct RingView<'a> {
     pub namespaces: &'a Namespaces,
     /// The shards holding their Leases now, read once when first needed.
     pub live_now: &'a LiveNow,
+    /// The owners read in the pass's current round.
+    pub owner_reads: &'a OwnerReads,
     /// Whether the ring is still the one this rebalance is for (not deleted or replaced).
     pub current: &'a (dyn Fn() -> bool + Send + Sync),
 }
@@ -114,6 +120,84 @@ pub(crate) fn placement(
     }
 }
 
+/// How long an owner read serves the other objects of its owner.
+const OWNER_READ_TTL: Duration = Duration::from_secs(1);
+
+/// The most owners remembered at once: objects are listed in name order and handled a few
+/// hundred at a time, so the objects of one owner meet within far fewer.
+const MAX_OWNER_READS: usize = 512;
+
+/// What a read of an owner found: its metadata (what deciding it needs), none, or why it could
+/// not be read.
+type OwnerRead = Result<Option<ObjectMeta>, String>;
+
+/// An owner by resource, namespace and name.
+type OwnerKey = (GroupResource, Option<String>, String);
+
+/// The reads of one round: when each began, and its answer once there.
+type Reads = HashMap<OwnerKey, (Instant, Arc<OnceCell<OwnerRead>>)>;
+
+/// The owners read during one round of a pass (a list, or a look at the waiting objects again),
+/// so that the objects of one owner (a ReplicaSet's Pods, handled side by side) read it once:
+/// cleared at each round, each read kept at most [`OWNER_READ_TTL`], at most
+/// [`MAX_OWNER_READS`] at once. A read is shared while in flight; only the read is, never a
+/// decision, so objects controlling each other cannot wait on one another.
+#[derive(Debug, Default)]
+pub(crate) struct OwnerReads(Mutex<Reads>);
+
+impl OwnerReads {
+    /// Starts a round: nothing read before it is used.
+    pub(crate) fn new_round(&self) {
+        self.lock().clear();
+    }
+
+    /// The owner `key` as `read` finds it, read once for every object asking within the bound.
+    pub(crate) async fn read<F>(&self, key: OwnerKey, read: impl FnOnce() -> F) -> OwnerRead
+    where
+        F: Future<Output = OwnerRead>,
+    {
+        let cell = {
+            let mut reads = self.lock();
+            let now = Instant::now();
+            match reads.get(&key) {
+                Some((at, cell)) if now.duration_since(*at) < OWNER_READ_TTL => cell.clone(),
+                _ => {
+                    if reads.len() >= MAX_OWNER_READS {
+                        reads.retain(|_, (at, _)| now.duration_since(*at) < OWNER_READ_TTL);
+                        if reads.len() >= MAX_OWNER_READS {
+                            reads.clear();
+                        }
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    reads.insert(key, (now, cell.clone()));
+                    cell
+                }
+            }
+        };
+        cell.get_or_init(read).await.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Reads> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What deciding an owner needs of its metadata (its identity, labels and owners), without the
+/// rest (managed fields, annotations), which a remembered read would only hold.
+pub(crate) fn slim(meta: ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        labels: meta.labels,
+        owner_references: meta.owner_references,
+        ..ObjectMeta::default()
+    }
+}
+
 /// The ring's shards whose Leases are held now: one list of the ring's Leases, the first time
 /// an object sits on a shard the rebalance's snapshot does not count as available.
 #[derive(Debug, Default)]
@@ -150,7 +234,6 @@ impl LiveNow {
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::core::{ApiResource, GroupVersionKind};
-    use sharder_common::GroupResource;
 
     use super::*;
 
@@ -241,5 +324,37 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_owner_is_read_once_per_round_while_its_read_is_fresh() {
+        let reads = OwnerReads::default();
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        let key = || {
+            (
+                GroupResource::new("", "configmaps"),
+                Some("ns".to_owned()),
+                "rs".to_owned(),
+            )
+        };
+        let read = || async {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(Some(ObjectMeta::default()))
+        };
+        // Side by side: one read.
+        let side_by_side =
+            futures::future::join_all((0..10).map(|_| reads.read(key(), read))).await;
+        assert!(side_by_side.iter().all(Result::is_ok));
+        let after = |n| count.load(std::sync::atomic::Ordering::SeqCst) == n;
+        assert!(after(1), "ten objects of one owner read it once");
+        reads.read(key(), read).await.expect("read");
+        assert!(after(1), "within the bound: not read again");
+        tokio::time::advance(OWNER_READ_TTL).await;
+        reads.read(key(), read).await.expect("read");
+        assert!(after(2), "past the bound: read again");
+        reads.new_round();
+        reads.read(key(), read).await.expect("read");
+        assert!(after(3), "a new round reads again");
     }
 }

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 use super::concurrency::{Answer, OVERLOAD_RETRIES, WriteSlots};
 use super::outcome::Handled;
 use super::plan::{ChainProblem, Decision, MAX_CHAIN_LEVELS, Move, Placement, Reason};
-use super::view::{RingView, controller_of, placement};
+use super::view::{RingView, controller_of, placement, slim};
 use crate::metrics::{FailedWriteLabels, Metrics};
 use crate::terms::{ObjectId, Target};
 
@@ -214,12 +214,20 @@ impl Writer {
             else {
                 return Ok(OwnerState::NotSharded);
             };
-            let found = match self
-                .api(target, meta.namespace.as_deref())
-                .get_metadata_opt(&owner.name)
-                .await
-            {
-                Ok(Some(found)) => found.metadata,
+            let key = (
+                target.resource.clone(),
+                meta.namespace.clone(),
+                owner.name.clone(),
+            );
+            let read = || async {
+                let api = self.api(target, meta.namespace.as_deref());
+                match api.get_metadata_opt(&owner.name).await {
+                    Ok(found) => Ok(found.map(|f| slim(f.metadata))),
+                    Err(e) => Err(e.to_string()),
+                }
+            };
+            let found = match view.owner_reads.read(key, read).await {
+                Ok(Some(found)) => found,
                 Ok(None) => return Ok(OwnerState::Missing),
                 // Unknown: treat it as not settled, so the child waits (never moves ahead of it).
                 Err(e) => {

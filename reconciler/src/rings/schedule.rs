@@ -9,11 +9,7 @@ use std::time::Duration;
 use sharder_common::Keying;
 use tokio::time::Instant;
 
-use crate::terms::{ObjectId, Pass, Scope};
-
-/// The most controlled objects remembered as waiting for their owners; beyond it the next drain
-/// check lists everything.
-pub(crate) const MAX_AWAITING: usize = 10_000;
+use crate::terms::{MAX_AWAITING, ObjectId, Pass, Scope};
 
 /// The shortest requeue, so a busy ring never spins.
 pub(crate) const MIN_REQUEUE: Duration = Duration::from_millis(100);
