@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
@@ -20,6 +20,7 @@ use serde_json::json;
 use sharder_common::{Ring, RingKind};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::{ADMIN_USER, audited_write};
+use sharder_harness::fixtures::pause_pod_spec;
 use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
 use crate::memory::settled_rss;
@@ -274,14 +275,7 @@ async fn create_chains(setup: &RingSetup, chains: usize, ring: &Ring) -> Result<
                                 format!("{name}-{j}"),
                                 Some(owner("ConfigMap", &configmap.metadata)),
                             ),
-                            spec: Some(PodSpec {
-                                containers: vec![Container {
-                                    name: "app".into(),
-                                    image: Some("registry.k8s.io/pause:3.10".into()),
-                                    ..Container::default()
-                                }],
-                                ..PodSpec::default()
-                            }),
+                            spec: Some(pause_pod_spec()),
                             ..Pod::default()
                         };
                         async move { pods.create(pp, &pod).await.map(drop) }

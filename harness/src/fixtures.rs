@@ -1,11 +1,11 @@
 //! Objects the cluster tests create again and again: a ring sharding Secrets (and the ConfigMaps
-//! they control), shard Leases, Secrets and their controlled ConfigMaps.
+//! they control), shard Leases, Secrets and their controlled ConfigMaps, a Pod's spec.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
 };
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Secret};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
 use k8s_openapi::jiff::Timestamp;
@@ -14,6 +14,19 @@ use kube::api::{DynamicObject, ObjectMeta};
 use sharder_common::{ClusterRing, ClusterRingSpec, GroupResource, RingId, RingResource};
 
 use crate::control_plane::{NAMESPACE_NAME_LABEL, RING_NAMESPACE_LABEL};
+
+/// The spec of a Pod of one pause container: Pending where no node runs it, which is all the
+/// tests and the bench need of a Pod.
+pub fn pause_pod_spec() -> PodSpec {
+    PodSpec {
+        containers: vec![Container {
+            name: "app".into(),
+            image: Some("registry.k8s.io/pause:3.10".into()),
+            ..Container::default()
+        }],
+        ..PodSpec::default()
+    }
+}
 
 /// A ring sharding `secrets` with the `configmaps` they control. With `namespace`, the ring
 /// selects only that test namespace and carries [`RING_NAMESPACE_LABEL`] (so a reconciler started

@@ -8,14 +8,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, ReplicaSet};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use sharder_common::{ClusterRingSpec, GroupResource, Ring, RingResource};
 use sharder_harness::control_plane::{ADMIN_USER, audited_write};
-use sharder_harness::fixtures::{ring_object, secrets_ring};
+use sharder_harness::fixtures::{pause_pod_spec, ring_object, secrets_ring};
 use sharder_harness::wait::eventually;
 
 use crate::{RECONCILER_ACCOUNT, Test, WAIT};
@@ -41,14 +41,7 @@ fn deployment(name: &str) -> Deployment {
                     labels: Some(labels),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(PodSpec {
-                    containers: vec![Container {
-                        name: "app".into(),
-                        image: Some("registry.k8s.io/pause:3.10".into()),
-                        ..Container::default()
-                    }],
-                    ..PodSpec::default()
-                }),
+                spec: Some(pause_pod_spec()),
             },
             ..DeploymentSpec::default()
         }),

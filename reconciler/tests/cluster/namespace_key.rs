@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use sharder_common::Ring;
 use sharder_common::key::KEY_ANNOTATION;
-use sharder_harness::control_plane::{ADMIN_USER, audited_write};
+use sharder_harness::control_plane::{ADMIN_USER, AuditMark, audited_write};
 use sharder_harness::fixtures::{ring_object, secrets_ring};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::set_lease_holder;
@@ -74,6 +74,17 @@ impl Test {
         } else {
             Err(format!("{} off: {off:?}", off.len()))
         }
+    }
+
+    /// The objects of `namespaces` that `user` wrote since `mark` (`<namespace> <resource>/<name>`).
+    fn writes_in(&self, namespaces: &[String], user: &str, mark: AuditMark) -> Vec<String> {
+        let events = self.cp.audited_writes_since(mark);
+        let written = events.iter().filter_map(|e| {
+            namespaces
+                .iter()
+                .find_map(|ns| audited_write(e, ns, user).map(|(r, n)| format!("{ns} {r}/{n}")))
+        });
+        written.collect()
     }
 
     /// Acknowledges every drained Secret of `namespaces` as its shard does.
@@ -230,15 +241,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         w.namespaces_off(&namespaces, &two)
     })
     .await;
-    let written: Vec<String> =
-        w.cp.audited_writes_since(mark)
-            .iter()
-            .filter_map(|e| {
-                namespaces.iter().find_map(|ns| {
-                    audited_write(e, ns, &reconciler).map(|(r, n)| format!("{ns} {r}/{n}"))
-                })
-            })
-            .collect();
+    let written = w.writes_in(&namespaces, &reconciler, mark);
     assert_eq!(
         written,
         Vec::<String>::new(),
@@ -370,15 +373,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         }
     })
     .await;
-    let written: Vec<String> =
-        w.cp.audited_writes_since(mark)
-            .iter()
-            .filter_map(|e| {
-                namespaces.iter().find_map(|ns| {
-                    audited_write(e, ns, &reconciler).map(|(r, n)| format!("{ns} {r}/{n}"))
-                })
-            })
-            .collect();
+    let written = w.writes_in(&namespaces, &reconciler, mark);
     assert_eq!(
         written,
         Vec::<String>::new(),
