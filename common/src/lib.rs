@@ -10,6 +10,7 @@ pub mod key;
 pub mod label_guard;
 pub mod labels;
 pub mod lease;
+pub mod placement_policy;
 pub mod ranges;
 pub mod ring;
 pub mod ring_kind;

@@ -26,6 +26,7 @@ mod label_guard;
 mod leader_election;
 mod lease_states;
 mod namespace_key;
+mod placement_policy;
 mod range_mode;
 mod rebalancing;
 mod switching;
