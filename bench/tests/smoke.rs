@@ -36,6 +36,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| 1 | floor webhook |",
             "| 1 | sharder webhook |",
             "| 1 | sharder webhook, children |",
+            "| 1 | sharder policy |",
             "| stable names, lease kept (`--stable-name`) | 0 | 0 | 0 |",
             "| 100 | ",
             "| 200 | ",
