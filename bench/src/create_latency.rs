@@ -30,7 +30,7 @@ use crate::progress::progress;
 use crate::report::{goals, table};
 use crate::stats::{median_at, ms, percentile};
 use crate::webhooks::Webhooks;
-use crate::{Args, Error, RingSetup, delete_if_there};
+use crate::{Args, Error, RingSetup, apply_policy, delete_if_there};
 
 /// The webhook a round registers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,13 +105,7 @@ async fn register(setup: &RingSetup, webhooks: &Webhooks, hook: Hook) -> Result<
                 .await?;
             let (policy, binding) =
                 placement_policy(&ring, &roles, &table, &LabelSelector::default());
-            policies
-                .patch(&name, &apply, &Patch::Apply(&policy))
-                .await?;
-            bindings
-                .patch(&name, &apply, &Patch::Apply(&binding))
-                .await?;
-            return Ok(());
+            return apply_policy((&policies, &policy), (&bindings, &binding), &name).await;
         }
         Hook::Floor => format!("https://{}", webhooks.floor),
         Hook::Sharder => format!("https://{}", webhooks.sharder.addr),

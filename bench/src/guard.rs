@@ -25,7 +25,7 @@ use crate::create_latency::{difference, paced};
 use crate::progress::progress;
 use crate::report::{Goal, goals, table};
 use crate::stats::{Spread, median_at, ms, percentile};
-use crate::{Args, Error, RingSetup, delete_if_there};
+use crate::{Args, Error, RingSetup, apply_policy, delete_if_there};
 
 /// The requests timed, in the order run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,13 +83,7 @@ async fn switch(setup: &RingSetup, outsider: &Api<Secret>, on: bool) -> Result<(
             namespace_selector: Default::default(),
         };
         let (policy, binding) = label_guard(&ring, &roles, &settings);
-        let apply = PatchParams::apply("sharder-bench").force();
-        policies
-            .patch(&name, &apply, &Patch::Apply(&policy))
-            .await?;
-        bindings
-            .patch(&name, &apply, &Patch::Apply(&binding))
-            .await?;
+        apply_policy((&policies, &policy), (&bindings, &binding), &name).await?;
     } else {
         delete_if_there(&bindings, &name).await?;
         delete_if_there(&policies, &name).await?;

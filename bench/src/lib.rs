@@ -436,6 +436,22 @@ where
     }
 }
 
+/// Applies (server-side, as the bench) an admission policy and its binding, both named `name`.
+pub(crate) async fn apply_policy<P, B>(
+    (policies, policy): (&Api<P>, &P),
+    (bindings, binding): (&Api<B>, &B),
+    name: &str,
+) -> Result<(), Error>
+where
+    P: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    B: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let apply = PatchParams::apply("sharder-bench").force();
+    policies.patch(name, &apply, &Patch::Apply(policy)).await?;
+    bindings.patch(name, &apply, &Patch::Apply(binding)).await?;
+    Ok(())
+}
+
 /// One ring over Secrets of its own namespace (a harness [`World`]: the ring is named after the
 /// namespace and selects it), with shard Leases held for an hour.
 struct RingSetup(World);
