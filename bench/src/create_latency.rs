@@ -463,5 +463,23 @@ mod tests {
             text.contains("| +0.30 ms vs +1.10 ms | below the webhook's | met |"),
             "{text}"
         );
+        let slower: Vec<(&str, [f64; 5])> = rounds
+            .iter()
+            .map(|(m, f)| {
+                (
+                    *m,
+                    if *m == "sharder policy" {
+                        [3.5, 4.5, 9.0, 150.0, 0.0]
+                    } else {
+                        *f
+                    },
+                )
+            })
+            .collect();
+        let text = markdown(&slower, &args);
+        assert!(
+            text.contains("| +1.50 ms vs +1.10 ms | below the webhook's | **missed** |"),
+            "a policy slower than the webhook: {text}"
+        );
     }
 }
