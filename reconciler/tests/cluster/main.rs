@@ -6,7 +6,7 @@
 //! and owner references, chains and rings keyed by namespace, the label guard, leader election,
 //! switching from the reference, and range mode.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
@@ -252,4 +252,16 @@ impl Test {
     fn reconciler_user(&self) -> String {
         self.world.service_account(RECONCILER_ACCOUNT)
     }
+}
+
+/// An object of kind `K` named `name` with `labels`, nothing else set.
+fn named<K: kube::Resource<DynamicType = ()> + Default>(name: &str, labels: &[(&str, &str)]) -> K {
+    let mut object = K::default();
+    object.meta_mut().name = Some(name.into());
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    object.meta_mut().labels = (!labels.is_empty()).then_some(labels);
+    object
 }

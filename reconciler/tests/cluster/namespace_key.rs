@@ -18,7 +18,7 @@ use sharder_harness::fixtures::{ring_object, secrets_ring};
 use sharder_harness::wait::eventually;
 use sharder_harness::world::set_lease_holder;
 
-use crate::{RECONCILER_ACCOUNT, Test, WAIT};
+use crate::{RECONCILER_ACCOUNT, Test, WAIT, named};
 
 /// The label selecting the test's namespaces for its ring.
 const SELECTED: &str = "namespace-key-test";
@@ -111,12 +111,6 @@ impl Test {
     }
 }
 
-fn named<K: kube::Resource<DynamicType = ()> + Default>(name: &str) -> K {
-    let mut object = K::default();
-    object.meta_mut().name = Some(name.into());
-    object
-}
-
 #[tokio::test]
 async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     let mut w = Test::new("nskey").await;
@@ -149,7 +143,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     assert_eq!(namespaces.len(), 6, "candidates of every kind");
     let api = Api::<Namespace>::all(w.client.clone());
     for ns in &namespaces {
-        let mut namespace: Namespace = named(ns);
+        let mut namespace: Namespace = named(ns, &[]);
         namespace.metadata.labels = Some([(SELECTED.to_owned(), w.ns.clone())].into());
         api.create(&PostParams::default(), &namespace)
             .await
@@ -180,7 +174,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         let (name, probes, w) = (format!("probe-{probe}"), &probes, &w);
         async move {
             let created = probes
-                .create(&PostParams::default(), &named(&name))
+                .create(&PostParams::default(), &named(&name, &[]))
                 .await
                 .map_err(|e| e.to_string())?;
             let _ = probes.delete(&name, &Default::default()).await;
@@ -199,7 +193,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         let mut owner = None;
         for name in SECRETS {
             let created = secrets
-                .create(&PostParams::default(), &named(name))
+                .create(&PostParams::default(), &named(name, &[]))
                 .await
                 .expect("secret");
             owner.get_or_insert(created);
@@ -217,7 +211,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         let owner = owner.expect("an owner");
         let mut first = None;
         for name in CHILDREN {
-            let mut child: ConfigMap = named(name);
+            let mut child: ConfigMap = named(name, &[]);
             child.metadata.owner_references = controlled_by("Secret", &owner.metadata);
             let created = configmaps
                 .create(&PostParams::default(), &child)
@@ -225,7 +219,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
                 .expect("child");
             first.get_or_insert(created);
         }
-        let mut grandchild: ConfigMap = named(GRANDCHILD);
+        let mut grandchild: ConfigMap = named(GRANDCHILD, &[]);
         grandchild.metadata.owner_references =
             controlled_by("ConfigMap", &first.expect("a child").metadata);
         configmaps
@@ -233,7 +227,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
             .await
             .expect("grandchild");
         configmaps
-            .create(&PostParams::default(), &named(LOOSE))
+            .create(&PostParams::default(), &named(LOOSE, &[]))
             .await
             .expect("loose configmap");
     }
@@ -360,7 +354,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         let (name, late, w) = (format!("late-{probe}"), &late, &w);
         async move {
             let created = late
-                .create(&PostParams::default(), &named(&name))
+                .create(&PostParams::default(), &named(&name, &[]))
                 .await
                 .map_err(|e| e.to_string())?;
             match w.shard_of(&created) {

@@ -4,8 +4,6 @@
 //! alone, a changed table places the next objects, and a namespace without an entry is left
 //! unassigned.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
@@ -17,18 +15,7 @@ use sharder_common::placement_policy::{
 };
 use sharder_harness::wait::eventually;
 
-use crate::{Test, WAIT};
-
-fn named<K: kube::Resource<DynamicType = ()> + Default>(name: &str, labels: &[(&str, &str)]) -> K {
-    let mut object = K::default();
-    object.meta_mut().name = Some(name.into());
-    let labels: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    object.meta_mut().labels = (!labels.is_empty()).then_some(labels);
-    object
-}
+use crate::{Test, WAIT, named};
 
 #[tokio::test]
 async fn a_placement_policy_assigns_new_objects_from_its_table_without_a_webhook() {
