@@ -9,6 +9,7 @@ use futures::StreamExt;
 use kube::Client;
 use kube::api::ListParams;
 use sharder_common::Role;
+use tokio::time::Instant;
 use tracing::warn;
 
 pub(crate) mod concurrency;
@@ -198,7 +199,10 @@ impl Rebalancer {
                 let api = self.writer.api(target, object.namespace.as_deref());
                 match api.get_metadata_opt(&object.name).await {
                     Ok(Some(fresh)) => {
-                        self.writer.handle(view, targets, target, fresh.metadata).await
+                        let seen = Instant::now();
+                        self.writer
+                            .handle(view, targets, target, fresh.metadata, seen)
+                            .await
                     }
                     Ok(None) => Handled::Stayed,
                     Err(e) => {
@@ -270,8 +274,8 @@ impl Rebalancer {
             let mut outcome = Outcome::default();
             let mut results = std::pin::pin!(
                 futures::stream::poll_fn(|cx| rx.poll_recv(cx))
-                    .map(|meta: pages::ListedMeta| {
-                        self.writer.handle(view, targets, target, meta.into())
+                    .map(|(meta, seen): listing::Listed| {
+                        self.writer.handle(view, targets, target, meta.into(), seen)
                     })
                     .buffer_unordered(self.parallel())
             );

@@ -14,6 +14,7 @@ use kube::Client;
 use kube::api::{ListParams, ObjectMeta, VersionMatch};
 use kube::core::{ApiResource, DynamicObject, Request, Resource};
 use tokio::sync::mpsc::Sender;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use sharder_common::RingLabels;
@@ -127,6 +128,10 @@ async fn as_told<T, F: Future<Output = Result<T, kube::Error>>>(
     }
 }
 
+/// A listed object on its way to the writers, and when its page arrived (what the writers
+/// learn of the ring's Leases later holds for it: [`super::view::LiveNow`]).
+pub(super) type Listed = (pages::ListedMeta, Instant);
+
 /// The capacity of the channel between the lister and the writers for pages of `page_size`:
 /// a page, and [`LISTED_AHEAD`] objects of the page before it still waiting when it is
 /// requested.
@@ -147,7 +152,7 @@ pub(super) async fn list_into(
     target: &Target,
     scope: &Scope,
     page_size: u32,
-    tx: Sender<pages::ListedMeta>,
+    tx: Sender<Listed>,
 ) -> Outcome {
     let mut outcome = Outcome::default();
     let mut strays = scope.finds_strays().then(Strays::default);
@@ -163,6 +168,7 @@ pub(super) async fn list_into(
                 return outcome;
             };
             let page = as_told(|| Page::open(client, &target.api, namespace, &params)).await;
+            let seen = Instant::now();
             let mut page = match page {
                 Ok(page) => page,
                 Err(e) => {
@@ -191,10 +197,10 @@ pub(super) async fn list_into(
                 // for places.
                 let sent = match places.next() {
                     Some(place) => {
-                        place.send(meta.into());
+                        place.send((meta.into(), seen));
                         true
                     }
-                    None => tx.send(meta.into()).await.is_ok(),
+                    None => tx.send((meta.into(), seen)).await.is_ok(),
                 };
                 if !sent {
                     return outcome;

@@ -198,35 +198,73 @@ pub(crate) fn slim(meta: ObjectMeta) -> ObjectMeta {
     }
 }
 
-/// The ring's shards whose Leases are held now: one list of the ring's Leases, the first time
-/// an object sits on a shard the rebalance's snapshot does not count as available.
+/// The ring's shards whose Leases are held now, read when an object sits on a shard the
+/// rebalance's snapshot does not count as available. A read answers for the objects seen
+/// before it started: such an object was put on its shard after that shard's Lease was
+/// written, so the read shows the Lease unless it is no longer held. One read at a time, shared
+/// by the objects waiting for it.
 #[derive(Debug, Default)]
-pub(crate) struct LiveNow(tokio::sync::OnceCell<Option<BTreeSet<String>>>);
+pub(crate) struct LiveNow(tokio::sync::Mutex<Option<LeaseRead>>);
+
+/// One read of a ring's Leases.
+#[derive(Debug)]
+struct LeaseRead {
+    /// When the list was sent.
+    started: Instant,
+    /// The shards holding their Leases; `None` when the Leases could not be read.
+    live: Option<BTreeSet<String>>,
+}
 
 impl LiveNow {
-    /// Whether `shard`'s Lease is held now; `true` when the Leases cannot be read (it stays).
-    pub(crate) async fn holds(&self, client: &Client, ring: &RingId, shard: &str) -> bool {
-        let live = self
-            .0
-            .get_or_init(|| async {
-                let leases: Api<Lease> = Api::all(client.clone());
-                let selector = ring.lease_selector();
-                match leases.list(&ListParams::default().labels(&selector)).await {
-                    Ok(list) => Some(
-                        list.items
-                            .iter()
-                            .filter(|l| is_available(l))
-                            .map(ResourceExt::name_any)
-                            .collect(),
-                    ),
-                    Err(e) => {
-                        warn!(%ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
-                        None
-                    }
-                }
-            })
-            .await;
-        live.as_ref().is_none_or(|live| live.contains(shard))
+    /// Whether `shard`'s Lease is held, for an object seen on it at `seen`: from the last read
+    /// when that read holds it or started after `seen`, otherwise from a new read. `true` when
+    /// the Leases cannot be read (the object stays).
+    pub(crate) async fn holds(
+        &self,
+        client: &Client,
+        ring: &RingId,
+        shard: &str,
+        seen: Instant,
+    ) -> bool {
+        let mut last = self.0.lock().await;
+        if let Some(read) = last.as_ref()
+            && let Some(holds) = read.answer(shard, seen)
+        {
+            return holds;
+        }
+        let started = Instant::now();
+        let leases: Api<Lease> = Api::all(client.clone());
+        let live = match leases
+            .list(&ListParams::default().labels(&ring.lease_selector()))
+            .await
+        {
+            Ok(list) => Some(
+                list.items
+                    .iter()
+                    .filter(|l| is_available(l))
+                    .map(ResourceExt::name_any)
+                    .collect(),
+            ),
+            Err(e) => {
+                warn!(%ring, error = %e, "cannot read the ring's Leases; objects on shards outside the ring wait");
+                None
+            }
+        };
+        let read = last.insert(LeaseRead { started, live });
+        read.answer(shard, seen).unwrap_or(true)
+    }
+}
+
+impl LeaseRead {
+    /// What this read says of `shard` for an object seen on it at `seen`: held when the read
+    /// lists it; when it does not, or could not be made, and started after `seen`, not held
+    /// or (could not be made) held; `None` (read again) when the read may predate the shard's
+    /// Lease.
+    fn answer(&self, shard: &str, seen: Instant) -> Option<bool> {
+        match &self.live {
+            Some(live) if live.contains(shard) => Some(true),
+            live => (self.started >= seen).then_some(live.is_none()),
+        }
     }
 }
 
@@ -356,5 +394,62 @@ mod tests {
         reads.new_round();
         reads.read(key(), read).await.expect("read");
         assert!(after(3), "a new round reads again");
+    }
+
+    #[test]
+    fn a_lease_read_answers_for_objects_seen_before_it_or_on_shards_it_lists() {
+        let seen = Instant::now();
+        let before = seen - Duration::from_secs(1);
+        let after = seen + Duration::from_secs(1);
+        let live = Some(BTreeSet::from(["a".to_owned()]));
+        let cases = [
+            (
+                "lists the shard, read before",
+                before,
+                live.clone(),
+                "a",
+                Some(true),
+            ),
+            (
+                "lists the shard, read after",
+                after,
+                live.clone(),
+                "a",
+                Some(true),
+            ),
+            (
+                "no such Lease, read after",
+                after,
+                live.clone(),
+                "c",
+                Some(false),
+            ),
+            (
+                "no such Lease, read at the same time",
+                seen,
+                live.clone(),
+                "c",
+                Some(false),
+            ),
+            (
+                "no such Lease, read before: read again",
+                before,
+                live,
+                "c",
+                None,
+            ),
+            ("could not read, after: stays", after, None, "c", Some(true)),
+            (
+                "could not read, before: read again",
+                before,
+                None,
+                "c",
+                None,
+            ),
+        ];
+        for (case, started, live, shard, want) in cases {
+            let read = LeaseRead { started, live };
+            assert_eq!(read.answer(shard, seen), want, "{case}");
+        }
     }
 }

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::future::BoxFuture;
 use http_body_util::BodyExt as _;
@@ -140,14 +142,15 @@ impl Writer {
         }
     }
 
-    /// What object `meta` of `target` needs: for a controlled object, its owner's state is
-    /// read when the owner decides (docs/design.md §6).
+    /// What object `meta` of `target`, as read at `seen`, needs: for a controlled object, its
+    /// owner's state is read when the owner decides (docs/design.md §6).
     async fn plan(
         &self,
         view: &RingView<'_>,
         targets: &[Target],
         target: &Target,
         meta: &ObjectMeta,
+        seen: Instant,
     ) -> Result<Decision, ChainProblem> {
         let planned = self.plan_on_snapshot(view, targets, target, meta).await?;
         // The ring's snapshot of Leases predates the objects it lists: an object may sit on a
@@ -159,7 +162,7 @@ impl Writer {
             reason: Reason::DeadShard,
             ..
         }) = &planned
-            && view.live_now.holds(&self.client, view.id, from).await
+            && view.live_now.holds(&self.client, view.id, from, seen).await
         {
             debug!(ring = %view.id, shard = %from, "shard joined after the ring's snapshot; its objects wait");
             return Ok(Decision::Stay);
@@ -260,7 +263,7 @@ impl Writer {
         })
     }
 
-    /// Plans object `meta` and writes its move with the object's resourceVersion; on a conflict
+    /// Plans object `meta` (as read at `seen`) and writes its move with the object's resourceVersion; on a conflict
     /// re-reads the object, plans again and retries with backoff ([`CONFLICT_RETRIES`] times);
     /// when the apiserver is too busy, sends the same write again after its Retry-After or a
     /// backoff ([`OVERLOAD_RETRIES`] times). Each write holds one of the reconciler's write
@@ -271,6 +274,7 @@ impl Writer {
         targets: &[Target],
         target: &Target,
         mut meta: ObjectMeta,
+        mut seen: Instant,
     ) -> Handled {
         let name = meta.name.clone().unwrap_or_default();
         let api = self.api(target, meta.namespace.as_deref());
@@ -286,7 +290,7 @@ impl Writer {
             if !view.is_current() {
                 return Handled::Abandoned;
             }
-            let mv = match self.plan(view, targets, target, &meta).await {
+            let mv = match self.plan(view, targets, target, &meta, seen).await {
                 Ok(Decision::Move(mv)) => mv,
                 // `ReadOwner` does not come back: the owner was read.
                 Ok(Decision::Stay | Decision::ReadOwner) => return Handled::Stayed,
@@ -356,7 +360,10 @@ impl Writer {
                     };
                     tokio::time::sleep(delay).await;
                     meta = match api.get_metadata_opt(&name).await {
-                        Ok(Some(fresh)) => fresh.metadata,
+                        Ok(Some(fresh)) => {
+                            seen = Instant::now();
+                            fresh.metadata
+                        }
                         Ok(None) => return Handled::Stayed,
                         Err(e) => {
                             warn!(object = %display_name(&meta), error = %e, "cannot re-read object after a conflict");

@@ -5,7 +5,7 @@
 //! the cluster with the other namespaces' objects left out, a quiet ring is swept from the
 //! apiserver's watch cache namespace by namespace and no list reads etcd, an object a lagging
 //! watch cache hides (or a drain acknowledged behind it) reaches its shard once the cache
-//! catches up, an acknowledged object a lagging webhook put back on its old shard is drained
+//! catches up, objects on a shard that joined during a rebalance stay there, an acknowledged object a lagging webhook put back on its old shard is drained
 //! again, and a child created while its owner drains follows the owner (also when the list that
 //! finds it failed, and when a new leader met the drains).
 
@@ -557,6 +557,105 @@ async fn a_dead_shards_objects_move_directly_and_missed_objects_are_swept() {
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn objects_on_a_shard_that_joined_during_a_rebalance_stay_on_it() {
+    const ON_GONE: usize = 24;
+    let mut w = Test::new("joined").await;
+    w.create_ring().await;
+    for shard in ["shard-a", "shard-b"] {
+        w.add_shard_lease(shard, 3600).await;
+    }
+    // Objects on a shard without a Lease: the first rebalance reads the ring's Leases to move
+    // them, then writes them slowly.
+    let pp = PostParams::default();
+    let shard_label = w.labels.shard.clone();
+    let on = |name: &str, shard: &str| {
+        let mut object = secret(name);
+        object.metadata.labels = Some([(shard_label.clone(), shard.to_owned())].into());
+        object
+    };
+    for i in 0..ON_GONE {
+        w.secrets()
+            .create(&pp, &on(&format!("object-{i}"), "gone"))
+            .await
+            .expect("secret");
+    }
+    w.start_reconciler_with(
+        Duration::from_secs(1),
+        &[
+            ("--max-writes-per-second", "3"),
+            ("--max-concurrent-writes", "1"),
+        ],
+    )
+    .await;
+    let on_gone = || async {
+        w.list_secrets()
+            .await
+            .values()
+            .filter(|s| w.shard_of(*s).as_deref() == Some("gone"))
+            .count()
+    };
+    eventually("the rebalance moves its first object", WAIT, || async {
+        match on_gone().await {
+            ON_GONE => Err("none moved yet"),
+            _ => Ok(()),
+        }
+    })
+    .await;
+
+    // Shard-c joins, and an object and its child are put on it as the webhook would (named so
+    // the ring with shard-c holds them there): the rebalance lists the child after its Secrets.
+    w.add_shard_lease("shard-c", 3600).await;
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let name = (0..)
+        .map(|i| format!("joined-{i}"))
+        .find(|n| three.shard_for(&w.key(n)) == Some("shard-c"))
+        .expect("a name on shard-c");
+    let owner = w
+        .secrets()
+        .create(&pp, &on(&name, "shard-c"))
+        .await
+        .expect("the joined object");
+    let mut child = child_of(&owner, "joined-child");
+    child.metadata.labels = owner.metadata.labels.clone();
+    w.configmaps()
+        .create(&pp, &child)
+        .await
+        .expect("the joined object's child");
+    let left = on_gone().await;
+    assert!(
+        left > 0,
+        "the rebalance ended before shard-c joined: nothing here tests it"
+    );
+
+    eventually(
+        "the objects of the shard without a Lease moved",
+        WAIT,
+        || async {
+            match on_gone().await {
+                0 => Ok(()),
+                n => Err(format!("{n} left")),
+            }
+        },
+    )
+    .await;
+    // The rebalance that listed the child has ended, and one that knows shard-c after it.
+    w.wait_for_rebalances(0, 2).await;
+    let by_reconciler = w.writes_by(&w.reconciler_user());
+    for (resource, object) in [
+        ("secrets", &name),
+        ("configmaps", &"joined-child".to_owned()),
+    ] {
+        assert_eq!(
+            by_reconciler.get(&(resource.to_owned(), object.clone())),
+            None,
+            "{resource} {object} was moved off the shard that joined"
+        );
+    }
+    let child = w.configmaps().get("joined-child").await.expect("child");
+    assert_eq!(w.shard_of(&child).as_deref(), Some("shard-c"));
 }
 
 impl Test {
