@@ -1,14 +1,16 @@
 //! Assignment without a webhook for a ring keyed by namespace: a MutatingAdmissionPolicy and
 //! its binding that give an unassigned object of the ring the shard its namespace has in a table
 //! (a ConfigMap, namespace -> shard), inside the apiserver: no network hop, nothing to be
-//! unreachable. The table leaves out a namespace whose objects are moving, so its new objects
-//! stay unassigned until the move is done and the reconciler assigns them. The policy API is
+//! unreachable. The apiserver runs it before the mutating webhooks, and the webhook's object
+//! selector then skips what it labelled: the webhook is asked only for namespaces without an
+//! entry (new ones, and those whose objects are moving, [`next_entries`]). The policy API is
 //! `admissionregistration.k8s.io/v1` from Kubernetes 1.36 on; the objects are built as JSON, as
 //! the API version this crate is built against does not have it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
@@ -55,21 +57,55 @@ impl Table {
     }
 }
 
-/// The table's entries: each of `namespaces` with the shard `ring` picks for it, but those in
-/// `moving` (whose objects are not all on their shard yet).
-pub fn entries<'a>(
+/// The table's next entries, from its `current` ones and the `ring` of the `available`
+/// shards: a namespace keeps an entry that names its shard; an entry naming a shard that is
+/// gone names the namespace's new shard at once (its objects move directly, as off any dead
+/// shard); an entry naming another live shard is left out while its objects move (the webhook
+/// places the namespace's new objects meanwhile, children with their owners). Once the ring is
+/// `settled` (no drain pending), every one of the ring's `namespaces` has its shard, and a
+/// namespace the ring no longer selects has none; until then no entry is added.
+pub fn next_entries(
+    current: &BTreeMap<String, String>,
     ring: &Ring,
-    namespaces: impl IntoIterator<Item = &'a str>,
-    moving: &BTreeSet<String>,
+    available: &BTreeSet<String>,
+    namespaces: &BTreeSet<String>,
+    settled: bool,
 ) -> BTreeMap<String, String> {
-    namespaces
-        .into_iter()
-        .filter(|ns| !moving.contains(*ns))
-        .filter_map(|ns| {
-            let shard = ring.shard_for(ObjectKey::namespace(ns).as_str())?;
-            Some((ns.to_owned(), shard.to_owned()))
+    let shard_of = |ns: &str| ring.shard_for(ObjectKey::namespace(ns).as_str());
+    if settled {
+        return namespaces
+            .iter()
+            .filter_map(|ns| Some((ns.clone(), shard_of(ns)?.to_owned())))
+            .collect();
+    }
+    current
+        .iter()
+        .filter_map(|(ns, shard)| {
+            let desired = shard_of(ns)?;
+            (shard == desired || !available.contains(shard))
+                .then(|| (ns.clone(), desired.to_owned()))
         })
         .collect()
+}
+
+/// The table of `ring` holding `entries`, owned by the ring (it goes with it) and labelled with
+/// it.
+pub fn table_object(
+    ring: &RingObject,
+    table: &Table,
+    entries: BTreeMap<String, String>,
+) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(table.name.clone()),
+            namespace: Some(table.namespace.clone()),
+            labels: Some([(ring.id.kind.lease_label().to_owned(), ring.id.name.clone())].into()),
+            owner_references: Some(vec![ring.owner_reference()]),
+            ..ObjectMeta::default()
+        },
+        data: Some(entries),
+        ..ConfigMap::default()
+    }
 }
 
 /// `key` as one token of a JSON pointer (RFC 6901).
@@ -178,28 +214,100 @@ mod tests {
     }
 
     #[test]
-    fn a_namespace_is_in_the_table_with_its_shard_unless_its_objects_are_moving() {
-        let ring = Ring::new(["shard-a", "shard-b", "shard-c"]);
-        let moving: BTreeSet<String> = ["team-2".to_owned()].into();
-        let table = entries(&ring, ["team-1", "team-2", "team-3"], &moving);
-        let want = |ns: &str| {
+    fn the_table_follows_the_ring_and_leaves_out_namespaces_while_their_objects_move() {
+        let two = Ring::new(["shard-a", "shard-b"]);
+        let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+        let shard = |ring: &Ring, ns: &str| {
             ring.shard_for(ObjectKey::namespace(ns).as_str())
                 .expect("a shard")
                 .to_owned()
         };
-        assert_eq!(
-            table,
-            [
-                ("team-1".to_owned(), want("team-1")),
-                ("team-3".to_owned(), want("team-3")),
-            ]
-            .into()
-        );
-        let empty = Ring::new(std::iter::empty::<String>());
-        assert!(
-            entries(&empty, ["team-1"], &BTreeSet::new()).is_empty(),
-            "no shard: no entry"
-        );
+        let names = |ns: &[&str]| ns.iter().map(|n| (*n).to_owned()).collect::<BTreeSet<_>>();
+        let all = (0..40)
+            .map(|i| format!("team-{i}"))
+            .collect::<BTreeSet<_>>();
+        let on = |ring: &Ring, ns: &BTreeSet<String>| {
+            ns.iter()
+                .map(|n| (n.clone(), shard(ring, n)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let moving: BTreeSet<String> = all
+            .iter()
+            .filter(|ns| shard(&two, ns) != shard(&three, ns))
+            .cloned()
+            .collect();
+        assert!(!moving.is_empty() && moving.len() < all.len());
+        let staying: BTreeSet<String> = all.difference(&moving).cloned().collect();
+        let available = |ring: &[&str]| names(ring);
+        let from_a_and_b = on(&two, &all);
+        // A dead shard-b: its namespaces go to their new shard at once.
+        let only_a = Ring::new(["shard-a"]);
+        let on_a: BTreeMap<String, String> = all
+            .iter()
+            .map(|n| (n.clone(), "shard-a".to_owned()))
+            .collect();
+        let cases = [
+            (
+                "settled: every namespace with its shard",
+                BTreeMap::new(),
+                &three,
+                available(&["shard-a", "shard-b", "shard-c"]),
+                true,
+                on(&three, &all),
+            ),
+            (
+                "a shard joins: the namespaces that move are left out",
+                from_a_and_b.clone(),
+                &three,
+                available(&["shard-a", "shard-b", "shard-c"]),
+                false,
+                on(&three, &staying),
+            ),
+            (
+                "while moving, nothing is added",
+                on(&three, &staying),
+                &three,
+                available(&["shard-a", "shard-b", "shard-c"]),
+                false,
+                on(&three, &staying),
+            ),
+            (
+                "a shard dies: its namespaces name the new shard at once",
+                from_a_and_b.clone(),
+                &only_a,
+                available(&["shard-a"]),
+                false,
+                on_a,
+            ),
+            (
+                "settled: a namespace the ring no longer selects goes",
+                from_a_and_b.clone(),
+                &two,
+                available(&["shard-a", "shard-b"]),
+                true,
+                on(&two, &staying),
+            ),
+            (
+                "no shard: no entry",
+                from_a_and_b,
+                &Ring::new(std::iter::empty::<String>()),
+                BTreeSet::new(),
+                false,
+                BTreeMap::new(),
+            ),
+        ];
+        for (case, current, ring, available, settled, want) in cases {
+            let namespaces = if case.contains("no longer") {
+                &staying
+            } else {
+                &all
+            };
+            assert_eq!(
+                next_entries(&current, ring, &available, namespaces, settled),
+                want,
+                "{case}"
+            );
+        }
     }
 
     #[test]

@@ -142,9 +142,26 @@ pub struct Args {
     #[arg(long, env = "SHARDER_LABEL_GUARD_ACKNOWLEDGERS", value_delimiter = ',')]
     pub label_guard_acknowledgers: Vec<String>,
 
+    /// For rings keyed by namespace (docs/design.md §4): a MutatingAdmissionPolicy in front
+    /// of the webhook that assigns the objects of each namespace in the ring's table inside the
+    /// apiserver, the table a ConfigMap in `--namespace`. `auto`: where the apiserver serves
+    /// MutatingAdmissionPolicies (Kubernetes 1.36 or later); `off`: the webhook alone, and the
+    /// policies of an earlier run are deleted.
+    #[arg(long, env = "SHARDER_PLACEMENT_POLICY", value_enum, default_value_t = PlacementPolicy::Auto)]
+    pub placement_policy: PlacementPolicy,
+
     /// Admin server and logging flags.
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Whether namespace rings get a placement policy (`--placement-policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlacementPolicy {
+    /// Where the apiserver serves MutatingAdmissionPolicies.
+    Auto,
+    /// Never: the webhook alone.
+    Off,
 }
 
 /// Whether the label guard is on (`--label-guard`).

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::args::Args;
 use crate::controllers::{ready_when_listed, spawn_controller};
+use crate::webhook_config::placement::Setting;
 use crate::{metrics, rebalance, rings, shard_leases, webhook_config};
 
 /// What the leader is handed when it starts leading.
@@ -50,7 +51,9 @@ pub(crate) async fn lead(
         &global_namespace_selector(args.namespace_selector.as_ref(), &args.namespace),
     )
     .await?;
-    let shared = Shared::new(&args, client, leader, guard, stop.clone());
+    let placement =
+        webhook_config::placement::setting(&client, args.placement_policy, &args.namespace).await?;
+    let shared = Shared::new(&args, client, leader, (guard, placement), stop.clone());
     let mut tasks = Tasks::new(stop);
     let mut watches = Vec::new();
     for kind in args.rings.kinds() {
@@ -73,6 +76,7 @@ struct Shared {
     intervals: rings::Intervals,
     selector: String,
     guard: Option<GuardSettings>,
+    placement: Setting,
     stop: CancellationToken,
 }
 
@@ -81,7 +85,7 @@ impl Shared {
         args: &Args,
         client: kube::Client,
         leader: Leader,
-        guard: Option<GuardSettings>,
+        (guard, placement): (Option<GuardSettings>, Setting),
         stop: CancellationToken,
     ) -> Self {
         let webhook = WebhookSettings {
@@ -130,6 +134,7 @@ impl Shared {
             },
             selector: args.ring_selector.clone(),
             guard,
+            placement,
             stop,
         }
     }
@@ -147,6 +152,7 @@ impl Shared {
             &self.selector,
             self.ca.clone(),
             self.guard.is_some(),
+            self.placement.table_namespace().is_some(),
         );
         let watches = [leases.1.clone(), rings.1.clone(), configurations.1.clone()];
         let lease_ctx = shard_leases::Context {
@@ -171,6 +177,7 @@ impl Shared {
             progress: Default::default(),
             strays: Default::default(),
             chains: Default::default(),
+            table_namespace: self.placement.table_namespace().map(str::to_owned),
         };
         let configuration_ctx = webhook_config::controller::Context {
             kind,
@@ -180,6 +187,7 @@ impl Shared {
             resync: self.intervals.resync,
             metrics: self.metrics.clone(),
             guards: webhook_config::guard::Guards::new(self.guard.clone()),
+            placements: webhook_config::placement::Placements::new(self.placement.clone()),
         };
         use webhook_config::controller as configuration;
         let stop = &self.stop;

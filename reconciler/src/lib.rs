@@ -37,7 +37,7 @@ mod shard_leases;
 mod terms;
 mod webhook_config;
 
-pub use args::{Args, DEFAULT_MAX_CONCURRENT_WRITES, LabelGuard};
+pub use args::{Args, DEFAULT_MAX_CONCURRENT_WRITES, LabelGuard, PlacementPolicy};
 pub use controllers::{CONTROLLERS_SYNCED, ring_controller};
 
 /// Errors of the reconciler.

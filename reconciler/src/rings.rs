@@ -37,6 +37,7 @@ pub(crate) mod ranges;
 pub(crate) mod report;
 pub(crate) mod schedule;
 pub(crate) mod status;
+pub(crate) mod table;
 pub(crate) mod triggers;
 
 use ranges::RangeState;
@@ -80,6 +81,8 @@ pub(crate) struct Context {
     /// Per ring, the owner chains its last passes could not follow (described), until a full
     /// list finds none.
     pub chains: Mutex<HashMap<String, String>>,
+    /// Where the placement tables of rings keyed by namespace live (`None`: no ring has one).
+    pub table_namespace: Option<String>,
 }
 
 impl Context {
@@ -297,6 +300,15 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     // Back in label mode: shards still serving ranges are told to stop.
     ranges::revoke(&ctx.client, &leases).await?;
 
+    // A ring keyed by namespace with a placement policy: its moving namespaces leave the table
+    // before their objects move, and enter it again once they are all moved.
+    let table = ctx
+        .table_namespace
+        .as_deref()
+        .filter(|_| keying == Keying::Namespace);
+    if let Some(namespace) = table {
+        table::keep(&ctx.client, ring, namespace, &available, None).await?;
+    }
     let previous = ctx.progress().get(name).cloned();
     let pass = schedule::next_pass(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
     let ran = match pass {
@@ -314,8 +326,23 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     if !progress.drain_checks_due() {
         ctx.acks.stop(&ring.id);
     }
+    let settled = !progress.drain_checks_due();
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
     ctx.progress().insert(name.to_owned(), progress);
+    if let Some(namespace) = table
+        && settled
+    {
+        let selected =
+            namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector).await?;
+        table::keep(
+            &ctx.client,
+            ring,
+            namespace,
+            &available,
+            Some(&selected.selected),
+        )
+        .await?;
+    }
 
     let chains = ctx.chains().get(name).cloned();
     counts.chains = chains.as_deref();

@@ -19,6 +19,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
+use sharder_common::placement_policy::{binding_resource, policy_resource};
 use sharder_common::ring_kind::{API_GROUP, API_VERSION};
 use sharder_common::{RingId, RingKind, RingObject};
 use sharder_runtime::metrics::RingLabel;
@@ -27,6 +28,7 @@ use tracing::{info, warn};
 
 use super::drift::{drift, previous_managers};
 use super::guard::Guards;
+use super::placement::Placements;
 use crate::Error;
 use crate::controllers::FIELD_MANAGER;
 use crate::metrics::{ConfigurationWriteLabels, Metrics};
@@ -51,6 +53,8 @@ pub(crate) struct Context {
     pub metrics: Metrics,
     /// The rings' label guards.
     pub guards: Guards,
+    /// The placement policies of rings keyed by namespace.
+    pub placements: Placements,
 }
 
 /// The ring of `kind` a configuration belongs to: its ring label of that kind, else its owner
@@ -75,13 +79,17 @@ pub(crate) async fn reconcile(
     if ring.object.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    // An invalid ring gets no configuration; the ring controller reports it in its status.
-    let (Ok(roles), Ok(range_key), Ok(_)) = (ring.roles(), ring.range_key(), ring.keying()) else {
+    // An invalid ring's configuration is left (the webhook assigns nothing for it) and its
+    // placement policy deleted; the ring controller reports it in its status.
+    let (Ok(roles), Ok(range_key), Ok(keying)) = (ring.roles(), ring.range_key(), ring.keying())
+    else {
+        ctx.placements.remove(&ctx.client, &ring).await?;
         return Ok(Action::await_change());
     };
     if range_key.is_some() {
         // Range mode: the apiserver divides the ring's objects; no webhook assigns them.
         remove_configuration(&ctx.client, &ring).await?;
+        ctx.placements.remove(&ctx.client, &ring).await?;
         return Ok(Action::requeue(ctx.resync));
     }
     let settings = WebhookSettings {
@@ -139,6 +147,15 @@ pub(crate) async fn reconcile(
         );
     }
     ctx.guards.keep(&ctx.client, &ring, &roles).await?;
+    ctx.placements
+        .keep(
+            &ctx.client,
+            &ring,
+            &roles,
+            keying,
+            &ctx.settings.namespace_selector,
+        )
+        .await?;
     Ok(Action::requeue(ctx.resync))
 }
 
@@ -220,14 +237,15 @@ pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<C
 }
 
 /// The controller over the rings of `kind` matching `selector` (empty: all), triggered by the
-/// webhook configurations, by every change of `ca`, and with the label guard on (`guard`) by
-/// the guards' policies and bindings.
+/// webhook configurations, by every change of `ca`, with the label guard on (`guard`) by the
+/// guards' policies and bindings, and with placement policies on (`placement`) by theirs.
 pub(crate) fn controller(
     client: Client,
     kind: RingKind,
     selector: &str,
     ca: watch::Receiver<Vec<u8>>,
     guard: bool,
+    placement: bool,
 ) -> (
     Controller<DynamicObject>,
     sharder_runtime::controller::Listed,
@@ -259,14 +277,14 @@ pub(crate) fn controller(
             },
         )
         .reconcile_all_on(ca_changes);
+    // The policies carry their ring's label; a deleted or edited one is restored at once.
+    let labelled = watcher::Config::default().labels(kind.lease_label());
+    let label_of = move |labels: &std::collections::BTreeMap<String, String>| {
+        labels
+            .get(kind.lease_label())
+            .map(|ring| RingId::new(kind, ring.as_str()))
+    };
     if guard {
-        // The guards carry their ring's label; a deleted or edited one is restored at once.
-        let labelled = watcher::Config::default().labels(kind.lease_label());
-        let label_of = move |labels: &std::collections::BTreeMap<String, String>| {
-            labels
-                .get(kind.lease_label())
-                .map(|ring| RingId::new(kind, ring.as_str()))
-        };
         controller = controller
             .watches_stream(
                 sharder_runtime::controller::watch(
@@ -281,12 +299,31 @@ pub(crate) fn controller(
             )
             .watches_stream(
                 sharder_runtime::controller::watch(
-                    Api::<ValidatingAdmissionPolicyBinding>::all(client),
-                    labelled,
+                    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+                    labelled.clone(),
                 )
                 .touched_objects(),
-                move |binding| label_of(binding.labels()).map(&to_ring),
+                {
+                    let to_ring = to_ring.clone();
+                    move |binding| label_of(binding.labels()).map(&to_ring)
+                },
             );
+    }
+    if placement {
+        for resource in [policy_resource(), binding_resource()] {
+            controller = controller.watches_stream_with(
+                sharder_runtime::controller::watch(
+                    Api::<DynamicObject>::all_with(client.clone(), &resource),
+                    labelled.clone(),
+                )
+                .touched_objects(),
+                {
+                    let to_ring = to_ring.clone();
+                    move |policy| label_of(policy.labels()).map(&to_ring)
+                },
+                resource,
+            );
+        }
     }
     (controller, listed)
 }

@@ -1,21 +1,26 @@
 //! Rings keyed by namespace (annotation `sharder.dev/key: namespace`): every object of a
 //! namespace, main or controlled, owned or not, carries the namespace's shard from CREATE; a
 //! scale-out moves whole namespaces (main objects drained and acknowledged first, each level of
-//! their hierarchies after the level above it); a shard's death moves its namespaces whole; a bad value makes the ring invalid,
-//! reported, and nothing is assigned or moved.
+//! their hierarchies after the level above it); a shard's death moves its namespaces whole; a
+//! bad value makes the ring invalid, reported, and nothing is assigned or moved. With the
+//! placement policy (Kubernetes 1.36 or later) a namespace's objects are labelled inside the
+//! apiserver, the webhook not asked, and a scale-out with the webhook down takes the moving
+//! namespaces out of the table first and puts them back on their new shard.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use sharder_common::Ring;
 use sharder_common::key::KEY_ANNOTATION;
+use sharder_common::placement_policy::{Table, binding_resource, policy_resource};
+use sharder_common::{Ring, RingObject};
 use sharder_harness::control_plane::{ADMIN_USER, AuditMark, audited_write};
 use sharder_harness::fixtures::{ring_object, secrets_ring};
-use sharder_harness::wait::eventually;
+use sharder_harness::wait::{eventually, metric_sum};
 use sharder_harness::world::set_lease_holder;
 
 use crate::{RECONCILER_ACCOUNT, Test, WAIT, named};
@@ -32,6 +37,18 @@ const LOOSE: &str = "loose";
 
 fn key(namespace: &str) -> String {
     format!("/Namespace//{namespace}")
+}
+
+/// `n` namespaces `<prefix>-t<i>` that the ring of shard-a and shard-b puts on `from` and the
+/// ring with shard-c too on `to`.
+fn pick(prefix: &str, from: &str, to: &str, n: usize) -> Vec<String> {
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    (0..)
+        .map(|i| format!("{prefix}-t{i}"))
+        .filter(|ns| two.shard_for(&key(ns)) == Some(from) && three.shard_for(&key(ns)) == Some(to))
+        .take(n)
+        .collect()
 }
 
 impl Test {
@@ -87,6 +104,87 @@ impl Test {
         written.collect()
     }
 
+    /// Creates `namespaces` (selected by the test's label), a ring keyed by namespace over
+    /// them, Leases of shard-a and shard-b held for an hour, the webhook and a reconciler; once
+    /// admission sees the webhook configuration.
+    async fn start_namespace_ring(&mut self, namespaces: &[String]) {
+        let api = Api::<Namespace>::all(self.client.clone());
+        for ns in namespaces {
+            let mut namespace: Namespace = named(ns, &[]);
+            namespace.metadata.labels = Some([(SELECTED.to_owned(), self.ns.clone())].into());
+            api.create(&PostParams::default(), &namespace)
+                .await
+                .expect("namespace");
+        }
+        let mut ring = secrets_ring(&self.ring, Some(&self.ns));
+        ring.spec.namespace_selector = Some(LabelSelector {
+            match_labels: Some([(SELECTED.to_owned(), self.ns.clone())].into()),
+            match_expressions: None,
+        });
+        let mut object = ring_object(&self.id(), &ring);
+        object.metadata.annotations =
+            Some([(KEY_ANNOTATION.to_owned(), "namespace".to_owned())].into());
+        self.rings()
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("ring");
+        for shard in ["shard-a", "shard-b"] {
+            self.add_shard_lease(shard, 3600).await;
+        }
+        self.start_webhook().await;
+        self.start_reconciler().await;
+        self.wait_until_admission_sees_configurations().await;
+    }
+
+    /// Creates in each of `namespaces` the Secrets, their children, a grandchild and a loose
+    /// ConfigMap.
+    async fn create_hierarchies(&self, namespaces: &[String]) {
+        for ns in namespaces {
+            let secrets = Api::<Secret>::namespaced(self.client.clone(), ns);
+            let configmaps = Api::<ConfigMap>::namespaced(self.client.clone(), ns);
+            let mut owner = None;
+            for name in SECRETS {
+                let created = secrets
+                    .create(&PostParams::default(), &named(name, &[]))
+                    .await
+                    .expect("secret");
+                owner.get_or_insert(created);
+            }
+            let controlled_by = |kind: &str, owner: &ObjectMeta| {
+                Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: kind.into(),
+                    name: owner.name.clone().expect("name"),
+                    uid: owner.uid.clone().expect("uid"),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }])
+            };
+            let owner = owner.expect("an owner");
+            let mut first = None;
+            for name in CHILDREN {
+                let mut child: ConfigMap = named(name, &[]);
+                child.metadata.owner_references = controlled_by("Secret", &owner.metadata);
+                let created = configmaps
+                    .create(&PostParams::default(), &child)
+                    .await
+                    .expect("child");
+                first.get_or_insert(created);
+            }
+            let mut grandchild: ConfigMap = named(GRANDCHILD, &[]);
+            grandchild.metadata.owner_references =
+                controlled_by("ConfigMap", &first.expect("a child").metadata);
+            configmaps
+                .create(&PostParams::default(), &grandchild)
+                .await
+                .expect("grandchild");
+            configmaps
+                .create(&PostParams::default(), &named(LOOSE, &[]))
+                .await
+                .expect("loose configmap");
+        }
+    }
+
     /// Acknowledges every drained Secret of `namespaces` as its shard does.
     async fn acknowledge_in(&self, namespaces: &[String]) {
         for ns in namespaces {
@@ -121,17 +219,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
         Ring::new(["shard-a", "shard-b", "shard-c"]),
     );
     let survivors = Ring::new(["shard-a", "shard-c"]);
-    let candidates: Vec<String> = (0..300).map(|i| format!("{}-t{i}", w.ns)).collect();
-    let pick = |from: &str, to: &str| {
-        candidates
-            .iter()
-            .filter(|ns| {
-                two.shard_for(&key(ns)) == Some(from) && three.shard_for(&key(ns)) == Some(to)
-            })
-            .take(2)
-            .cloned()
-            .collect::<Vec<_>>()
-    };
+    let pick = |from, to| pick(&w.ns, from, to, 2);
     let moving: Vec<String> = [pick("shard-a", "shard-c"), pick("shard-b", "shard-c")].concat();
     let moving = moving[..2].to_vec();
     let namespaces: Vec<String> = [
@@ -141,32 +229,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     ]
     .concat();
     assert_eq!(namespaces.len(), 6, "candidates of every kind");
-    let api = Api::<Namespace>::all(w.client.clone());
-    for ns in &namespaces {
-        let mut namespace: Namespace = named(ns, &[]);
-        namespace.metadata.labels = Some([(SELECTED.to_owned(), w.ns.clone())].into());
-        api.create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace");
-    }
-    let mut ring = secrets_ring(&w.ring, Some(&w.ns));
-    ring.spec.namespace_selector = Some(LabelSelector {
-        match_labels: Some([(SELECTED.to_owned(), w.ns.clone())].into()),
-        match_expressions: None,
-    });
-    let mut object = ring_object(&w.id(), &ring);
-    object.metadata.annotations =
-        Some([(KEY_ANNOTATION.to_owned(), "namespace".to_owned())].into());
-    w.rings()
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("ring");
-    for shard in ["shard-a", "shard-b"] {
-        w.add_shard_lease(shard, 3600).await;
-    }
-    w.start_webhook().await;
-    w.start_reconciler().await;
-    w.wait_until_admission_sees_configurations().await;
+    w.start_namespace_ring(&namespaces).await;
     let probes = Api::<Secret>::namespaced(w.client.clone(), &namespaces[0]);
     let mut probe = 0;
     eventually("the webhook assigns new Secrets", WAIT, || {
@@ -185,52 +248,10 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     .await;
     let reconciler = w.service_account(RECONCILER_ACCOUNT);
 
-    // Placed from CREATE, by the webhook alone: each namespace's objects on its shard.
+    // Placed from CREATE, by admission alone (the webhook, or the placement policy once the
+    // namespaces are in its table): each namespace's objects on its shard.
     let mark = w.audit_mark();
-    for ns in &namespaces {
-        let secrets = Api::<Secret>::namespaced(w.client.clone(), ns);
-        let configmaps = Api::<ConfigMap>::namespaced(w.client.clone(), ns);
-        let mut owner = None;
-        for name in SECRETS {
-            let created = secrets
-                .create(&PostParams::default(), &named(name, &[]))
-                .await
-                .expect("secret");
-            owner.get_or_insert(created);
-        }
-        let controlled_by = |kind: &str, owner: &ObjectMeta| {
-            Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: kind.into(),
-                name: owner.name.clone().expect("name"),
-                uid: owner.uid.clone().expect("uid"),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }])
-        };
-        let owner = owner.expect("an owner");
-        let mut first = None;
-        for name in CHILDREN {
-            let mut child: ConfigMap = named(name, &[]);
-            child.metadata.owner_references = controlled_by("Secret", &owner.metadata);
-            let created = configmaps
-                .create(&PostParams::default(), &child)
-                .await
-                .expect("child");
-            first.get_or_insert(created);
-        }
-        let mut grandchild: ConfigMap = named(GRANDCHILD, &[]);
-        grandchild.metadata.owner_references =
-            controlled_by("ConfigMap", &first.expect("a child").metadata);
-        configmaps
-            .create(&PostParams::default(), &grandchild)
-            .await
-            .expect("grandchild");
-        configmaps
-            .create(&PostParams::default(), &named(LOOSE, &[]))
-            .await
-            .expect("loose configmap");
-    }
+    w.create_hierarchies(&namespaces).await;
     eventually("each namespace on its shard", WAIT, || {
         w.namespaces_off(&namespaces, &two)
     })
@@ -376,4 +397,167 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     w.namespaces_off(&namespaces[1..], &survivors)
         .await
         .expect("every namespace where it was");
+}
+
+#[tokio::test]
+async fn a_namespace_ring_is_assigned_inside_the_apiserver_and_moves_with_the_webhook_down() {
+    let mut w = Test::new("nspolicy").await;
+    let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let moving = [
+        pick(&w.ns, "shard-a", "shard-c", 1),
+        pick(&w.ns, "shard-b", "shard-c", 1),
+    ]
+    .concat();
+    let namespaces: Vec<String> = [
+        moving.clone(),
+        pick(&w.ns, "shard-a", "shard-a", 1),
+        pick(&w.ns, "shard-b", "shard-b", 1),
+    ]
+    .concat();
+    w.start_namespace_ring(&namespaces).await;
+    let reconciler = w.service_account(RECONCILER_ACCOUNT);
+    let ring = RingObject::from_dynamic(w.kind, &w.rings().get(&w.ring).await.expect("ring"));
+    let table = Table::of(&ring, &w.ns);
+    let tables = Api::<ConfigMap>::namespaced(w.client.clone(), &w.ns);
+    let on = |ring: &Ring, of: &[String]| -> BTreeMap<String, String> {
+        of.iter()
+            .map(|ns| {
+                (
+                    ns.clone(),
+                    ring.shard_for(&key(ns)).expect("a shard").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let table_is = |want: BTreeMap<String, String>| {
+        let (tables, name) = (&tables, &table.name);
+        async move {
+            let data = tables
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|t| t.data)
+                .unwrap_or_default();
+            (data == want)
+                .then_some(())
+                .ok_or(format!("{data:?}, want {want:?}"))
+        }
+    };
+    eventually("the table names each namespace's shard", WAIT, || {
+        table_is(on(&two, &namespaces))
+    })
+    .await;
+
+    // The policy labels new objects before the webhook is asked (its object selector then
+    // skips them): a new object is labelled and the webhook answered no review for it.
+    let reviews = || async {
+        let metrics = w.webhook.as_ref().expect("the webhook").metrics().await;
+        metric_sum(
+            &metrics,
+            "sharder_webhook_request_duration_seconds_count",
+            &[],
+        )
+    };
+    let probes = Api::<Secret>::namespaced(w.client.clone(), &namespaces[0]);
+    let mut probe = 0;
+    eventually(
+        "the policy labels a new object, not the webhook",
+        WAIT,
+        || {
+            probe += 1;
+            let (name, probes, w, reviews) = (format!("probe-{probe}"), &probes, &w, &reviews);
+            async move {
+                let before = reviews().await;
+                let created = probes
+                    .create(&PostParams::default(), &named(&name, &[]))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = probes.delete(&name, &Default::default()).await;
+                let asked = reviews().await - before;
+                match w.shard_of(&created) {
+                    Some(_) if asked == 0.0 => Ok(()),
+                    shard => Err(format!("on {shard:?}, {asked} reviews")),
+                }
+            }
+        },
+    )
+    .await;
+    let (before, mark) = (reviews().await, w.audit_mark());
+    w.create_hierarchies(&namespaces).await;
+    w.namespaces_off(&namespaces, &two)
+        .await
+        .expect("every object on its namespace's shard from CREATE");
+    assert_eq!(reviews().await, before, "the webhook was asked");
+    assert_eq!(
+        w.writes_in(&namespaces, &reconciler, mark),
+        Vec::<String>::new()
+    );
+
+    // With the webhook down, shard-c joins: the moving namespaces leave the table before their
+    // objects drain; what they acknowledge and create meanwhile is assigned by the reconciler;
+    // once all moved, the table names their new shard and the policy assigns there.
+    w.stop_webhook();
+    let mark = w.audit_mark();
+    w.add_shard_lease("shard-c", 3600).await;
+    eventually("each namespace on its shard of three", WAIT, || async {
+        w.acknowledge_in(&moving).await;
+        w.namespaces_off(&namespaces, &three).await
+    })
+    .await;
+    eventually("the table names each namespace's new shard", WAIT, || {
+        table_is(on(&three, &namespaces))
+    })
+    .await;
+    let events = w.cp.audited_writes_since(mark);
+    let at = |event: &serde_json::Value| {
+        event["requestReceivedTimestamp"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let table_writes: Vec<String> = events
+        .iter()
+        .filter(|e| audited_write(e, &w.ns, &reconciler) == Some(("configmaps", &table.name)))
+        .map(at)
+        .collect();
+    let first_drain = events
+        .iter()
+        .filter(|e| {
+            moving
+                .iter()
+                .any(|ns| audited_write(e, ns, &reconciler).is_some())
+        })
+        .map(at)
+        .min()
+        .expect("the moving namespaces' objects were written");
+    assert!(
+        table_writes.first().is_some_and(|left| *left < first_drain),
+        "the moving namespaces left the table ({table_writes:?}) before the first move ({first_drain})"
+    );
+    let late = Api::<Secret>::namespaced(w.client.clone(), &moving[0]);
+    let created = late
+        .create(&PostParams::default(), &named("late", &[]))
+        .await
+        .expect("a Secret with the webhook down");
+    assert_eq!(w.shard_of(&created).as_deref(), Some("shard-c"));
+
+    // Turned off, the policy goes (its binding with it): new objects wait for the webhook.
+    w.reconcilers[0].process.stop(Duration::from_secs(20));
+    w.start_reconciler_with(Duration::from_secs(1), &[("--placement-policy", "off")])
+        .await;
+    let name = w.id().configuration_name();
+    let policies = Api::<DynamicObject>::all_with(w.client.clone(), &policy_resource());
+    let bindings = Api::<DynamicObject>::all_with(w.client.clone(), &binding_resource());
+    eventually("the placement policy deleted", WAIT, || async {
+        let left = (
+            policies.get_opt(&name).await.map_err(|e| e.to_string())?,
+            bindings.get_opt(&name).await.map_err(|e| e.to_string())?,
+        );
+        match left {
+            (None, None) => Ok(()),
+            left => Err(format!("left: {:?}", (left.0.is_some(), left.1.is_some()))),
+        }
+    })
+    .await;
 }
