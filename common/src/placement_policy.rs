@@ -62,8 +62,8 @@ impl Table {
 /// gone names the namespace's new shard at once (its objects move directly, as off any dead
 /// shard); an entry naming another live shard is left out while its objects move (the webhook
 /// places the namespace's new objects meanwhile, children with their owners). Once the ring is
-/// `settled` (no drain pending), every one of the ring's `namespaces` has its shard, and a
-/// namespace the ring no longer selects has none; until then no entry is added.
+/// `settled` (no drain pending, nothing to try again), every one of the ring's `namespaces` has
+/// its shard, and a namespace the ring no longer selects has none; until then no entry is added.
 pub fn next_entries(
     current: &BTreeMap<String, String>,
     ring: &Ring,

@@ -204,6 +204,9 @@ pub struct Options {
     /// The apiserver runs without the `ShardedListAndWatch` feature gate (range mode's
     /// `shardSelector`), which is on otherwise.
     pub without_sharded_list_and_watch: bool,
+    /// The apiserver serves no MutatingAdmissionPolicies (`--runtime-config`), as one before
+    /// Kubernetes 1.36 does not.
+    pub without_mutating_admission_policies: bool,
 }
 
 /// One of the control plane's two processes (see [`ControlPlane::restart`]).
@@ -403,6 +406,13 @@ impl ControlPlane {
                 }
                 if !options.without_sharded_list_and_watch {
                     apiserver.arg("--feature-gates=ShardedListAndWatch=true");
+                }
+                if options.without_mutating_admission_policies {
+                    // The admission plugin lists the policies: off with their API.
+                    apiserver.args([
+                        "--runtime-config=admissionregistration.k8s.io/v1/mutatingadmissionpolicies=false,admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings=false",
+                        "--disable-admission-plugins=MutatingAdmissionPolicy",
+                    ]);
                 }
                 if let Some(limit) = options.max_mutating_in_flight {
                     apiserver.arg(format!("--max-mutating-requests-inflight={limit}"));

@@ -326,7 +326,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     if !progress.drain_checks_due() {
         ctx.acks.stop(&ring.id);
     }
-    let settled = !progress.drain_checks_due();
+    let settled = progress.settled();
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
     ctx.progress().insert(name.to_owned(), progress);
     if let Some(namespace) = table

@@ -102,6 +102,12 @@ impl Progress {
         matches!(self.moves, Moves::Draining { .. })
     }
 
+    /// Whether every object is where the ring puts it, as far as the controller knows: no
+    /// drain check due, no failed work to try again, no full list owed.
+    pub(crate) fn settled(&self) -> bool {
+        !self.drain_checks_due() && self.failures == 0 && self.owed == Owed::Nothing
+    }
+
     fn drains_pending(&self) -> bool {
         matches!(
             self.moves,
@@ -353,6 +359,50 @@ mod tests {
             failed,
             refused: false,
             awaiting: Vec::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ring_is_settled_only_with_no_drain_check_retry_or_full_list_ahead() {
+        let done = progress(&["a"], Instant::now());
+        let draining = |drains_pending| Progress {
+            moves: Moves::Draining {
+                drains_pending,
+                awaiting: Vec::new(),
+            },
+            ..done.clone()
+        };
+        let cases = [
+            ("done", done.clone(), true),
+            ("drains pending", draining(true), false),
+            ("children waiting", draining(false), false),
+            (
+                "a failed pass to retry",
+                Progress {
+                    failures: 1,
+                    ..done.clone()
+                },
+                false,
+            ),
+            (
+                "a full list owed",
+                Progress {
+                    owed: Owed::FullList,
+                    ..done.clone()
+                },
+                false,
+            ),
+            (
+                "a full list owed at the retry",
+                Progress {
+                    owed: Owed::FullListAtRetry,
+                    ..done.clone()
+                },
+                false,
+            ),
+        ];
+        for (case, progress, settled) in cases {
+            assert_eq!(progress.settled(), settled, "{case}");
         }
     }
 

@@ -1,7 +1,7 @@
 //! The placement table of a ring keyed by namespace (`sharder_common::placement_policy`): the
 //! ConfigMap its placement policy reads, kept by the ring controller, which knows the ring's
 //! shards and its moves. Before a pass, the namespaces whose objects are about to move leave it
-//! and those of a dead shard name their new shard; once no drain is pending, every namespace of
+//! and those of a dead shard name their new shard; once the ring is settled, every namespace of
 //! the ring has its shard ([`next_entries`]). Written only when it changes.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,7 +17,7 @@ use crate::Error;
 use crate::controllers::FIELD_MANAGER;
 
 /// Brings `ring`'s table in `namespace` in step with its `available` shards: with the ring's
-/// `namespaces` once it is settled (no drain pending), else (`None`) only what the pass about
+/// `namespaces` once it is settled (`Progress::settled`), else (`None`) only what the pass about
 /// to run needs.
 pub(crate) async fn keep(
     client: &Client,

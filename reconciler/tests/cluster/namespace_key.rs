@@ -5,7 +5,8 @@
 //! bad value makes the ring invalid, reported, and nothing is assigned or moved. With the
 //! placement policy (Kubernetes 1.36 or later) a namespace's objects are labelled inside the
 //! apiserver, the webhook not asked, and a scale-out with the webhook down takes the moving
-//! namespaces out of the table first and puts them back on their new shard.
+//! namespaces out of the table first and puts them back on their new shard; where the apiserver
+//! serves no policies, the webhook alone assigns.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use serde_json::json;
 use sharder_common::key::KEY_ANNOTATION;
 use sharder_common::placement_policy::{Table, binding_resource, policy_resource};
 use sharder_common::{Ring, RingObject};
-use sharder_harness::control_plane::{ADMIN_USER, AuditMark, audited_write};
+use sharder_harness::control_plane::{ADMIN_USER, AuditMark, ControlPlane, Options, audited_write};
 use sharder_harness::fixtures::{ring_object, secrets_ring};
 use sharder_harness::wait::{eventually, metric_sum};
 use sharder_harness::world::set_lease_holder;
@@ -185,6 +186,26 @@ impl Test {
         }
     }
 
+    /// Waits until new Secrets in `namespace` are assigned at CREATE (probes, deleted again).
+    async fn wait_until_assigned_in(&self, namespace: &str) {
+        let probes = Api::<Secret>::namespaced(self.client.clone(), namespace);
+        let mut probe = 0;
+        eventually("new Secrets are assigned", WAIT, || {
+            probe += 1;
+            let (name, probes) = (format!("probe-{probe}"), &probes);
+            async move {
+                let created = probes
+                    .create(&PostParams::default(), &named(&name, &[]))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = probes.delete(&name, &Default::default()).await;
+                self.shard_of(&created)
+                    .ok_or_else(|| "not labelled".to_owned())
+            }
+        })
+        .await;
+    }
+
     /// Acknowledges every drained Secret of `namespaces` as its shard does.
     async fn acknowledge_in(&self, namespaces: &[String]) {
         for ns in namespaces {
@@ -230,22 +251,8 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     .concat();
     assert_eq!(namespaces.len(), 6, "candidates of every kind");
     w.start_namespace_ring(&namespaces).await;
-    let probes = Api::<Secret>::namespaced(w.client.clone(), &namespaces[0]);
+    w.wait_until_assigned_in(&namespaces[0]).await;
     let mut probe = 0;
-    eventually("the webhook assigns new Secrets", WAIT, || {
-        probe += 1;
-        let (name, probes, w) = (format!("probe-{probe}"), &probes, &w);
-        async move {
-            let created = probes
-                .create(&PostParams::default(), &named(&name, &[]))
-                .await
-                .map_err(|e| e.to_string())?;
-            let _ = probes.delete(&name, &Default::default()).await;
-            w.shard_of(&created)
-                .ok_or_else(|| "not labelled".to_owned())
-        }
-    })
-    .await;
     let reconciler = w.service_account(RECONCILER_ACCOUNT);
 
     // Placed from CREATE, by admission alone (the webhook, or the placement policy once the
@@ -560,4 +567,45 @@ async fn a_namespace_ring_is_assigned_inside_the_apiserver_and_moves_with_the_we
         }
     })
     .await;
+}
+
+#[tokio::test]
+async fn where_the_apiserver_serves_no_placement_policy_the_webhook_alone_assigns_a_namespace_ring()
+{
+    let cp = ControlPlane::dedicated(Options {
+        without_mutating_admission_policies: true,
+        ..Options::default()
+    })
+    .await
+    .expect("a control plane without MutatingAdmissionPolicies");
+    let mut w = Test::on(cp, "nsnopolicy").await;
+    let two = Ring::new(["shard-a", "shard-b"]);
+    let namespaces = [
+        pick(&w.ns, "shard-a", "shard-a", 1),
+        pick(&w.ns, "shard-b", "shard-b", 1),
+    ]
+    .concat();
+    w.start_namespace_ring(&namespaces).await;
+    w.wait_until_assigned_in(&namespaces[0]).await;
+    let mark = w.audit_mark();
+    w.create_hierarchies(&namespaces).await;
+    eventually("each namespace on its shard", WAIT, || {
+        w.namespaces_off(&namespaces, &two)
+    })
+    .await;
+    let reconciler = w.service_account(RECONCILER_ACCOUNT);
+    assert_eq!(
+        w.writes_in(&namespaces, &reconciler, mark),
+        Vec::<String>::new(),
+        "the webhook placed them"
+    );
+    // A sweep of the ring has run since (it would have written its table).
+    w.wait_for_rebalances(0, 1).await;
+    let ring = RingObject::from_dynamic(w.kind, &w.rings().get(&w.ring).await.expect("ring"));
+    let table = Table::of(&ring, &w.ns);
+    let tables = Api::<ConfigMap>::namespaced(w.client.clone(), &w.ns);
+    assert!(
+        tables.get_opt(&table.name).await.expect("read").is_none(),
+        "no table where no policy reads it"
+    );
 }
