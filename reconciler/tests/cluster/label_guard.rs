@@ -19,7 +19,7 @@ use serde_json::json;
 use sharder_common::Ring;
 use sharder_harness::wait::eventually;
 
-use super::{Test, WAIT};
+use super::{Test, WAIT, wait_until_policy_deleted};
 
 /// A merge patch setting (or, with `None`, removing) `labels` of Secret `name` with `client`.
 async fn set_label(
@@ -270,17 +270,7 @@ async fn only_the_protocol_s_steps_change_a_ring_s_labels_with_the_guard_on() {
     let name = w.id().configuration_name();
     let policies = Api::<ValidatingAdmissionPolicy>::all(w.client.clone());
     let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(w.client.clone());
-    eventually("the guard deleted", WAIT, || async {
-        let left = (
-            policies.get_opt(&name).await.map_err(|e| e.to_string())?,
-            bindings.get_opt(&name).await.map_err(|e| e.to_string())?,
-        );
-        match left {
-            (None, None) => Ok(()),
-            left => Err(format!("left: {:?}", (left.0.is_some(), left.1.is_some()))),
-        }
-    })
-    .await;
+    wait_until_policy_deleted("the guard deleted", &policies, &bindings, &name).await;
     eventually("a relabel admitted", WAIT, || async {
         set_label(&w, &w.client, &on_b[0], &[(shard, Some("shard-a"))])
             .await

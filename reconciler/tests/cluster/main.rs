@@ -254,6 +254,30 @@ impl Test {
     }
 }
 
+/// Waits (`what` names the wait) until neither the admission policy `name` of `policies` nor
+/// its binding of `bindings` exists.
+async fn wait_until_policy_deleted<P, B>(
+    what: &str,
+    policies: &Api<P>,
+    bindings: &Api<B>,
+    name: &str,
+) where
+    P: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    B: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, WAIT, || async {
+        let left = (
+            policies.get_opt(name).await.map_err(|e| e.to_string())?,
+            bindings.get_opt(name).await.map_err(|e| e.to_string())?,
+        );
+        match left {
+            (None, None) => Ok(()),
+            left => Err(format!("left: {:?}", (left.0.is_some(), left.1.is_some()))),
+        }
+    })
+    .await;
+}
+
 /// An object of kind `K` named `name` with `labels`, nothing else set.
 fn named<K: kube::Resource<DynamicType = ()> + Default>(name: &str, labels: &[(&str, &str)]) -> K {
     let mut object = K::default();

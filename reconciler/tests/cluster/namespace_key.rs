@@ -24,7 +24,7 @@ use sharder_harness::fixtures::{ring_object, secrets_ring};
 use sharder_harness::wait::{eventually, metric_sum};
 use sharder_harness::world::set_lease_holder;
 
-use crate::{RECONCILER_ACCOUNT, Test, WAIT, named};
+use crate::{RECONCILER_ACCOUNT, Test, WAIT, named, wait_until_policy_deleted};
 
 /// The label selecting the test's namespaces for its ring.
 const SELECTED: &str = "namespace-key-test";
@@ -206,6 +206,21 @@ impl Test {
         .await;
     }
 
+    /// Adds shard-c and waits until each of `namespaces` is on its shard of the three,
+    /// acknowledging the drains of the `moving` ones as their shards do; where the audit log
+    /// stood before.
+    async fn scale_out_to_c(&self, namespaces: &[String], moving: &[String]) -> AuditMark {
+        let three = Ring::new(["shard-a", "shard-b", "shard-c"]);
+        let mark = self.audit_mark();
+        self.add_shard_lease("shard-c", 3600).await;
+        eventually("each namespace on its shard of three", WAIT, || async {
+            self.acknowledge_in(moving).await;
+            self.namespaces_off(namespaces, &three).await
+        })
+        .await;
+        mark
+    }
+
     /// Acknowledges every drained Secret of `namespaces` as its shard does.
     async fn acknowledge_in(&self, namespaces: &[String]) {
         for ns in namespaces {
@@ -235,10 +250,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
     let mut w = Test::new("nskey").await;
     // Six namespaces: two that move to shard-c when it joins, two that stay on shard-a and two
     // on shard-b (which moves them when shard-b dies).
-    let (two, three) = (
-        Ring::new(["shard-a", "shard-b"]),
-        Ring::new(["shard-a", "shard-b", "shard-c"]),
-    );
+    let two = Ring::new(["shard-a", "shard-b"]);
     let survivors = Ring::new(["shard-a", "shard-c"]);
     let pick = |from, to| pick(&w.ns, from, to, 2);
     let moving: Vec<String> = [pick("shard-a", "shard-c"), pick("shard-b", "shard-c")].concat();
@@ -272,13 +284,7 @@ async fn a_ring_keyed_by_namespace_places_and_moves_whole_namespaces() {
 
     // Scale-out: the moving namespaces' Secrets drain and are acknowledged, then their
     // ConfigMaps follow; nothing of the other namespaces is written.
-    let mark = w.audit_mark();
-    w.add_shard_lease("shard-c", 3600).await;
-    eventually("each namespace on its shard of three", WAIT, || async {
-        w.acknowledge_in(&moving).await;
-        w.namespaces_off(&namespaces, &three).await
-    })
-    .await;
+    let mark = w.scale_out_to_c(&namespaces, &moving).await;
     let mut moved: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut acknowledged: BTreeMap<(String, String), String> = BTreeMap::new();
     for event in w.cp.audited_writes_since(mark) {
@@ -505,13 +511,7 @@ async fn a_namespace_ring_is_assigned_inside_the_apiserver_and_moves_with_the_we
     // objects drain; what they acknowledge and create meanwhile is assigned by the reconciler;
     // once all moved, the table names their new shard and the policy assigns there.
     w.stop_webhook();
-    let mark = w.audit_mark();
-    w.add_shard_lease("shard-c", 3600).await;
-    eventually("each namespace on its shard of three", WAIT, || async {
-        w.acknowledge_in(&moving).await;
-        w.namespaces_off(&namespaces, &three).await
-    })
-    .await;
+    let mark = w.scale_out_to_c(&namespaces, &moving).await;
     eventually("the table names each namespace's new shard", WAIT, || {
         table_is(on(&three, &namespaces))
     })
@@ -556,17 +556,7 @@ async fn a_namespace_ring_is_assigned_inside_the_apiserver_and_moves_with_the_we
     let name = w.id().configuration_name();
     let policies = Api::<DynamicObject>::all_with(w.client.clone(), &policy_resource());
     let bindings = Api::<DynamicObject>::all_with(w.client.clone(), &binding_resource());
-    eventually("the placement policy deleted", WAIT, || async {
-        let left = (
-            policies.get_opt(&name).await.map_err(|e| e.to_string())?,
-            bindings.get_opt(&name).await.map_err(|e| e.to_string())?,
-        );
-        match left {
-            (None, None) => Ok(()),
-            left => Err(format!("left: {:?}", (left.0.is_some(), left.1.is_some()))),
-        }
-    })
-    .await;
+    wait_until_policy_deleted("the placement policy deleted", &policies, &bindings, &name).await;
 }
 
 #[tokio::test]
