@@ -103,8 +103,9 @@ pub struct Args {
     )]
     pub rebalance_objects: usize,
 
-    /// Scale-out rounds of the rebalancing benchmark (each with its raw PATCH baseline).
-    #[arg(long, env = "SHARDER_BENCH_REBALANCE_ROUNDS", default_value_t = 3)]
+    /// Scale-out rounds of the rebalancing benchmark (each with its raw PATCH baseline), after
+    /// one that warms the apiserver up.
+    #[arg(long, env = "SHARDER_BENCH_REBALANCE_ROUNDS", default_value_t = 5)]
     pub rebalance_rounds: usize,
 
     /// Shard crashes after the rebalancing rounds (each a fresh shard that joins, takes its
@@ -266,7 +267,7 @@ impl Section {
                 let n = args.rebalance_objects;
                 let round = 3.0 * (n as f64 / 4.0) / MOVE + 15.0;
                 let crash = 3.0 * lease + (n as f64 / 4.0) / MOVE + 10.0;
-                create(n) + args.rebalance_rounds as f64 * round + args.crashes as f64 * crash
+                create(n) + (args.rebalance_rounds + 1) as f64 * round + args.crashes as f64 * crash
             }
             Self::Rolling => {
                 let n = args.rebalance_objects as f64;

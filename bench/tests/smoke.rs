@@ -43,6 +43,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| every run's peak MiB |",
             "| 100 | 120 | ",
             "| reconciler peak RSS with 200 Pods in chains against 100 | ",
+            "| warm-up | ",
             "| objects moved, worst round off the ideal | ",
             "| rebalancing writes/s vs the mix's rate beside it (median over the rounds) | ",
             "| goal | figure | bound | verdict |",
