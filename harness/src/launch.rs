@@ -2,8 +2,9 @@
 //! processes, used by every test, the demo and the benchmarks.
 //!
 //! No component is handed a port that was merely free a moment ago: each binds port 0 itself
-//! (`--listen-addr 127.0.0.1:0`, `--admin-addr 127.0.0.1:0`) and logs the address it got; the
-//! launcher reads it from the component's JSON log. Logs go to `<dir>/<name>.log`.
+//! (`--listen-addr 127.0.0.1:0`, `--admin-addr 127.0.0.1:0`); the launcher finds the addresses
+//! it listens on in `/proc` (the admin server is the one that answers `GET /livez`), never in
+//! its log, which is for people. Logs go to `<dir>/<name>.log`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,7 +13,6 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use serde_json::Value;
 use sharder_common::{RingId, RingKind};
 
 use crate::binaries::binary;
@@ -30,34 +30,41 @@ pub const ANY_LOOPBACK_PORT: &str = "127.0.0.1:0";
 pub struct Process {
     process: Supervised,
     log: PathBuf,
-    /// Lines the log had before this process started (an earlier process of the same name).
-    first_line: usize,
 }
 
 impl Process {
     /// Starts `binary` as `name` with `args` (plus `--admin-addr 127.0.0.1:0` and
     /// `--log-format json`) in `env` (kubeconfig, variables), logging to
-    /// `<env.dir>/<name>.log` (appended), and waits for its log line `started` carrying the
-    /// bound admin address in `admin_addr`; returns the process and that address.
+    /// `<env.dir>/<name>.log` (appended), and waits until it listens on `listeners` addresses,
+    /// one its admin server; returns the process, the admin address and the others.
     pub async fn start(
         name: &str,
         binary_name: &str,
         env: &Env,
         args: &[String],
-        started: &str,
-    ) -> Result<(Self, SocketAddr), Error> {
+        listeners: usize,
+    ) -> Result<(Self, SocketAddr, Vec<SocketAddr>), Error> {
         let mut process = Self::spawn(name, binary_name, env, args)?;
-        let admin = process.reported_addr(started, "admin_addr").await?;
-        Ok((process, admin))
+        let mut others = process.listening(listeners).await?;
+        let mut admin = None;
+        for (i, addr) in others.iter().enumerate() {
+            let probe = tokio::time::timeout(Duration::from_secs(5), http_get(*addr, "/livez"));
+            if matches!(probe.await, Ok(Ok((200, _)))) {
+                admin = Some(i);
+                break;
+            }
+        }
+        let Some(admin) = admin else {
+            return Err(process.failed(&format!("serves no admin server on {others:?}")));
+        };
+        let admin = others.remove(admin);
+        Ok((process, admin, others))
     }
 
     /// Starts `binary` as `name` with `args` (plus `--admin-addr 127.0.0.1:0` and
     /// `--log-format json`) in `env`, logging to `<env.dir>/<name>.log` (appended).
     pub fn spawn(name: &str, binary_name: &str, env: &Env, args: &[String]) -> Result<Self, Error> {
         let log = env.dir.join(format!("{name}.log"));
-        let first_line = std::fs::read_to_string(&log)
-            .map(|text| text.lines().count())
-            .unwrap_or(0);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -81,11 +88,7 @@ impl Process {
             )
             .stderr(file);
         let process = Supervised::spawn(name, command).map_err(Error::io("start a component"))?;
-        Ok(Self {
-            process,
-            log,
-            first_line,
-        })
+        Ok(Self { process, log })
     }
 
     /// The log so far (of every process of this name).
@@ -98,50 +101,24 @@ impl Process {
         &self.log
     }
 
-    /// The JSON log lines of this process so far.
-    pub fn lines(&self) -> Vec<Value> {
-        self.log()
-            .lines()
-            .skip(self.first_line)
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// Waits until a log line (after the first `skip`) has message `message`, and returns it;
-    /// fails at once if the process exits first, with its log tail.
-    pub async fn wait_for_message(
-        &mut self,
-        message: &str,
-        skip: usize,
-        timeout: Duration,
-    ) -> Result<Value, Error> {
-        self.wait_for(&format!("{message:?}"), skip, timeout, |l| {
-            l["message"] == message
-        })
-        .await
-    }
-
-    /// Waits until a log line (after the first `skip`) satisfies `check` (`what` describes it),
-    /// and returns it; fails at once if the process exits first, with its log tail.
-    pub async fn wait_for(
-        &mut self,
-        what: &str,
-        skip: usize,
-        timeout: Duration,
-        check: impl Fn(&Value) -> bool,
-    ) -> Result<Value, Error> {
+    /// Waits until the process listens on `n` TCP addresses (or more), and returns them; fails
+    /// at once if it exits first, with its log tail.
+    async fn listening(&mut self, n: usize) -> Result<Vec<SocketAddr>, Error> {
         let started = Instant::now();
         loop {
-            if let Some(line) = self.lines().into_iter().skip(skip).find(|l| check(l)) {
-                return Ok(line);
+            let found = crate::procfs::listening(self.process.pid()).unwrap_or_default();
+            if found.len() >= n {
+                return Ok(found);
             }
             if let Some(status) = self.process.try_wait() {
-                return Err(self.failed(&format!("exited with {status} before logging {what}")));
+                return Err(self.failed(&format!("exited with {status} before it listened")));
             }
-            if started.elapsed() > timeout {
-                return Err(self.failed(&format!("did not log {what} within {timeout:?}")));
+            if started.elapsed() > START_TIMEOUT {
+                return Err(self.failed(&format!(
+                    "listened on {found:?}, not {n} addresses, within {START_TIMEOUT:?}"
+                )));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -154,19 +131,6 @@ impl Process {
             self.process.name(),
             tail.join("\n")
         ))
-    }
-
-    /// The address in field `field` of the first line with message `message` (waiting for it).
-    pub async fn reported_addr(&mut self, message: &str, field: &str) -> Result<SocketAddr, Error> {
-        let line = self.wait_for_message(message, 0, START_TIMEOUT).await?;
-        line[field]
-            .as_str()
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| {
-                self.failed(&format!(
-                    "logged {message:?} without an address in {field:?}"
-                ))
-            })
     }
 
     /// Waits until `GET /readyz` on `admin` answers 200 (while the process runs).
@@ -269,9 +233,9 @@ impl Webhook {
         args.push("--tls-key-file".into());
         args.push(path(key));
         args.extend(strings(extra));
-        let (mut process, admin) =
-            Process::start(name, "sharder-webhook", env, &args, "webhook serving").await?;
-        let addr = process.reported_addr("webhook serving", "addr").await?;
+        let (mut process, admin, served) =
+            Process::start(name, "sharder-webhook", env, &args, 2).await?;
+        let addr = served[0];
         process.wait_ready(admin).await?;
         Ok(Self {
             process,
@@ -351,9 +315,8 @@ impl Reconciler {
         args.push("--webhook-ca-file".into());
         args.push(path(&flags.ca_file));
         args.extend(flags.extra.iter().cloned());
-        let started = "reconciler started, waiting for leadership";
-        let (mut process, admin) =
-            Process::start(name, "sharder-reconciler", env, &args, started).await?;
+        let (mut process, admin, _) =
+            Process::start(name, "sharder-reconciler", env, &args, 1).await?;
         process.wait_ready(admin).await?;
         Ok(Self { process, admin })
     }
@@ -458,9 +421,8 @@ impl Shard {
             args.push(path(record));
         }
         args.extend(flags.extra.iter().cloned());
-        let started = "checksum controller started, acquiring the shard lease";
-        let (process, admin) =
-            Process::start(&flags.name, "checksum-controller", env, &args, started).await?;
+        let (process, admin, _) =
+            Process::start(&flags.name, "checksum-controller", env, &args, 1).await?;
         Ok(Self { process, admin })
     }
 }

@@ -1,6 +1,7 @@
 //! What `/proc` says of a process, for tests and benchmarks that count its resources.
 
 use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr};
 
 /// Sockets process `pid` holds open (its connections and listeners), from `/proc/<pid>/fd`;
 /// `None` if the process is gone.
@@ -35,6 +36,29 @@ pub fn connections_to(pid: u32, port: u16) -> Option<HashSet<String>> {
     Some(connections)
 }
 
+/// The IPv4 TCP addresses process `pid` listens on, from `/proc/<pid>/net/tcp` matched against
+/// its sockets; `None` if the process is gone.
+pub fn listening(pid: u32) -> Option<Vec<SocketAddr>> {
+    let inodes = socket_inodes(pid)?;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).ok()?;
+    Some(
+        text.lines()
+            .skip(1)
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // local_address is fields[1] ("0100007F:1F90": the address's bytes in host order,
+                // the port), st fields[3] (0A: listening), inode fields[9].
+                if fields.get(3) != Some(&"0A") || !inodes.contains(*fields.get(9)?) {
+                    return None;
+                }
+                let (ip, port) = fields.get(1)?.split_once(':')?;
+                let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.to_le_bytes());
+                Some(SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
+            })
+            .collect(),
+    )
+}
+
 /// The inodes of the sockets process `pid` holds open (`socket:[<inode>]` in `/proc/<pid>/fd`).
 fn socket_inodes(pid: u32) -> Option<HashSet<String>> {
     let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
@@ -67,7 +91,18 @@ pub fn status_kib(pid: u32, name: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::rss_kib;
+    use super::{listening, rss_kib};
+
+    #[test]
+    fn a_bound_listener_is_found_at_its_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let found = listening(std::process::id()).expect("this process");
+        assert!(found.contains(&addr), "{addr} not in {found:?}");
+        drop(listener);
+        let found = listening(std::process::id()).expect("this process");
+        assert!(!found.contains(&addr), "{addr} still in {found:?}");
+    }
 
     #[test]
     fn this_process_has_a_resident_set() {
