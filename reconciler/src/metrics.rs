@@ -53,14 +53,15 @@ pub(crate) struct FailedWriteLabels {
     pub reason: String,
 }
 
-/// Labels of the failed rebalance counter.
+/// Labels of a counter of a ring's events by reason: the failed rebalances (`list`, `write`, or
+/// `reconcile` when the ring's reconcile failed) and the webhook configuration writes
+/// (`missing`, `ca_bundle` or `changed`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct FailedRebalanceLabels {
+pub(crate) struct ReasonLabels {
     /// The ring.
     #[prometheus(flatten)]
     pub ring: RingLabel,
-    /// `list` (a list failed), `write` (a write failed) or `reconcile` (the ring's reconcile
-    /// failed, e.g. its status or the namespaces could not be read or written).
+    /// Why.
     pub reason: String,
 }
 
@@ -72,16 +73,6 @@ pub(crate) struct RebalanceLabels {
     pub ring: RingLabel,
     /// A list the rebalance ran: `all`, `on_shard`, `unassigned`, `stray` or `after_drains`.
     pub list: String,
-}
-
-/// Labels of the webhook configuration write counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ConfigurationWriteLabels {
-    /// The ring.
-    #[prometheus(flatten)]
-    pub ring: RingLabel,
-    /// Why it was written: `missing`, `ca_bundle` or `changed`.
-    pub reason: String,
 }
 
 /// Labels of the leader gauge.
@@ -125,9 +116,9 @@ pub(crate) struct Metrics {
     /// Object writes that failed after retries.
     pub failed_writes: Family<FailedWriteLabels, Counter>,
     /// Rebalances (or ring reconciles) that failed, by reason.
-    pub failed_rebalances: Family<FailedRebalanceLabels, Counter>,
+    pub failed_rebalances: Family<ReasonLabels, Counter>,
     /// Webhook configuration writes by reason.
-    pub webhook_configuration_writes: Family<ConfigurationWriteLabels, Counter>,
+    pub webhook_configuration_writes: Family<ReasonLabels, Counter>,
     /// 1 while this replica leads.
     pub leader: Family<LeaderLabels, Gauge>,
     /// Object writes in flight at most now (the adaptive limit).

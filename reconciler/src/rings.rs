@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
-use crate::metrics::{FailedRebalanceLabels, Metrics, RebalanceLabels};
+use crate::metrics::{Metrics, ReasonLabels, RebalanceLabels};
 use crate::rebalance::strays::Strays;
 use crate::rebalance::{LiveNow, Outcome, OwnerReads, Rebalancer, RingView};
 use crate::shard_leases::leases_of;
@@ -485,7 +485,7 @@ async fn run_pass(
             if n > 0 {
                 ctx.metrics
                     .failed_rebalances
-                    .get_or_create(&FailedRebalanceLabels {
+                    .get_or_create(&ReasonLabels {
                         ring: RingLabel::new(&ring.id),
                         reason: reason.to_owned(),
                     })
@@ -512,7 +512,7 @@ pub(crate) fn error_policy(object: Arc<DynamicObject>, error: &Error, ctx: Arc<C
     warn!(%ring, error = %error, "ring reconcile failed, retrying");
     ctx.metrics
         .failed_rebalances
-        .get_or_create(&FailedRebalanceLabels {
+        .get_or_create(&ReasonLabels {
             ring: RingLabel::new(&ring),
             reason: "reconcile".to_owned(),
         })

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -31,7 +31,7 @@ use super::guard::Guards;
 use super::placement::Placements;
 use crate::Error;
 use crate::controllers::FIELD_MANAGER;
-use crate::metrics::{ConfigurationWriteLabels, Metrics};
+use crate::metrics::{Metrics, ReasonLabels};
 use sharder_common::webhook_configuration::{WebhookSettings, webhook_configuration};
 
 /// When to retry after a failed reconcile.
@@ -133,7 +133,7 @@ pub(crate) async fn reconcile(
         .map_err(Error::Kube)?;
         ctx.metrics
             .webhook_configuration_writes
-            .get_or_create(&ConfigurationWriteLabels {
+            .get_or_create(&ReasonLabels {
                 ring: RingLabel::new(&ring.id),
                 reason: drift.reason().to_owned(),
             })
@@ -169,6 +169,18 @@ async fn remove_configuration(client: &Client, ring: &RingObject) -> Result<(), 
     if ring_of(ring.id.kind, &existing).as_ref() != Some(&ring.id) {
         return Ok(());
     }
+    if delete_this(&api, &existing).await? {
+        info!(ring = %ring.id, webhook_configuration = %name, "webhook configuration deleted: the ring is in range mode");
+    }
+    Ok(())
+}
+
+/// Deletes `existing` with its uid as a precondition, so nothing else of its name is; whether
+/// it did (not when it was gone already or replaced meanwhile).
+async fn delete_this(
+    api: &Api<MutatingWebhookConfiguration>,
+    existing: &MutatingWebhookConfiguration,
+) -> Result<bool, Error> {
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: existing.metadata.uid.clone(),
@@ -176,20 +188,16 @@ async fn remove_configuration(client: &Client, ring: &RingObject) -> Result<(), 
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&name, &params).await {
-        Ok(_) => {
-            info!(ring = %ring.id, webhook_configuration = %name, "webhook configuration deleted: the ring is in range mode");
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+    match api.delete(&existing.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
         Err(e) => Err(Error::Kube(e)),
     }
 }
 
 /// Deletes the reference's configuration `name` of `ring` (v0.8's name for a ClusterRing's), if
 /// it exists and is the reference's: a field of it applied by one of its managers, and not
-/// another ring's (its controller reference, if any, is `ring`). Deleted with its uid as a
-/// precondition, so nothing else of that name is.
+/// another ring's (its controller reference, if any, is `ring`).
 async fn delete_reference_configuration(
     api: &Api<MutatingWebhookConfiguration>,
     ring: &RingObject,
@@ -208,24 +216,9 @@ async fn delete_reference_configuration(
     {
         return Ok(());
     }
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: leftover.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => {}
-        // Gone already, or replaced by another of that name: nothing of the reference's left.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
-        Err(e) => return Err(Error::Kube(e)),
+    if delete_this(api, &leftover).await? {
+        info!(ring = %ring.id, webhook_configuration = %name, "the reference's webhook configuration deleted");
     }
-    info!(
-        ring = %ring.id,
-        webhook_configuration = %name,
-        "the reference's webhook configuration deleted"
-    );
     Ok(())
 }
 
@@ -279,51 +272,28 @@ pub(crate) fn controller(
         .reconcile_all_on(ca_changes);
     // The policies carry their ring's label; a deleted or edited one is restored at once.
     let labelled = watcher::Config::default().labels(kind.lease_label());
-    let label_of = move |labels: &std::collections::BTreeMap<String, String>| {
-        labels
-            .get(kind.lease_label())
-            .map(|ring| RingId::new(kind, ring.as_str()))
-    };
+    let mut policies = Vec::new();
     if guard {
-        controller = controller
-            .watches_stream(
-                sharder_runtime::controller::watch(
-                    Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-                    labelled.clone(),
-                )
-                .touched_objects(),
-                {
-                    let to_ring = to_ring.clone();
-                    move |policy| label_of(policy.labels()).map(&to_ring)
-                },
-            )
-            .watches_stream(
-                sharder_runtime::controller::watch(
-                    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
-                    labelled.clone(),
-                )
-                .touched_objects(),
-                {
-                    let to_ring = to_ring.clone();
-                    move |binding| label_of(binding.labels()).map(&to_ring)
-                },
-            );
+        policies.push(ApiResource::erase::<ValidatingAdmissionPolicy>(&()));
+        policies.push(ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()));
     }
     if placement {
-        for resource in [policy_resource(), binding_resource()] {
-            controller = controller.watches_stream_with(
-                sharder_runtime::controller::watch(
-                    Api::<DynamicObject>::all_with(client.clone(), &resource),
-                    labelled.clone(),
-                )
-                .touched_objects(),
-                {
-                    let to_ring = to_ring.clone();
-                    move |policy| label_of(policy.labels()).map(&to_ring)
-                },
-                resource,
-            );
-        }
+        policies.extend([policy_resource(), binding_resource()]);
+    }
+    for resource in policies {
+        let to_ring = to_ring.clone();
+        controller = controller.watches_stream_with(
+            sharder_runtime::controller::watch(
+                Api::<DynamicObject>::all_with(client.clone(), &resource),
+                labelled.clone(),
+            )
+            .touched_objects(),
+            move |policy| {
+                let ring = policy.labels().get(kind.lease_label())?;
+                Some(to_ring(RingId::new(kind, ring.as_str())))
+            },
+            resource,
+        );
     }
     (controller, listed)
 }
