@@ -149,7 +149,7 @@ pub struct Args {
     pub load_seconds: u64,
 
     /// Rounds per server of the in-process webhook load.
-    #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "SHARDER_BENCH_LOAD_ROUNDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub load_rounds: u64,
 
     /// The reference sharder's `sharder` binary (built by you from its release; the bench never
