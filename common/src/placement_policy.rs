@@ -238,7 +238,6 @@ mod tests {
             .collect();
         assert!(!moving.is_empty() && moving.len() < all.len());
         let staying: BTreeSet<String> = all.difference(&moving).cloned().collect();
-        let available = |ring: &[&str]| names(ring);
         let from_a_and_b = on(&two, &all);
         // A dead shard-b: its namespaces go to their new shard at once.
         let only_a = Ring::new(["shard-a"]);
@@ -250,58 +249,59 @@ mod tests {
             (
                 "settled: every namespace with its shard",
                 BTreeMap::new(),
+                &all,
                 &three,
-                available(&["shard-a", "shard-b", "shard-c"]),
+                names(&["shard-a", "shard-b", "shard-c"]),
                 true,
                 on(&three, &all),
             ),
             (
                 "a shard joins: the namespaces that move are left out",
                 from_a_and_b.clone(),
+                &all,
                 &three,
-                available(&["shard-a", "shard-b", "shard-c"]),
+                names(&["shard-a", "shard-b", "shard-c"]),
                 false,
                 on(&three, &staying),
             ),
             (
                 "while moving, nothing is added",
                 on(&three, &staying),
+                &all,
                 &three,
-                available(&["shard-a", "shard-b", "shard-c"]),
+                names(&["shard-a", "shard-b", "shard-c"]),
                 false,
                 on(&three, &staying),
             ),
             (
                 "a shard dies: its namespaces name the new shard at once",
                 from_a_and_b.clone(),
+                &all,
                 &only_a,
-                available(&["shard-a"]),
+                names(&["shard-a"]),
                 false,
                 on_a,
             ),
             (
                 "settled: a namespace the ring no longer selects goes",
                 from_a_and_b.clone(),
+                &staying,
                 &two,
-                available(&["shard-a", "shard-b"]),
+                names(&["shard-a", "shard-b"]),
                 true,
                 on(&two, &staying),
             ),
             (
                 "no shard: no entry",
                 from_a_and_b,
+                &all,
                 &Ring::new(std::iter::empty::<String>()),
                 BTreeSet::new(),
                 false,
                 BTreeMap::new(),
             ),
         ];
-        for (case, current, ring, available, settled, want) in cases {
-            let namespaces = if case.contains("no longer") {
-                &staying
-            } else {
-                &all
-            };
+        for (case, current, namespaces, ring, available, settled, want) in cases {
             assert_eq!(
                 next_entries(&current, ring, &available, namespaces, settled),
                 want,

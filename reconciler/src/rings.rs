@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, ReasonLabels, RebalanceLabels};
 use crate::rebalance::strays::Strays;
 use crate::rebalance::{LiveNow, Outcome, OwnerReads, Rebalancer, RingView};
 use crate::shard_leases::leases_of;
-use crate::terms::{Pass, Scope, Target};
+use crate::terms::{Namespaces, Pass, Scope, Target};
 
 pub(crate) mod acks;
 pub(crate) mod discovery;
@@ -311,10 +311,10 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     }
     let previous = ctx.progress().get(name).cloned();
     let pass = schedule::next_pass(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
-    let ran = match pass {
-        None => None,
+    let (ran, listed) = match pass {
+        None => (None, None),
         Some(pass) => match run_pass(ctx, ring, &roles, keying, &available, &pass).await? {
-            Some(ran) => Some(ran),
+            Some((ran, namespaces)) => (Some(ran), Some(namespaces)),
             None => {
                 // Deleted or replaced during its rebalance: nothing of it is kept.
                 ctx.forget(&ring.id);
@@ -332,8 +332,14 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     if let Some(namespace) = table
         && settled
     {
-        let selected =
-            namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector).await?;
+        // The pass's namespaces, or read now when no pass ran.
+        let selected = match listed {
+            Some(listed) => listed,
+            None => {
+                namespaces::namespaces(&ctx.client, &ring.object.spec, &ctx.namespace_selector)
+                    .await?
+            }
+        };
         table::keep(
             &ctx.client,
             ring,
@@ -384,7 +390,8 @@ fn describe_conflicts(conflicts: &BTreeMap<String, BTreeSet<String>>) -> String 
 
 /// Runs `pass` on `ring` and reports it: its resources and namespaces read, the ring of its
 /// `available` shards, the pass ([`Rebalancer::pass`]), the metrics, the acknowledgement
-/// watches, the log and Events. `None`: the ring was deleted or replaced meanwhile.
+/// watches, the log and Events; with the ring's namespaces it read. `None`: the ring was deleted
+/// or replaced meanwhile.
 async fn run_pass(
     ctx: &Context,
     ring: &RingObject,
@@ -392,7 +399,7 @@ async fn run_pass(
     keying: Keying,
     available: &BTreeSet<String>,
     pass: &Pass,
-) -> Result<Option<Ran>, Error> {
+) -> Result<Option<(Ran, Namespaces)>, Error> {
     let started = Instant::now();
     let busy = ctx.rebalancer.busy();
     // Both before the first list: at once.
@@ -503,7 +510,7 @@ async fn run_pass(
         )
         .await;
     }
-    Ok(Some(ran))
+    Ok(Some((ran, namespaces)))
 }
 
 /// What to do after a failed reconcile (for `crate::controllers::spawn_controller`).
