@@ -55,7 +55,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| 1 | sharder | ",
             "| 1 | sharder, ControllerRing | ",
             "A ControllerRing's reviews against a ClusterRing's on the same webhook",
-            "| sharder/floor throughput (medians) | ",
+            "| sharder/floor throughput (median of rounds) | ",
             "| 100 | sharder reconciler: sweeps and resyncs | ",
             "| 100 | sharder reconciler: leader election and watches | ",
             "| 200 | sharder reconciler (both) | ",
