@@ -207,8 +207,8 @@ const SERVERS: [&str; 3] = ["floor", "sharder", "sharder, ControllerRing"];
 
 /// Loads the floor and the sharder webhook in-process (see [`start_servers`]) in rounds after a
 /// 1 s warm-up of each, from a runtime of its own (2 worker threads), every other round in the
-/// reverse order; each round's server and figures, in the order run. Blocks the calling thread, which must not be
-/// a runtime's worker.
+/// reverse order; each round's server and figures, in the order run. Blocks the calling thread,
+/// which must not be a runtime's worker.
 fn in_process(args: &Args) -> Result<Vec<(&'static str, Figures)>, Error> {
     let (floor, sharder, ca) = start_servers()?;
     let body = Bytes::from(sharder_harness::fixtures::secret_create_review(
