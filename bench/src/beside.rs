@@ -308,7 +308,7 @@ async fn contend(
                 kubeconfig: m.kubeconfig(),
                 namespace: &m.setup.ns,
             };
-            Running::Reference(start_reference(&run, webhooks, None)?)
+            Running::Reference(start_reference(&run, webhooks, None, None)?)
         }
     };
     let outcome = measure(m, webhooks, args, &running, &names, plan).await;
@@ -528,11 +528,13 @@ pub(crate) struct ReferenceRun<'a> {
 /// Starts the reference's binary for every ControllerRing, at its defaults but for where it
 /// finds its certificate (the bench's sharder webhook's), which URL its webhook configuration
 /// names, its leader election's namespace, and (`sync`) its resync period; logs to
-/// `<dir>/reference-sharder.log`.
+/// `<dir>/reference-sharder.log`; with `renew`, its leader election renews its Lease that often
+/// (its default is controller-runtime's retry period, 2 s).
 pub(crate) fn start_reference(
     run: &ReferenceRun<'_>,
     webhooks: &Webhooks,
     sync: Option<Duration>,
+    renew: Option<Duration>,
 ) -> Result<Supervised, Error> {
     let mut config = json!({
         "apiVersion": "config.sharding.timebertt.dev/v1alpha1",
@@ -550,6 +552,9 @@ pub(crate) fn start_reference(
             },
         },
     });
+    if let Some(renew) = renew {
+        config["leaderElection"]["retryPeriod"] = json!(format!("{}ms", renew.as_millis()));
+    }
     if let Some(sync) = sync {
         config["controller"] =
             json!({ "sharder": { "syncPeriod": format!("{}ms", sync.as_millis()) } });

@@ -219,15 +219,15 @@ impl Meter {
     }
 
     /// Two windows of the reference's own `binary` over `setup`'s ring, each from the end of its
-    /// startup on ([`startup_over`]): with its resync pushed past the window (its leader election and watches),
-    /// then every [`LISTS_PER_WINDOW`]th of a window; each window's usage and the lists of
-    /// Secrets the apiserver answered in it.
+    /// startup on ([`startup_over`]), its leader election renewing every [`RENEW_IN_WINDOW`]:
+    /// with its resync pushed past the window (its leader election and watches), then every
+    /// [`LISTS_PER_WINDOW`]th of a window.
     async fn reference_binary(
         &self,
         setup: &RingSetup,
         webhooks: &Webhooks,
         binary: &Path,
-    ) -> Result<[(Usage, usize); 2], Error> {
+    ) -> Result<[BinaryWindow; 2], Error> {
         let dir = tempfile::tempdir().map_err(Error::io("create a temporary folder"))?;
         let run = ReferenceRun {
             binary,
@@ -235,14 +235,14 @@ impl Meter {
             kubeconfig: self.cp.kubeconfig(),
             namespace: &setup.ns,
         };
-        let mut windows = [(Usage::default(), 0); 2];
+        let mut windows = [BinaryWindow::default(); 2];
         let mut startup = None;
         for (window, sync) in windows
             .iter_mut()
             .zip([Duration::from_secs(3600), self.window / LISTS_PER_WINDOW])
         {
             let before = self.secret_lists().await?;
-            let mut process = start_reference(&run, webhooks, Some(sync))?;
+            let mut process = start_reference(&run, webhooks, Some(sync), Some(RENEW_IN_WINDOW))?;
             let started = Instant::now();
             let mut last = (before, Instant::now());
             loop {
@@ -264,11 +264,16 @@ impl Meter {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            let from = self.secret_lists().await?;
+            let from = [self.secret_lists().await?, self.lease_updates().await?];
             let used = self.measure(async {}).await?;
-            let lists = self.secret_lists().await? - from;
+            let lists = self.secret_lists().await? - from[0];
+            let renewals = self.lease_updates().await? - from[1];
             process.stop(Duration::from_secs(20));
-            *window = (used, lists as usize);
+            *window = BinaryWindow {
+                used,
+                lists: lists as usize,
+                renewals: renewals as usize,
+            };
         }
         Ok(windows)
     }
@@ -277,13 +282,33 @@ impl Meter {
     async fn secret_lists(&self) -> Result<f64, Error> {
         secret_lists(&self.client).await
     }
+
+    /// The updates of Leases the apiserver answered so far (client-go's leader election renews
+    /// with one).
+    async fn lease_updates(&self) -> Result<f64, Error> {
+        requests(&self.client, "leases", "PUT").await
+    }
 }
 
-/// The lists of Secrets the apiserver answered so far (`apiserver_request_total`).
-pub(crate) async fn secret_lists(client: &Client) -> Result<f64, Error> {
+/// One window of the reference's binary: what the apiserver and etcd used, and the lists of
+/// Secrets and updates of Leases (its leader election's renewals) the apiserver answered.
+#[derive(Clone, Copy, Debug, Default)]
+struct BinaryWindow {
+    used: Usage,
+    lists: usize,
+    renewals: usize,
+}
+
+/// The requests of `verb` on `resource` the apiserver answered so far (`apiserver_request_total`).
+async fn requests(client: &Client, resource: &str, verb: &str) -> Result<f64, Error> {
     let metrics = apiserver_metrics(client).await?;
-    let labels = [("resource", "secrets"), ("verb", "LIST")];
+    let labels = [("resource", resource), ("verb", verb)];
     Ok(metric_sum(&metrics, "apiserver_request_total", &labels))
+}
+
+/// The lists of Secrets the apiserver answered so far.
+pub(crate) async fn secret_lists(client: &Client) -> Result<f64, Error> {
+    requests(client, "secrets", "LIST").await
 }
 
 /// How long the reference's binary must have listed no Secrets before its first window starts:
@@ -462,28 +487,9 @@ async fn size(
             format!("{renewals} renewals every {renew}"),
         ));
     }
-    if let Some([(leader, quiet_lists), (lists, listed)]) = binary {
-        // Its lists' window holds its leader election too: what it used above the other.
-        let above = lists
-            .with(leader, |l, q| (l - q).max(0.0))
-            .with(row.control(), |a, c| a + c);
-        row.designs.push(Design(
-            REFERENCE_BINARY,
-            above,
-            speedup(listed, REFERENCE_RESYNC, window),
-            Usage::default(),
-            format!(
-                "{listed} lists of Secrets with `syncPeriod` {}ms, less its other window",
-                (window / LISTS_PER_WINDOW).as_millis()
-            ),
-        ));
-        row.designs.push(Design(
-            REFERENCE_BINARY_LEADER,
-            leader,
-            1.0,
-            Usage::default(),
-            format!("`syncPeriod` 1h ({quiet_lists} lists of Secrets in the window)"),
-        ));
+    if let Some(windows) = binary {
+        row.designs
+            .extend(reference_binary_designs(windows, row.control(), window));
     }
     for design in &row.designs {
         progress!(
@@ -493,6 +499,45 @@ async fn size(
         );
     }
     Ok(row)
+}
+
+/// The reference binary's two windows as designs: its lists' window above its leader
+/// election's, compressed by the lists the apiserver answered; its leader election's by the
+/// renewals it answered against the default schedule ([`REFERENCE_RENEW`]), as the sharder's.
+fn reference_binary_designs(
+    [quiet, listing]: [BinaryWindow; 2],
+    control: Usage,
+    window: Duration,
+) -> [Design; 2] {
+    // Its lists' window holds its leader election too: what it used above the other.
+    let above = listing
+        .used
+        .with(quiet.used, |l, q| (l - q).max(0.0))
+        .with(control, |a, c| a + c);
+    let (listed, quiet_lists) = (listing.lists, quiet.lists);
+    [
+        Design(
+            REFERENCE_BINARY,
+            above,
+            speedup(listed, REFERENCE_RESYNC, window),
+            Usage::default(),
+            format!(
+                "{listed} lists of Secrets with `syncPeriod` {}ms, less its other window",
+                (window / LISTS_PER_WINDOW).as_millis()
+            ),
+        ),
+        Design(
+            REFERENCE_BINARY_LEADER,
+            quiet.used,
+            speedup(quiet.renewals, REFERENCE_RENEW, window),
+            Usage::default(),
+            format!(
+                "`syncPeriod` 1h, `retryPeriod` {}ms: {} renewals ({quiet_lists} lists of Secrets)",
+                RENEW_IN_WINDOW.as_millis(),
+                quiet.renewals
+            ),
+        ),
+    ]
 }
 
 /// The reference's requests replayed over `setup`'s ring, in two windows: its resync lists and
@@ -562,7 +607,7 @@ fn leader_lease(name: &str) -> Lease {
 fn markdown(rows: &[IdleRow], others: usize) -> String {
     let window = rows.first().map_or(0, |r| r.window.as_secs());
     let mut out = format!(
-        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); without `--reference`, the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): its `syncPeriod` at 1h (its leader election and watches, at its defaults), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
+        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); without `--reference`, the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): both with its leader election's `retryPeriod` at {}ms (its default is {}s): its `syncPeriod` at 1h (its leader election and watches, compressed by its renewals, the Lease updates the apiserver answered, against its default schedule), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
         RENEW_IN_WINDOW.as_millis(),
         RENEW.as_secs(),
         SWEEP_IN_WINDOW.as_secs_f64(),
@@ -572,6 +617,8 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
         REFERENCE_RENEW.as_secs(),
         RENEW_IN_WINDOW.as_millis(),
         STARTUP_QUIET.as_secs(),
+        RENEW_IN_WINDOW.as_millis(),
+        REFERENCE_RENEW.as_secs(),
     );
     let mut cells = Vec::new();
     for row in rows {
@@ -830,8 +877,8 @@ mod tests {
             ];
             row(100, [0.0, 0.0], designs)
         };
-        // Its lists 40x compressed, its leader election at its real schedule: 0.1 CPU-s in
-        // 90 s is 4 an hour. Without the replayed requests, the binary is what every design
+        // Its lists 40x compressed, its leader election not: 0.1 CPU-s in 90 s is 4 an hour.
+        // Without the replayed requests, the binary is what every design
         // is held against.
         assert_eq!(at(2.0).reference_binary(), Some(6.0));
         let met = markdown(&[at(2.0)], 0);
@@ -851,6 +898,38 @@ mod tests {
         let without = row(100, [0.0, 0.0], vec![design(SHARDER, 1.0, 40.0)]);
         assert_eq!(without.reference_binary(), None);
         assert!(!markdown(&[without], 0).contains("vs the reference's own binary's"));
+    }
+
+    #[test]
+    fn the_reference_binary_s_leader_election_is_compressed_by_the_renewals_it_made() {
+        let window = Duration::from_secs(90);
+        let control = Usage::new(1.0, 5.0);
+        let quiet = BinaryWindow {
+            used: Usage::new(3.0, 6.0),
+            lists: 0,
+            renewals: 1800,
+        };
+        let listing = BinaryWindow {
+            used: Usage::new(5.0, 9.0),
+            lists: 30,
+            renewals: 1800,
+        };
+        let [lists, leader] = reference_binary_designs([quiet, listing], control, window);
+        // 1,800 renewals of a 2 s schedule in 90 s: every 50 ms.
+        assert_eq!(leader.2, 40.0);
+        // A binary renewing at its default is not compressed.
+        let at_default = BinaryWindow {
+            renewals: 45,
+            ..quiet
+        };
+        let [_, leader_at_default] =
+            reference_binary_designs([at_default, listing], control, window);
+        assert_eq!(leader_at_default.2, 1.0);
+        assert_eq!(leader.1, Usage::new(3.0, 6.0));
+        // The lists' window above the leader election's, on the control; 30 lists of a
+        // 5-minute schedule in 90 s.
+        assert_eq!(lists.1, Usage::new(3.0, 8.0));
+        assert_eq!(lists.2, 100.0);
     }
 
     #[test]
