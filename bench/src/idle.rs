@@ -120,6 +120,13 @@ impl IdleRow {
         above.with(*counted, |a, c| a + c)
     }
 
+    /// How far the two control windows' CPU differ, per hour at `design`'s compression: a
+    /// figure of the design within it is noise.
+    fn spread(&self, Design(_, _, speedup, _, _): &Design) -> f64 {
+        let scale = 3600.0 / self.window.as_secs_f64() / speedup;
+        (self.control[0].cpu - self.control[1].cpu).abs() * scale
+    }
+
     /// The CPU seconds per hour of the design named `name`, if it ran.
     fn cpu_per_hour(&self, name: &str) -> Option<f64> {
         self.designs
@@ -607,7 +614,7 @@ fn leader_lease(name: &str) -> Lease {
 fn markdown(rows: &[IdleRow], others: usize) -> String {
     let window = rows.first().map_or(0, |r| r.window.as_secs());
     let mut out = format!(
-        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); without `--reference`, the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): both with its leader election's `retryPeriod` at {}ms (its default is {}s): its `syncPeriod` at 1h (its leader election and watches, compressed by its renewals, the Lease updates the apiserver answered, against its default schedule), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule); the sharder's and the reference's are each the sum of their two windows.\n\n",
+        "A ring of Secrets in a namespace of their own, already assigned, 3 shard Leases held for an hour, nothing changing, beside a namespace of {others} Secrets of another ring (a cluster holds more than the ring: lists across the cluster meet them). Windows of {window} s in turn: nothing more running (the control, before and after the others); the sharder reconciler twice, once renewing its leader Lease every {}ms (its default is {}s) with no sweep due (its leader election and watches), once with `--sweep-interval` {}s (its default is {}s; its full resync, every {}s by default, does not come in a window and is counted at the measured cost of its list, {RESYNC_LISTS} of them run back to back); without `--reference`, the reference implementation's requests replayed by the bench, in two windows: its resync (a metadata-only list of the ring's resource across the cluster at `resourceVersion=0`, one answer from the watch cache, every {}s, {LISTS_PER_WINDOW} in a window, each as soon as the last ended if that is later) and its leader election (an update of its Lease every {}s, controller-runtime's default, replayed every {}ms); and a kube-rs metadata reflector after its first list (not compressed; its watch is all it does). With `--reference`, the reference's own binary too, in two windows, each from the end of its startup on (its lists of the Secrets until it went quiet for {}s in its first run; as many lists in its second): both with its leader election's `retryPeriod` at {}ms (its default is {}s): its `syncPeriod` at 1h (its leader election and watches, compressed by its renewals, the Lease updates the apiserver answered, against its default schedule), then at a tenth of the window (its lists; what that window used above the other, compressed by the lists the apiserver answered, `apiserver_request_total` of Secrets). CPU is kube-apiserver's and etcd's user + system time from `/proc`; etcd lists are the apiserver's `etcd_request_duration_seconds_count` of operations `list` and `listStream`. Per hour: the window's usage above the control's mean, scaled to an hour and divided by the compression (what ran in the window against the default schedule), ± how far the two control windows differ at that compression (a figure within it is noise); the sharder's and the reference's are each the sum of their two windows.\n\n",
         RENEW_IN_WINDOW.as_millis(),
         RENEW.as_secs(),
         SWEEP_IN_WINDOW.as_secs_f64(),
@@ -631,7 +638,7 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
         for d in &row.designs {
             let (hour, used) = (row.per_hour(d), d.1);
             cells.push(format!(
-                "{n} | {} | {:.2} ({:.2}) | {:.0} ({:.0}) | {} | {:.0}x | {:.1} | {:.0} | {}",
+                "{n} | {} | {:.2} ({:.2}) | {:.0} ({:.0}) | {} | {:.0}x | {:.1} ± {:.1} | {:.0} | {}",
                 d.0,
                 used.cpu,
                 control.cpu,
@@ -640,6 +647,7 @@ fn markdown(rows: &[IdleRow], others: usize) -> String {
                 d.4,
                 d.2,
                 hour.cpu,
+                row.spread(d),
                 hour.etcd_lists,
                 versus(hour.cpu)
             ));
@@ -812,6 +820,9 @@ mod tests {
         );
         // (4 - 2) CPU-s in 90 s, 40 windows an hour, 10 times compressed, plus what is counted.
         assert_eq!(row.per_hour(&sharder), Usage::new(8.5, 45.0));
+        // The controls 2 CPU-s apart: 8 an hour at 10 times compressed, 80 uncompressed.
+        assert_eq!(row.spread(&sharder), 8.0);
+        assert_eq!(row.spread(&design(REFLECTOR, 1.0, 1.0)), 80.0);
         // Below the control counts as nothing.
         assert_eq!(row.cpu_per_hour(REFLECTOR), Some(0.0));
     }
@@ -878,14 +889,13 @@ mod tests {
             row(100, [0.0, 0.0], designs)
         };
         // Its lists 40x compressed, its leader election not: 0.1 CPU-s in 90 s is 4 an hour.
-        // Without the replayed requests, the binary is what every design
-        // is held against.
+        // Without the replayed requests, the binary is what every design is held against.
         assert_eq!(at(2.0).reference_binary(), Some(6.0));
         let met = markdown(&[at(2.0)], 0);
         assert!(
             met.contains("| 100 | reference binary (both) | - | - | - | - | 6.0 | - | 1.00x |")
                 && met.contains(
-                    "| 100 | sharder reconciler: sweeps and resyncs | 1.00 (0.00) | 13 (0) |  | 40x | 1.0 | 13 | 0.17x |"
+                    "| 100 | sharder reconciler: sweeps and resyncs | 1.00 (0.00) | 13 (0) |  | 40x | 1.0 ± 0.0 | 13 | 0.17x |"
                 ),
             "{met}"
         );
