@@ -174,9 +174,7 @@ impl Shared {
             metrics: self.metrics.clone(),
             recorder: self.recorder.clone(),
             acks,
-            progress: Default::default(),
-            strays: Default::default(),
-            chains: Default::default(),
+            memory: Default::default(),
             table_namespace: self.placement.table_namespace().map(str::to_owned),
         };
         let configuration_ctx = webhook_config::controller::Context {

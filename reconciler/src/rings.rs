@@ -74,33 +74,40 @@ pub(crate) struct Context {
     pub recorder: Recorder,
     /// Wakes rings as their drains are acknowledged.
     pub acks: acks::Acks,
-    /// Per ring, what the controller remembers ([`schedule`]).
-    pub progress: Mutex<HashMap<String, Progress>>,
-    /// Per ring, the resources whose unassigned-object gauges are set.
-    pub strays: Mutex<HashMap<String, BTreeSet<GroupResource>>>,
-    /// Per ring, the owner chains its last passes could not follow (described), until a full
-    /// list finds none.
-    pub chains: Mutex<HashMap<String, String>>,
+    /// What the controller remembers of each ring, by name.
+    pub memory: Mutex<HashMap<String, Memory>>,
     /// Where the placement tables of rings keyed by namespace live (`None`: no ring has one).
     pub table_namespace: Option<String>,
 }
 
-impl Context {
-    fn progress(&self) -> std::sync::MutexGuard<'_, HashMap<String, Progress>> {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// What the ring controller remembers of one ring between reconciles.
+#[derive(Debug, Default)]
+pub(crate) struct Memory {
+    /// Its schedule's state ([`schedule`]).
+    progress: Option<Progress>,
+    /// The resources whose unassigned-object gauges are set.
+    strays: BTreeSet<GroupResource>,
+    /// The owner chains its last passes could not follow (described), until a full list finds
+    /// none.
+    chains: Option<String>,
+}
 
-    fn chains(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.chains.lock().unwrap_or_else(|p| p.into_inner())
+impl Context {
+    /// What is remembered of the ring `name` (created empty), under the lock.
+    fn remember<T>(&self, name: &str, f: impl FnOnce(&mut Memory) -> T) -> T {
+        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        f(memory.entry(name.to_owned()).or_default())
     }
 
     /// Forgets `ring`: its progress, its acknowledgement watches and its unassigned-object
     /// gauges.
     fn forget(&self, ring: &RingId) {
-        self.progress().remove(&ring.name);
-        self.chains().remove(&ring.name);
         self.acks.stop(ring);
         self.publish_strays(ring, &[], &BTreeMap::new());
+        self.memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&ring.name);
         let label = RingLabel::new(ring);
         self.metrics.pending_drains.remove(&label);
         self.metrics.drain_checks_scheduled.remove(&label);
@@ -154,33 +161,30 @@ impl Context {
             resource: resource.resource.clone(),
         };
         let now = k8s_openapi::jiff::Timestamp::now();
-        let mut reported = self.strays.lock().unwrap_or_else(|p| p.into_inner());
-        let set = reported.entry(ring.name.clone()).or_default();
-        set.retain(|resource| {
-            let kept = targets.iter().any(|t| &t.resource == resource);
-            if !kept {
-                self.metrics.unassigned_objects.remove(&labels(resource));
+        self.remember(&ring.name, |memory| {
+            memory.strays.retain(|resource| {
+                let kept = targets.iter().any(|t| &t.resource == resource);
+                if !kept {
+                    self.metrics.unassigned_objects.remove(&labels(resource));
+                    self.metrics
+                        .unassigned_oldest_seconds
+                        .remove(&labels(resource));
+                }
+                kept
+            });
+            for (resource, strays) in found {
+                let labels = labels(resource);
+                self.metrics
+                    .unassigned_objects
+                    .get_or_create(&labels)
+                    .set(i64::try_from(strays.objects).unwrap_or(i64::MAX));
                 self.metrics
                     .unassigned_oldest_seconds
-                    .remove(&labels(resource));
+                    .get_or_create(&labels)
+                    .set(strays.oldest_age(now));
+                memory.strays.insert(resource.clone());
             }
-            kept
         });
-        for (resource, strays) in found {
-            let labels = labels(resource);
-            self.metrics
-                .unassigned_objects
-                .get_or_create(&labels)
-                .set(i64::try_from(strays.objects).unwrap_or(i64::MAX));
-            self.metrics
-                .unassigned_oldest_seconds
-                .get_or_create(&labels)
-                .set(strays.oldest_age(now));
-            set.insert(resource.clone());
-        }
-        if set.is_empty() {
-            reported.remove(&ring.name);
-        }
     }
 }
 
@@ -309,7 +313,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     if let Some(namespace) = table {
         table::keep(&ctx.client, ring, namespace, &available, None).await?;
     }
-    let previous = ctx.progress().get(name).cloned();
+    let previous = ctx.remember(name, |m| m.progress.clone());
     let pass = schedule::next_pass(previous.as_ref(), &observed, &ctx.intervals, Instant::now());
     let (ran, listed) = match pass {
         None => (None, None),
@@ -328,7 +332,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
     }
     let settled = progress.settled();
     let wait = schedule::requeue_after(&progress, &ctx.intervals, Instant::now());
-    ctx.progress().insert(name.to_owned(), progress);
+    ctx.remember(name, |m| m.progress = Some(progress));
     if let Some(namespace) = table
         && settled
     {
@@ -350,7 +354,7 @@ async fn reconcile_ring(ring: &RingObject, ctx: &Context) -> Result<Action, Erro
         .await?;
     }
 
-    let chains = ctx.chains().get(name).cloned();
+    let chains = ctx.remember(name, |m| m.chains.clone());
     counts.chains = chains.as_deref();
     status::patch_status(&ctx.client, ring, counts).await?;
     if let Some(family) = ctx.metrics.observed_generation.get(&ctx.kind) {
@@ -479,10 +483,10 @@ async fn run_pass(
             let what = format!("{problem}: objects below it are left where they are");
             let note = format!("{what} ({left} in this pass)");
             warn_once(ctx, ring, status::REASON_OWNER_CHAIN, &what, note).await;
-            ctx.chains().insert(ring.id.name.clone(), what);
+            ctx.remember(&ring.id.name, |m| m.chains = Some(what));
         }
         _ if full => {
-            ctx.chains().remove(&ring.id.name);
+            ctx.remember(&ring.id.name, |m| m.chains = None);
         }
         _ => {}
     }
