@@ -5,7 +5,8 @@
 //! scale-out to 4 shards whose drains the bench acknowledges as the shards would (the webhook
 //! assigns each Secret at that write) until every level is with the level above it: the
 //! reconciler's peak RSS, the scale-out's time and writes (audit log) and its owner reads (the
-//! apiserver's GETs of ConfigMaps and Secrets, which nothing else reads meanwhile).
+//! apiserver's GETs of ConfigMaps and Secrets, which nothing else reads meanwhile). Small sizes
+//! run as often as section 3's ([`runs`]), the run with the median peak shown.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use sharder_harness::control_plane::{ADMIN_USER, audited_write};
 use sharder_harness::fixtures::pause_pod_spec;
 use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
-use crate::memory::settled_rss;
+use crate::memory::{runs, settled_rss};
 use crate::progress::{self, progress};
 use crate::report::{goals, table};
 use crate::webhooks::Webhooks;
@@ -35,14 +36,15 @@ pub(crate) const PODS_PER_CHAIN: usize = 10;
 /// The longest a scale-out may take before the section gives up.
 const SCALE_OUT_LIMIT: Duration = Duration::from_secs(1200);
 
-/// One size's figures: Pods, then the reconciler's steady and peak RSS (MiB), the scale-out's
-/// seconds (the shard's Lease created to the last move's answer), its reconciler writes, the
-/// objects that moved, and the owner reads.
+/// One run's figures: Pods, then the reconciler's steady and peak RSS (MiB), every run's peak at
+/// that size, the scale-out's seconds (the shard's Lease created to the last move's answer), its
+/// reconciler writes, the objects that moved, and the owner reads.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Row {
     pods: usize,
     steady: f64,
     peak: f64,
+    peaks: Vec<f64>,
     seconds: f64,
     writes: usize,
     moved: usize,
@@ -70,11 +72,10 @@ impl Chains {
     /// Measures `pods` Pods in chains in a namespace of their own, deleted after (waited for:
     /// the sections after it must not share the apiserver with the deletion).
     async fn size(
-        &mut self,
         cp: &'static ControlPlane,
         webhooks: &Webhooks,
         pods: usize,
-    ) -> Result<(), Error> {
+    ) -> Result<Row, Error> {
         let chains = pods.div_ceil(PODS_PER_CHAIN);
         let kind = RingKind::ControllerRing;
         let setup = RingSetup::of_kind(cp, &format!("bench-chains-{pods}"), true, 3, kind).await?;
@@ -159,33 +160,54 @@ impl Chains {
             pods,
             steady,
             peak,
+            peaks: vec![peak],
             seconds: last_answered.duration_since(start).as_secs_f64(),
             writes: moved.values().sum(),
             moved: moved.len(),
             owner_reads,
         };
         progress!("  {pods} Pods: {row:?}");
-        self.rows.push(row);
         // The apiserver deletes a collection one object at a time: the Pods go first, 64
         // deletes in flight, then the namespace with the rest.
         delete_pods(&setup, chains).await?;
-        setup.remove(true).await
+        setup.remove(true).await?;
+        Ok(row)
+    }
+
+    /// Measures `pods` Pods in chains [`runs`] times; keeps the run with the median peak, every
+    /// run's peak beside it.
+    async fn runs(
+        &mut self,
+        cp: &'static ControlPlane,
+        webhooks: &Webhooks,
+        pods: usize,
+    ) -> Result<(), Error> {
+        let mut rows = Vec::new();
+        for run in 0..runs(pods) {
+            progress!("  {pods} Pods: run {} of {}", run + 1, runs(pods));
+            rows.push(Self::size(cp, webhooks, pods).await?);
+        }
+        self.rows.push(median_peak(rows));
+        Ok(())
     }
 
     /// The section's text of the sizes measured.
     pub(crate) fn text(&self) -> String {
         let mut out = format!(
-            "For each size: a ring (a ControllerRing) of Secrets controlling ConfigMaps and Pods in a namespace of its own, each Secret with one ConfigMap controlling {PODS_PER_CHAIN} Pods (the shape of a Deployment, its ReplicaSet and its Pods; Pods Pending, no node), every object already on its Secret's shard of 3 Leases; a reconciler process (`MALLOC_ARENA_MAX` as the chart sets, writes unlimited in rate, {REBALANCE_CONCURRENCY} in flight) through its first full rebalance, then a fourth shard Lease: the bench acknowledges each drained Secret as its shard would (the sharder webhook assigns it at that write) until every ConfigMap is on its Secret's shard and every Pod on its ConfigMap's. Seconds: from the Lease's creation to the apiserver's answer to the reconciler's last write (audit log); owner reads: the apiserver's GETs of ConfigMaps and Secrets meanwhile (`apiserver_request_total`; nothing else reads them); RSS from `/proc/<pid>/status`.\n\n"
+            "For each size: a ring (a ControllerRing) of Secrets controlling ConfigMaps and Pods in a namespace of its own, each Secret with one ConfigMap controlling {PODS_PER_CHAIN} Pods (the shape of a Deployment, its ReplicaSet and its Pods; Pods Pending, no node), every object already on its Secret's shard of 3 Leases; a reconciler process (`MALLOC_ARENA_MAX` as the chart sets, writes unlimited in rate, {REBALANCE_CONCURRENCY} in flight) through its first full rebalance, then a fourth shard Lease: the bench acknowledges each drained Secret as its shard would (the sharder webhook assigns it at that write) until every ConfigMap is on its Secret's shard and every Pod on its ConfigMap's. Seconds: from the Lease's creation to the apiserver's answer to the reconciler's last write (audit log); owner reads: the apiserver's GETs of ConfigMaps and Secrets meanwhile (`apiserver_request_total`; nothing else reads them); RSS from `/proc/<pid>/status`. {} such runs one after another below 100000 Pods (each in a namespace of its own, created anew), 1 from there on, the run with the median peak shown, every run's peak beside it.\n\n",
+            runs(0)
         );
         out += &table(
-            "Pods | objects | reconciler steady MiB | reconciler peak MiB | scale-out s | objects moved | reconciler writes | owner reads | owner reads per object moved",
+            "Pods | objects | reconciler steady MiB | reconciler peak MiB | every run's peak MiB | scale-out s | objects moved | reconciler writes | owner reads | owner reads per object moved",
             self.rows.iter().map(|r| {
                 let objects = r.pods.div_ceil(PODS_PER_CHAIN) * (2 + PODS_PER_CHAIN);
+                let peaks: Vec<String> = r.peaks.iter().map(|p| format!("{p:.1}")).collect();
                 format!(
-                    "{} | {objects} | {:.1} | {:.1} | {:.1} | {} | {} | {:.0} | {:.2}",
+                    "{} | {objects} | {:.1} | {:.1} | {} | {:.1} | {} | {} | {:.0} | {:.2}",
                     r.pods,
                     r.steady,
                     r.peak,
+                    peaks.join(", "),
                     r.seconds,
                     r.moved,
                     r.writes,
@@ -208,9 +230,18 @@ pub(crate) async fn run(
     sizes.sort_unstable();
     let mut chains = Chains::default();
     for pods in sizes {
-        chains.size(cp, webhooks, pods).await?;
+        chains.runs(cp, webhooks, pods).await?;
     }
     Ok(chains.text())
+}
+
+/// The run of `rows` (one size's) with the median peak, carrying every run's peak in run order.
+fn median_peak(mut rows: Vec<Row>) -> Row {
+    let peaks: Vec<f64> = rows.iter().map(|r| r.peak).collect();
+    rows.sort_by(|a, b| a.peak.total_cmp(&b.peak));
+    let mut row = rows.swap_remove(rows.len() / 2);
+    row.peaks = peaks;
+    row
 }
 
 /// The goal: the peak at the largest size against the smallest's (memory flat in the number of
@@ -382,6 +413,7 @@ mod tests {
             pods,
             steady: 15.0,
             peak,
+            peaks: vec![peak],
             seconds: 10.0,
             writes: 100,
             moved: 90,
@@ -403,5 +435,24 @@ mod tests {
             "",
             "one size has no goal"
         );
+    }
+
+    #[test]
+    fn a_size_run_three_times_shows_its_median_peak_run_and_every_peak() {
+        let mut runs = [26.7, 24.4, 25.0].map(|peak| row(10_000, peak));
+        runs[2].seconds = 4.2;
+        let kept = median_peak(runs.to_vec());
+        assert_eq!(
+            (kept.peak, kept.seconds),
+            (25.0, 4.2),
+            "the median run, whole"
+        );
+        assert_eq!(kept.peaks, [26.7, 24.4, 25.0]);
+        let text = Chains {
+            rows: vec![kept, row(100_000, 27.2)],
+        }
+        .text();
+        assert!(text.contains("| 25.0 | 26.7, 24.4, 25.0 | 4.2 |"), "{text}");
+        assert!(text.contains("27.2 MiB vs 25.0 MiB = 1.09x"), "{text}");
     }
 }

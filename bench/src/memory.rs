@@ -23,11 +23,11 @@ type Row = (usize, [f64; 4]);
 /// The size the memory goal holds against the smallest one.
 const GOAL_OBJECTS: usize = 100_000;
 
-/// Reconciler runs at `n` objects: a peak is one process's high-water mark over a scale-out of
-/// well under a second at 1,000 objects, noisy from process to process
-/// (docs/performance-notes.md), so small sizes run 3 times; from 100,000 objects on a
-/// scale-out's peak is steady and each run costs minutes of drains, so they run once.
-fn runs(n: usize) -> usize {
+/// Reconciler runs at `n` objects (or Pods, section 3b): a peak is one process's high-water mark
+/// over a scale-out of a few seconds at most, noisy from process to process
+/// (docs/performance-notes.md), so small sizes run 3 times; from 100,000 on a scale-out's peak
+/// is steady and each run costs minutes, so they run once.
+pub(crate) fn runs(n: usize) -> usize {
     if n >= GOAL_OBJECTS { 1 } else { 3 }
 }
 

@@ -69,7 +69,7 @@ async fn a_small_run_writes_every_section_of_the_report_but_the_nodes() {
             "| 200 | label | ",
             "| 200 | range | ",
             "| writes to the objects per range-mode move, every size | ",
-            "| CPU of patches with watches by selector vs by label (medians), worst size | ",
+            "| CPU of patches with watches by selector vs by label (median of rounds), worst size | ",
             "The reference was not run: its `sharder` binary was not given",
             "The run took ",
         ],
