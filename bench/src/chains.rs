@@ -24,7 +24,7 @@ use sharder_harness::control_plane::{ADMIN_USER, audited_write};
 use sharder_harness::fixtures::pause_pod_spec;
 use sharder_harness::wait::{apiserver_metrics, metric_sum};
 
-use crate::memory::{runs, settled_rss};
+use crate::memory::{GOAL_OBJECTS, runs, settled_rss};
 use crate::progress::{self, progress};
 use crate::report::{goals, table};
 use crate::webhooks::Webhooks;
@@ -194,8 +194,9 @@ impl Chains {
     /// The section's text of the sizes measured.
     pub(crate) fn text(&self) -> String {
         let mut out = format!(
-            "For each size: a ring (a ControllerRing) of Secrets controlling ConfigMaps and Pods in a namespace of its own, each Secret with one ConfigMap controlling {PODS_PER_CHAIN} Pods (the shape of a Deployment, its ReplicaSet and its Pods; Pods Pending, no node), every object already on its Secret's shard of 3 Leases; a reconciler process (`MALLOC_ARENA_MAX` as the chart sets, writes unlimited in rate, {REBALANCE_CONCURRENCY} in flight) through its first full rebalance, then a fourth shard Lease: the bench acknowledges each drained Secret as its shard would (the sharder webhook assigns it at that write) until every ConfigMap is on its Secret's shard and every Pod on its ConfigMap's. Seconds: from the Lease's creation to the apiserver's answer to the reconciler's last write (audit log); owner reads: the apiserver's GETs of ConfigMaps and Secrets meanwhile (`apiserver_request_total`; nothing else reads them); RSS from `/proc/<pid>/status`. {} such runs one after another below 100000 Pods (each in a namespace of its own, created anew), 1 from there on, the run with the median peak shown, every run's peak beside it.\n\n",
-            runs(0)
+            "For each size: a ring (a ControllerRing) of Secrets controlling ConfigMaps and Pods in a namespace of its own, each Secret with one ConfigMap controlling {PODS_PER_CHAIN} Pods (the shape of a Deployment, its ReplicaSet and its Pods; Pods Pending, no node), every object already on its Secret's shard of 3 Leases; a reconciler process (`MALLOC_ARENA_MAX` as the chart sets, writes unlimited in rate, {REBALANCE_CONCURRENCY} in flight) through its first full rebalance, then a fourth shard Lease: the bench acknowledges each drained Secret as its shard would (the sharder webhook assigns it at that write) until every ConfigMap is on its Secret's shard and every Pod on its ConfigMap's. Seconds: from the Lease's creation to the apiserver's answer to the reconciler's last write (audit log); owner reads: the apiserver's GETs of ConfigMaps and Secrets meanwhile (`apiserver_request_total`; nothing else reads them); RSS from `/proc/<pid>/status`. {} such runs one after another below {GOAL_OBJECTS} Pods (each in a namespace of its own, created anew), {} from there on, the run with the median peak shown, every run's peak beside it.\n\n",
+            runs(0),
+            runs(GOAL_OBJECTS)
         );
         out += &table(
             "Pods | objects | reconciler steady MiB | reconciler peak MiB | every run's peak MiB | scale-out s | objects moved | reconciler writes | owner reads | owner reads per object moved",

@@ -21,7 +21,7 @@ use crate::{Error, RingSetup};
 type Row = (usize, [f64; 4]);
 
 /// The size the memory goal holds against the smallest one.
-const GOAL_OBJECTS: usize = 100_000;
+pub(crate) const GOAL_OBJECTS: usize = 100_000;
 
 /// Reconciler runs at `n` objects (or Pods, section 3b): a peak is one process's high-water mark
 /// over a scale-out of a few seconds at most, noisy from process to process

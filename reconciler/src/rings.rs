@@ -93,10 +93,13 @@ pub(crate) struct Memory {
 }
 
 impl Context {
+    fn memory(&self) -> std::sync::MutexGuard<'_, HashMap<String, Memory>> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// What is remembered of the ring `name` (created empty), under the lock.
     fn remember<T>(&self, name: &str, f: impl FnOnce(&mut Memory) -> T) -> T {
-        let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
-        f(memory.entry(name.to_owned()).or_default())
+        f(self.memory().entry(name.to_owned()).or_default())
     }
 
     /// Forgets `ring`: its progress, its acknowledgement watches and its unassigned-object
@@ -104,10 +107,7 @@ impl Context {
     fn forget(&self, ring: &RingId) {
         self.acks.stop(ring);
         self.publish_strays(ring, &[], &BTreeMap::new());
-        self.memory
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&ring.name);
+        self.memory().remove(&ring.name);
         let label = RingLabel::new(ring);
         self.metrics.pending_drains.remove(&label);
         self.metrics.drain_checks_scheduled.remove(&label);
