@@ -27,6 +27,7 @@ use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::Reconciler;
 use sharder_harness::procfs::rss_kib;
+use sharder_harness::wait::{apiserver_collect_garbage, apiserver_metrics, metric_value};
 use sharder_runtime::sharded::selecting_client;
 use sharder_sdk::lease::OnStop;
 
@@ -101,6 +102,8 @@ struct Size {
     /// The apiserver's and etcd's CPU seconds for [`PATCHED`] patches with no watch, with
     /// [`WATCHERS`] watches of the share by its label, and by its selector, every run.
     watches: [Vec<f64>; 3],
+    /// What the apiserver allocated in each of those runs, MiB.
+    allocated: [Vec<f64>; 3],
 }
 
 /// The reconciler's flags in both modes: those of section 4 (no rate limit on its writes).
@@ -271,7 +274,8 @@ fn moved(before: &HashMap<String, String>, after: &HashMap<String, String>) -> u
         .count()
 }
 
-/// Waits until every object of `expected` was last reconciled by the shard it names.
+/// Waits until every object of `expected` was last reconciled by the shard it names; ends at
+/// once with the reason when a bench shard stops (its Lease lost).
 async fn wait_served(m: &Movers, expected: &HashMap<String, String>) -> Result<(), Error> {
     let deadline = Instant::now() + MOVE_TIMEOUT;
     loop {
@@ -293,7 +297,12 @@ async fn wait_served(m: &Movers, expected: &HashMap<String, String>) -> Result<(
                 "{off} objects not reconciled by their shard after {MOVE_TIMEOUT:?}"
             )));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            why = m.alarm.raised() => {
+                return Err(Error::Setup(format!("{off} objects not reconciled by their shard: {why}")));
+            }
+        }
     }
 }
 
@@ -384,7 +393,7 @@ async fn lists(m: &Movers, uids: &HashMap<String, String>) -> Result<Size, Error
         items: items[i],
         ms: median(times[i].clone()),
     });
-    let watches = watch_cost(m, uids, (&plain, &label), (&ranged, &selector)).await?;
+    let (watches, allocated) = watch_cost(m, uids, (&plain, &label), (&ranged, &selector)).await?;
     let (ns, cp) = (&m.setup.ns, m.cp);
     let mut caches: [Vec<(f64, f64)>; 2] = Default::default();
     for _ in 0..CACHE_ROUNDS {
@@ -406,6 +415,7 @@ async fn lists(m: &Movers, uids: &HashMap<String, String>) -> Result<Size, Error
     Ok(Size {
         space,
         watches,
+        allocated,
         caches,
         terms: text.matches("shardRange(").count(),
         chars: text.len(),
@@ -429,13 +439,16 @@ const WATCH_ROUNDS: usize = 5;
 /// [`PATCHED`] objects of the share are patched (64 in flight), so each patch is an event of
 /// every watch: CPU seconds from the first patch until every watch received each of its events,
 /// with no watch, with watches by `label` on `plain`, and by `selector` through `ranged`, in
-/// [`WATCH_ROUNDS`] interleaved rounds of one run each.
+/// [`WATCH_ROUNDS`] interleaved rounds of one run each; and the MiB the apiserver allocated in
+/// each run. Each run starts right after a garbage collection of the apiserver: with the
+/// apiserver's heap holding every object, a collection costs seconds of CPU, and it would fall
+/// in some runs and not others.
 async fn watch_cost(
     m: &Movers,
     uids: &HashMap<String, String>,
     (plain, label): (&Api<Secret>, &str),
     (ranged, selector): (&Api<Secret>, &ShardSelector),
-) -> Result<[Vec<f64>; 3], Error> {
+) -> Result<([Vec<f64>; 3], [Vec<f64>; 3]), Error> {
     let mut labelled = std::collections::HashSet::new();
     each_metadata(plain, Some(label), |o| {
         labelled.insert(o.name_any());
@@ -450,6 +463,7 @@ async fn watch_cost(
         .count();
     let by_label = names.iter().filter(|n| labelled.contains(**n)).count();
     let mut cpu: [Vec<f64>; 3] = Default::default();
+    let mut allocated: [Vec<f64>; 3] = Default::default();
     for round in 0..WATCH_ROUNDS {
         for (kind, (api, labels, each)) in [
             (plain, None, 0),
@@ -484,6 +498,8 @@ async fn watch_cost(
                 };
                 tasks.push(tokio::spawn(watching.count(stream)));
             }
+            apiserver_collect_garbage(&m.setup.client).await?;
+            let allocated_before = apiserver_allocated(&m.setup.client).await?;
             let started = control_plane_cpu(m.cp);
             let patch = Patch::Merge(json!({"metadata": {"labels": {WATCHED_LABEL: tag}}}));
             let params = PatchParams::default();
@@ -504,10 +520,20 @@ async fn watch_cost(
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             cpu[kind].push(control_plane_cpu(m.cp) - started);
+            let bytes = apiserver_allocated(&m.setup.client).await? - allocated_before;
+            allocated[kind].push(bytes / (1024.0 * 1024.0));
             tasks.iter().for_each(tokio::task::JoinHandle::abort);
         }
     }
-    Ok(cpu)
+    Ok((cpu, allocated))
+}
+
+/// The bytes the apiserver allocated since it started (`go_memstats_alloc_bytes_total`).
+async fn apiserver_allocated(client: &kube::Client) -> Result<f64, Error> {
+    let metrics = apiserver_metrics(client).await?;
+    metric_value(&metrics, "go_memstats_alloc_bytes_total", &[]).ok_or_else(|| {
+        Error::Setup("the apiserver's metrics have no go_memstats_alloc_bytes_total".into())
+    })
 }
 
 /// The label [`watch_cost`]'s patches set, to a value of their run.
@@ -599,7 +625,7 @@ fn spread(runs: &[f64]) -> String {
 /// The section's text.
 fn markdown(sizes: &[Size]) -> String {
     let mut out = format!(
-        "At each size, Secrets of one ClusterRing on 3 shards of the shard SDK in this process (each records which objects it reconciles, with a no-op business reconcile), the reconciler as a process with section 4's flags. Label mode first: every object on its shard, a fourth shard starts and its share moves (drain, acknowledgement, the webhook's label). Then the shards and the reconciler stop, the ring gets `{RANGE_KEY_ANNOTATION}: uid`, a new reconciler and 3 range-mode shards start (the objects keep their stale labels: range mode reads none) and, once each shard serves its ranges, a fourth shard starts (the share of the hash space its ranges hold is in the second table: the ring of 16 tokens a shard divides the space unevenly, the uids fall in it evenly). Served: from the fourth shard's start until every object was last reconciled by the shard its new assignment names (label mode: the ring of 4; range mode: the Leases' ranges), seen from inside the shards. Writes: the reconciler's and the shards' writes to the objects, from the audit log (Lease writes are not audited). CPU: the apiserver's and etcd's over the move. The reconciler's RSS after the move (peak since its start in brackets). Then the fourth shard's share in range mode gets a label of its own (`{SHARE_LABEL}`), so that a label and the selector select the same objects, and is listed {LIST_ROUNDS} times, interleaved, whole objects 500 to a page as the SDK's watch lists: by that label (as a label-mode shard lists by its shard label), by the shard's `shardSelector`, and every object for scale; median milliseconds. Then the watch: {PATCHED} objects of the share patched once (64 in flight, each an event of every watch) with no watch open, with {WATCHERS} watches of the share by the label, and with {WATCHERS} by the selector; the apiserver's and etcd's CPU from the first patch until every watch received each of its events, {WATCH_ROUNDS} interleaved rounds of one run each (median, range in brackets; the patches' own cost is the run with no watch; the ratio is the median of each round's own). A shard's memory is its cache of its share: a process (`share-cache`) keeping a kube-rs reflector of the share's whole Secrets by the label, then one by the selector, RSS 2 s after it holds them all (peak in brackets), medians of {CACHE_ROUNDS} interleaved runs each.\n\n"
+        "At each size, Secrets of one ClusterRing on 3 shards of the shard SDK in this process (each records which objects it reconciles, with a no-op business reconcile), the reconciler as a process with section 4's flags. Label mode first: every object on its shard, a fourth shard starts and its share moves (drain, acknowledgement, the webhook's label). Then the shards and the reconciler stop, the ring gets `{RANGE_KEY_ANNOTATION}: uid`, a new reconciler and 3 range-mode shards start (the objects keep their stale labels: range mode reads none) and, once each shard serves its ranges, a fourth shard starts (the share of the hash space its ranges hold is in the second table: the ring of 16 tokens a shard divides the space unevenly, the uids fall in it evenly). Served: from the fourth shard's start until every object was last reconciled by the shard its new assignment names (label mode: the ring of 4; range mode: the Leases' ranges), seen from inside the shards. Writes: the reconciler's and the shards' writes to the objects, from the audit log (Lease writes are not audited). CPU: the apiserver's and etcd's over the move. The reconciler's RSS after the move (peak since its start in brackets). Then the fourth shard's share in range mode gets a label of its own (`{SHARE_LABEL}`), so that a label and the selector select the same objects, and is listed {LIST_ROUNDS} times, interleaved, whole objects 500 to a page as the SDK's watch lists: by that label (as a label-mode shard lists by its shard label), by the shard's `shardSelector`, and every object for scale; median milliseconds. Then the watch: {PATCHED} objects of the share patched once (64 in flight, each an event of every watch) with no watch open, with {WATCHERS} watches of the share by the label, and with {WATCHERS} by the selector; the apiserver's and etcd's CPU from the first patch until every watch received each of its events, {WATCH_ROUNDS} interleaved rounds of one run each (median, range in brackets; the patches' own cost is the run with no watch; the ratio is the median of each round's own). Each run starts right after a garbage collection the bench asks of the apiserver (`/debug/pprof/heap?gc=1`): with every object in its heap a collection costs seconds of CPU and would fall in some runs and not others, so the CPU leaves out collecting, and what each run leaves to collect is the apiserver's allocation beside it (`go_memstats_alloc_bytes_total`, median MiB). A shard's memory is its cache of its share: a process (`share-cache`) keeping a kube-rs reflector of the share's whole Secrets by the label, then one by the selector, RSS 2 s after it holds them all (peak in brackets), medians of {CACHE_ROUNDS} interleaved runs each.\n\n"
     );
     out += &table(
         "objects | mode | moved | moved vs ideal (n/4) | served after s | writes (reconciler + shards) | writes per moved object | apiserver + etcd CPU s | reconciler RSS MiB (peak)",
@@ -648,12 +674,13 @@ fn markdown(sizes: &[Size]) -> String {
     );
     out += &table(
         &format!(
-            "objects | {PATCHED} patches, no watch: CPU s | with {WATCHERS} watches by label: CPU s | with {WATCHERS} watches by selector: CPU s | by selector vs by label"
+            "objects | {PATCHED} patches, no watch: CPU s | with {WATCHERS} watches by label: CPU s | with {WATCHERS} watches by selector: CPU s | by selector vs by label | apiserver allocated MiB: no watch, by label, by selector"
         ),
         sizes.iter().map(|s| {
             let [none, label, range] = [0, 1, 2].map(|i| spread(&s.watches[i]));
+            let [a, b, c] = [0, 1, 2].map(|i| median(s.allocated[i].clone()));
             format!(
-                "{} | {none} | {label} | {range} | {:.2}",
+                "{} | {none} | {label} | {range} | {:.2} | {a:.0}, {b:.0}, {c:.0}",
                 s.objects,
                 s.watch_ratio()
             )
@@ -783,5 +810,13 @@ mod tests {
         );
         assert!(text.contains("moved vs ideal (n/4)"), "{text}");
         assert!(text.contains("| 1000 | range | 240 | 0.960 |"), "{text}");
+    }
+
+    #[test]
+    fn each_kind_of_watch_run_shows_the_median_of_what_the_apiserver_allocated() {
+        let mut rounds = size([0, 0]);
+        rounds.allocated = [vec![10.0], vec![30.0, 20.0, 40.0], vec![35.0, 25.0, 90.0]];
+        let text = markdown(&[rounds]);
+        assert!(text.contains("| 1.10 | 10, 30, 35 |"), "{text}");
     }
 }

@@ -35,7 +35,7 @@ impl Alarm {
     }
 
     /// Why the alarm was raised, once it is.
-    async fn raised(&self) -> String {
+    pub(crate) async fn raised(&self) -> String {
         // The sender is this alarm, which outlives the wait, so the wait cannot fail.
         let mut alarm = self.0.subscribe();
         let why = alarm.wait_for(Option::is_some).await.map(|why| why.clone());

@@ -192,6 +192,16 @@ pub async fn apiserver_metrics(client: &kube::Client) -> Result<String, kube::Er
     client.request_text(request).await
 }
 
+/// Has the apiserver collect its garbage now and returns once it did (`GET
+/// /debug/pprof/heap?gc=1`, served while its `--profiling` is on, the default): a measurement
+/// that starts right after finds no garbage of earlier work left to collect.
+pub async fn apiserver_collect_garbage(client: &kube::Client) -> Result<(), kube::Error> {
+    let request = http::Request::get("/debug/pprof/heap?gc=1&debug=1")
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    client.request_text(request).await.map(drop)
+}
+
 /// How the apiserver answered the lists of one resource so far (from its own metrics).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ListReads {
