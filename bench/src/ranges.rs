@@ -440,9 +440,9 @@ const WATCH_ROUNDS: usize = 5;
 /// every watch: CPU seconds from the first patch until every watch received each of its events,
 /// with no watch, with watches by `label` on `plain`, and by `selector` through `ranged`, in
 /// [`WATCH_ROUNDS`] interleaved rounds of one run each; and the MiB the apiserver allocated in
-/// each run. Each run starts right after a garbage collection of the apiserver: with the
-/// apiserver's heap holding every object, a collection costs seconds of CPU, and it would fall
-/// in some runs and not others.
+/// each run. Each run starts right after a garbage collection of the apiserver: with every
+/// object in the apiserver's heap a collection is dear, and it would fall in some runs and not
+/// others.
 async fn watch_cost(
     m: &Movers,
     uids: &HashMap<String, String>,
