@@ -7,8 +7,8 @@
 //! and through the webhook as an acknowledgement goes); then the fourth shard leaves (its Lease
 //! released: its objects move back directly). After the rounds, shards crash one after another
 //! (each a fresh shard that joined and took its share), each followed by raw PATCHes: every
-//! move is compared with the apiserver's write rate right beside it (this machine's drifts by a
-//! fifth and more from one minute to the next).
+//! move is compared with the apiserver's write rate right beside it (it drifts from one minute to
+//! the next), each run right after a garbage collection of the apiserver's.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -31,7 +31,7 @@ use sharder_common::{Ring, RingKind, ShardState};
 use sharder_harness::ControlPlane;
 use sharder_harness::control_plane::AuditMark;
 use sharder_harness::launch::{Reconciler, dump_logs};
-use sharder_harness::wait::Rebalances;
+use sharder_harness::wait::{Rebalances, apiserver_collect_garbage};
 use sharder_sdk::controller::{drive, listed_controller};
 use sharder_sdk::lease::OnStop;
 use sharder_sdk::shard::Shard;
@@ -359,6 +359,14 @@ impl Movers {
         }
     }
 
+    /// Asks the apiserver for a garbage collection and waits for it to end. Every measured run
+    /// (moves and raw PATCHes alike) starts right after one, so that each is as far from the
+    /// apiserver's next collection as the others: a run of a second or two that meets one
+    /// more collection than its neighbour measures the collector.
+    async fn collect_garbage(&self) -> Result<(), Error> {
+        Ok(apiserver_collect_garbage(&self.setup.client).await?)
+    }
+
     /// The raw PATCH baseline, the apiserver's plain write rate right beside what is measured:
     /// merge PATCHes of `count` of `names` (a new label value `value` each, so every one is a
     /// real write), answered with the metadata only as the reconciler's and the shards' writes
@@ -373,6 +381,7 @@ impl Movers {
         through_webhook: bool,
     ) -> Result<Writes, Error> {
         let api: Api<Secret> = Api::namespaced(self.raw_client.clone(), &self.setup.ns);
+        self.collect_garbage().await?;
         let (mark, start) = (self.cp.audit_mark(), Timestamp::now());
         let mut labels = json!({ "bench/raw": value.to_string() });
         if through_webhook {
@@ -482,6 +491,7 @@ async fn join(
 /// One round: scale-out 3 -> 4, raw PATCHes, then shard-3 leaves.
 async fn round(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Result<Round, Error> {
     let (_, before) = m.converge(&shards(3)).await?;
+    m.collect_garbage().await?;
     let (mark, start, started) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
     let (converged, after) = join(m, reconciler, "shard-3", &shards(4)).await?;
     let (writes, [reconciler_writes, shard_writes, _]) =
@@ -505,6 +515,7 @@ async fn round(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Re
         ..Round::default()
     };
     m.converge(&shards(4)).await?;
+    m.collect_garbage().await?;
     let (mark, start) = (m.cp.audit_mark(), Timestamp::now());
     if let Some(shard) = m.shards.remove("shard-3") {
         shard.stop().await;
@@ -526,6 +537,9 @@ async fn crash(m: &mut Movers, reconciler: &mut Reconciler, number: usize) -> Re
     let ring = [shards(3), vec![name.clone()]].concat();
     let (_, after) = join(m, reconciler, &name, &ring).await?;
     let objects = after.values().filter(|s| **s == name).count();
+    // The apiserver idles from the crash until the Lease is taken over: the moves start about
+    // as far from this collection as the raw run after them from its own.
+    m.collect_garbage().await?;
     let (mark, start, crashed) = (m.cp.audit_mark(), Timestamp::now(), Instant::now());
     if let Some(shard) = m.shards.remove(&name) {
         shard.crash();
@@ -594,7 +608,7 @@ fn markdown(
 ) -> String {
     let c = REBALANCE_CONCURRENCY;
     let mut out = format!(
-        "{objects} Secrets on 3 shards; shards run on the shard SDK in-process (real drain acknowledgements, no-op business logic), the reconciler as a process (`--max-concurrent-writes {c}`, adaptive below it; no rate limit), the sharder webhook assigning acknowledged objects. Each round: a fourth shard starts and its share moves (drain, acknowledgement); once the reconciler's list of everything after the drains went by, raw merge PATCHes of the same objects (as many as the round wrote, each answered with the metadata only, as the reconciler's and the shards' writes are) at {c} in flight like the reconciler, as a ServiceAccount like the reconciler and the shards, plain and through the webhook (each removes the shard label, which the webhook puts back: what an acknowledgement costs); then the fourth shard stops, releasing its Lease, and its objects move back directly. Writes and their times come from the apiserver's audit log (received to answered), the end from a metadata watch of the bench. A live move is two writes of different cost, so rebalancing is judged against that mix: half at the raw rate, half at the raw rate through the webhook, each round's own; the goals on the median over the rounds, after a first round that warms the apiserver up and counts in none.\n\n"
+        "{objects} Secrets on 3 shards; shards run on the shard SDK in-process (real drain acknowledgements, no-op business logic), the reconciler as a process (`--max-concurrent-writes {c}`, adaptive below it; no rate limit), the sharder webhook assigning acknowledged objects. Each round: a fourth shard starts and its share moves (drain, acknowledgement); once the reconciler's list of everything after the drains went by, raw merge PATCHes of the same objects (as many as the round wrote, each answered with the metadata only, as the reconciler's and the shards' writes are) at {c} in flight like the reconciler, as a ServiceAccount like the reconciler and the shards, plain and through the webhook (each removes the shard label, which the webhook puts back: what an acknowledgement costs); then the fourth shard stops, releasing its Lease, and its objects move back directly. Each measured run (moves and raw PATCHes alike) starts right after a garbage collection the bench asks of the apiserver, so that none meets one more of its collections than the run beside it. Writes and their times come from the apiserver's audit log (received to answered), the end from a metadata watch of the bench. A live move is two writes of different cost, so rebalancing is judged against that mix: half at the raw rate, half at the raw rate through the webhook, each round's own; the goals on the median over the rounds, after a first round that warms the apiserver up and counts in none.\n\n"
     );
     out += &table(
         "round | moved | writes (reconciler + shards) | writes/s (first to last) | in flight | raw PATCH/s | raw through the webhook/s | vs the mix | wall s | moved back directly/s | vs raw",
@@ -660,7 +674,7 @@ fn markdown(
         ),
     ]);
     out += &format!(
-        "## 5. Shard crashes\n\nAfter the rounds, {} times: a fresh shard joins the three and takes its share (live moves), then stops at once (its task aborted: no release, no more renewals). A Lease counts as expired after its duration and is taken over one duration later (the protocol's `uncertain` state), then its objects move directly (no drain). Right after each crash's objects are back, raw merge PATCHes of the namespace's objects ({RAW_AFTER_CRASH} times as many as the crash had, each object at most once) at {c} in flight, as in section 4: the apiserver's plain write rate beside the crash. Bound: 2 x lease + N / raw rate + 1 s. The rate goal takes every crash together: all moves over their time against all raw PATCHes over theirs (a crash's moves take about 2 s, and one garbage collection of the apiserver in them moves their rate by a fifth).\n\n",
+        "## 5. Shard crashes\n\nAfter the rounds, {} times: a fresh shard joins the three and takes its share (live moves), then stops at once (its task aborted: no release, no more renewals). A Lease counts as expired after its duration and is taken over one duration later (the protocol's `uncertain` state), then its objects move directly (no drain). Right after each crash's objects are back, raw merge PATCHes of the namespace's objects ({RAW_AFTER_CRASH} times as many as the crash had, each object at most once) at {c} in flight, as in section 4: the apiserver's plain write rate beside the crash. Bound: 2 x lease + N / raw rate + 1 s. The apiserver collects its garbage at each crash (it idles until the Lease is taken over) and before each raw run, as in section 4. The rate goal takes every crash together: all moves over their time against all raw PATCHes over theirs (a crash's moves take about 2 s).\n\n",
         crashes.len()
     );
     out += &table(
