@@ -36,6 +36,7 @@ use crate::progress::progress;
 use crate::rebalance::{Movers, RECONCILER, SHARDS, shards};
 use crate::report::{goals, table};
 use crate::stats::{cpu_seconds, median, mib};
+use crate::tracker::Alarm;
 use crate::webhooks::{Webhooks, share_cache};
 use crate::{Args, Error, REBALANCE_CONCURRENCY, each_metadata};
 
@@ -277,18 +278,25 @@ fn moved(before: &HashMap<String, String>, after: &HashMap<String, String>) -> u
 /// Waits until every object of `expected` was last reconciled by the shard it names; ends at
 /// once with the reason when a bench shard stops (its Lease lost).
 async fn wait_served(m: &Movers, expected: &HashMap<String, String>) -> Result<(), Error> {
+    let off = || {
+        let reconciled = m
+            .reconciled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        expected
+            .iter()
+            .filter(|(name, shard)| reconciled.get(*name) != Some(shard))
+            .count()
+    };
+    wait_none_off(&m.alarm, off).await
+}
+
+/// Waits until `off` counts no object off its shard, for at most [`MOVE_TIMEOUT`]; ends at once
+/// with the reason when `alarm` is raised.
+async fn wait_none_off(alarm: &Alarm, off: impl Fn() -> usize) -> Result<(), Error> {
     let deadline = Instant::now() + MOVE_TIMEOUT;
     loop {
-        let off = {
-            let reconciled = m
-                .reconciled
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            expected
-                .iter()
-                .filter(|(name, shard)| reconciled.get(*name) != Some(shard))
-                .count()
-        };
+        let off = off();
         if off == 0 {
             return Ok(());
         }
@@ -299,7 +307,7 @@ async fn wait_served(m: &Movers, expected: &HashMap<String, String>) -> Result<(
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(50)) => {}
-            why = m.alarm.raised() => {
+            why = alarm.raised() => {
                 return Err(Error::Setup(format!("{off} objects not reconciled by their shard: {why}")));
             }
         }
@@ -752,6 +760,25 @@ fn markdown(sizes: &[Size]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_wait_for_the_shards_reconciles_ends_at_once_with_the_reason_of_a_raised_alarm() {
+        let alarm = Alarm::default();
+        let done = || 0;
+        assert!(
+            wait_none_off(&alarm, done).await.is_ok(),
+            "nothing off: done"
+        );
+        alarm.raise("shard-3 stopped: lease lost".into());
+        let waited = tokio::time::timeout(Duration::from_secs(5), wait_none_off(&alarm, || 7))
+            .await
+            .expect("ends at once, not at its timeout");
+        let error = waited.expect_err("objects still off").to_string();
+        assert!(
+            error.contains("7 objects") && error.contains("shard-3 stopped: lease lost"),
+            "{error}"
+        );
+    }
 
     /// A size whose range-mode move wrote `writes` (reconciler, shards).
     fn size(writes: [usize; 2]) -> Size {
