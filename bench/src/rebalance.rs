@@ -360,10 +360,10 @@ impl Movers {
     }
 
     /// Asks the apiserver for a garbage collection and waits for it to end. Every measured run
-    /// (moves and raw PATCHes alike) starts right after one, so that each is as far from the
+    /// of sections 4, 5 and 10 starts right after one, so that each is as far from the
     /// apiserver's next collection as the others: a run of a second or two that meets one
     /// more collection than its neighbour measures the collector.
-    async fn collect_garbage(&self) -> Result<(), Error> {
+    pub(crate) async fn collect_garbage(&self) -> Result<(), Error> {
         Ok(apiserver_collect_garbage(&self.setup.client).await?)
     }
 
