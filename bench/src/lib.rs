@@ -46,9 +46,9 @@ mod tracker;
 mod webhooks;
 mod writes;
 
-/// `--max-concurrent-writes` of the reconciler in the moving benchmarks (twice its default of
-/// 64), and the concurrency of the raw PATCHes they are compared with. The memory section runs
-/// the reconciler at its default.
+/// `--max-concurrent-writes` of the reconciler in the moving benchmarks (four times its default
+/// of 32), and the concurrency of the raw PATCHes they are compared with. The memory section and
+/// the section beside the reference run the reconciler at its default.
 pub const REBALANCE_CONCURRENCY: usize = 128;
 
 /// Flags of the benchmark command.

@@ -249,6 +249,7 @@ impl Movers {
                 .run(keeper, &stop_on, |stop| {
                     let (controller, listed) = listed_controller(api, config);
                     let running = controller
+                        .with_config(bounded())
                         .graceful_shutdown_on(stop.clone().cancelled_owned())
                         .run(
                             reconciler,
@@ -284,6 +285,7 @@ impl Movers {
                 let api: Api<Secret> = Api::namespaced(client, &ns);
                 let (controller, listed) = listed_controller(api, watcher::Config::default());
                 let running = controller
+                    .with_config(bounded())
                     .graceful_shutdown_on(stop.clone().cancelled_owned())
                     .run(
                         shard.reconciler(record),
@@ -457,6 +459,17 @@ const RAW_AFTER_CRASH: usize = 3;
 /// The fewest writes of a raw PATCH run.
 const RAW_MIN: usize = 1000;
 
+/// How many reconciles each of the bench's shards runs at once (their controllers' concurrency,
+/// which the README tells users to bound): as many as the reconciler's writes in flight in the moving
+/// sections ([`crate::REBALANCE_CONCURRENCY`]), so that the shards acknowledge as fast as it drains, while a backlog of acknowledgements waits
+/// in the shard instead of in the apiserver's queue beside the shard's Lease renewals.
+pub(crate) const SHARD_CONCURRENCY: u16 = 128;
+
+/// The controller configuration of the bench's shards: [`SHARD_CONCURRENCY`] at once.
+fn bounded() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(SHARD_CONCURRENCY)
+}
+
 /// The names of `n` shards.
 pub(crate) fn shards(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("shard-{i}")).collect()
@@ -608,7 +621,7 @@ fn markdown(
 ) -> String {
     let c = REBALANCE_CONCURRENCY;
     let mut out = format!(
-        "{objects} Secrets on 3 shards; shards run on the shard SDK in-process (real drain acknowledgements, no-op business logic), the reconciler as a process (`--max-concurrent-writes {c}`, adaptive below it; no rate limit), the sharder webhook assigning acknowledged objects. Each round: a fourth shard starts and its share moves (drain, acknowledgement); once the reconciler's list of everything after the drains went by, raw merge PATCHes of the same objects (as many as the round wrote, each answered with the metadata only, as the reconciler's and the shards' writes are) at {c} in flight like the reconciler, as a ServiceAccount like the reconciler and the shards, plain and through the webhook (each removes the shard label, which the webhook puts back: what an acknowledgement costs); then the fourth shard stops, releasing its Lease, and its objects move back directly. Each measured run (moves and raw PATCHes alike) starts right after a garbage collection the bench asks of the apiserver, so that none meets one more of its collections than the run beside it. Writes and their times come from the apiserver's audit log (received to answered), the end from a metadata watch of the bench. A live move is two writes of different cost, so rebalancing is judged against that mix: half at the raw rate, half at the raw rate through the webhook, each round's own; the goals on the median over the rounds, after a first round that warms the apiserver up and counts in none.\n\n"
+        "{objects} Secrets on 3 shards; shards run on the shard SDK in-process (real drain acknowledgements, no-op business logic, each at most {SHARD_CONCURRENCY} reconciles at once), the reconciler as a process (`--max-concurrent-writes {c}`, adaptive below it; no rate limit), the sharder webhook assigning acknowledged objects. Each round: a fourth shard starts and its share moves (drain, acknowledgement); once the reconciler's list of everything after the drains went by, raw merge PATCHes of the same objects (as many as the round wrote, each answered with the metadata only, as the reconciler's and the shards' writes are) at {c} in flight like the reconciler, as a ServiceAccount like the reconciler and the shards, plain and through the webhook (each removes the shard label, which the webhook puts back: what an acknowledgement costs); then the fourth shard stops, releasing its Lease, and its objects move back directly. Each measured run (moves and raw PATCHes alike) starts right after a garbage collection the bench asks of the apiserver, so that none meets one more of its collections than the run beside it. Writes and their times come from the apiserver's audit log (received to answered), the end from a metadata watch of the bench. A live move is two writes of different cost, so rebalancing is judged against that mix: half at the raw rate, half at the raw rate through the webhook, each round's own; the goals on the median over the rounds, after a first round that warms the apiserver up and counts in none.\n\n"
     );
     out += &table(
         "round | moved | writes (reconciler + shards) | writes/s (first to last) | in flight | raw PATCH/s | raw through the webhook/s | vs the mix | wall s | moved back directly/s | vs raw",

@@ -11,7 +11,7 @@ use sharder_harness::ControlPlane;
 use sharder_sdk::lease::OnStop;
 
 use crate::progress::progress;
-use crate::rebalance::Movers;
+use crate::rebalance::{Movers, SHARD_CONCURRENCY};
 use crate::report::{goals, table};
 use crate::webhooks::Webhooks;
 use crate::{Args, Error};
@@ -98,7 +98,7 @@ pub(crate) async fn run(
         shard.crash();
     }
     let mut out = format!(
-        "{} objects on 4 shards (the shard SDK in this process, acknowledging drains); each shard in turn stopped gracefully and started again, waiting until every object was on its shard before the next. Moves from the reconciler's log, writes to the objects from the audit log. Releasing stable names moves each shard's objects off and back; fresh names move them off and a new share onto every new name.\n\n",
+        "{} objects on 4 shards (the shard SDK in this process, acknowledging drains, each at most {SHARD_CONCURRENCY} reconciles at once); each shard in turn stopped gracefully and started again, waiting until every object was on its shard before the next. Moves from the reconciler's log, writes to the objects from the audit log. Releasing stable names moves each shard's objects off and back; fresh names move them off and a new share onto every new name.\n\n",
         args.rebalance_objects
     );
     out += &table(
