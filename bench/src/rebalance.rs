@@ -460,9 +460,10 @@ const RAW_AFTER_CRASH: usize = 3;
 const RAW_MIN: usize = 1000;
 
 /// How many reconciles each of the bench's shards runs at once (their controllers' concurrency,
-/// which the README tells users to bound): as many as the reconciler's writes in flight in the moving
-/// sections ([`crate::REBALANCE_CONCURRENCY`]), so that the shards acknowledge as fast as it drains, while a backlog of acknowledgements waits
-/// in the shard instead of in the apiserver's queue beside the shard's Lease renewals.
+/// which the README tells users to bound): as many as the reconciler's writes in flight in the
+/// moving sections ([`crate::REBALANCE_CONCURRENCY`]), so that the shards acknowledge as fast as
+/// it drains, while a backlog of acknowledgements waits in the shard instead of in the
+/// apiserver's queue beside the shard's Lease renewals.
 pub(crate) const SHARD_CONCURRENCY: u16 = 128;
 
 /// The controller configuration of the bench's shards: [`SHARD_CONCURRENCY`] at once.
